@@ -1,0 +1,3 @@
+from talkbridge.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""Agents answer messages: built-in `echo` and `sentinel`, and the user's own classes."""
+
+from __future__ import annotations
+
+import importlib
+
+from talkbridge.agents.base import (
+    Agent,
+    AgentMessage,
+    Error,
+    Result,
+    TextDelta,
+    ToolCall,
+    ToolResult,
+    TurnContext,
+    TurnInput,
+    TurnSession,
+)
+from talkbridge.agents.echo import EchoAgent
+from talkbridge.agents.runner import AgentRunner, TurnOutcome
+from talkbridge.agents.sentinel import SentinelAgent
+from talkbridge.config import AgentSpec
+from talkbridge.errors import ConfigError
+from talkbridge.store.base import Store
+
+
+def build_agent(name: str, spec: AgentSpec, store: Store) -> Agent:
+    """Build a configured agent (`agents.definitions.NAME`)."""
+    where = f"agents.definitions.{name}"
+    if spec.kind == "echo":
+        return EchoAgent()
+    if spec.kind == "sentinel":
+        return SentinelAgent(store)
+    if spec.kind == "python":
+        if not spec.target or ":" not in spec.target:
+            raise ConfigError(f"{where}.target: give the agent class as 'module:Class'")
+        module_name, _, attr = spec.target.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{where}.target: cannot load {spec.target}: {exc}") from None
+        agent = factory()
+        if not isinstance(agent, Agent):
+            raise ConfigError(
+                f"{where}.target: {spec.target} is not an agent (it needs `name` and `stream(ctx)`)"
+            )
+        return agent
+    raise ConfigError(f"{where}.kind: {spec.kind!r} agents are not available in this version")
+
+
+__all__ = [
+    "Agent",
+    "AgentMessage",
+    "AgentRunner",
+    "EchoAgent",
+    "Error",
+    "Result",
+    "SentinelAgent",
+    "TextDelta",
+    "ToolCall",
+    "ToolResult",
+    "TurnContext",
+    "TurnInput",
+    "TurnOutcome",
+    "TurnSession",
+    "build_agent",
+]

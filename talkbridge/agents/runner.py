@@ -1,0 +1,199 @@
+"""AgentRunner: wraps each agent turn in its session, lifecycle events and middleware onion.
+
+The order of one turn (outermost first):
+  turn-started watchers -> before_run listeners -> chat hooks -> middleware onion -> agent
+  -> reply hooks -> after_run listeners -> turn-finished watchers.
+The onion is composed once per agent (middleware chains are frozen at start), not per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from talkbridge.agents.base import (
+    Agent,
+    Error,
+    Result,
+    TextDelta,
+    ToolCall,
+    TurnContext,
+    TurnInput,
+    TurnSession,
+)
+from talkbridge.errors import TurnAbortedError
+from talkbridge.message import NormalizedMessage, utcnow
+from talkbridge.store.base import HistoryEntry, Store
+
+log = logging.getLogger("talkbridge.agents")
+
+TurnStatus = Literal["completed", "interrupted", "stopped", "error"]
+EventSink = Callable[[TurnContext, Any], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    session: TurnSession
+    status: TurnStatus
+    text: str
+    """The final reply (a `Result`'s text, or the error text to show the user)."""
+    events: list[Any] = field(default_factory=list)
+    error: str | None = None
+    context: TurnContext | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("completed", "stopped")
+
+
+class AgentRunner:
+    def __init__(
+        self,
+        agents: Mapping[str, Agent],
+        store: Store,
+        hooks: Any = None,
+        *,
+        environment: Literal["production", "development"] = "production",
+    ) -> None:
+        from talkbridge.hooks import HookRegistry
+
+        self._agents = dict(agents)
+        self._store = store
+        self.hooks: HookRegistry = hooks if hooks is not None else HookRegistry()
+        self._environment = environment
+        self._onions: dict[str, Callable[[TurnContext], Awaitable[None]]] = {}
+
+    @property
+    def agent_names(self) -> list[str]:
+        return sorted(self._agents)
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self._agents[name]
+        except KeyError:
+            known = ", ".join(sorted(self._agents))
+            raise LookupError(f"unknown agent {name!r}; known agents: {known}") from None
+
+    def add_agent(self, agent: Agent, name: str | None = None) -> None:
+        self._agents[name or agent.name] = agent
+        self._onions.pop(name or agent.name, None)
+
+    def _onion(self, agent_name: str) -> Callable[[TurnContext], Awaitable[None]]:
+        onion = self._onions.get(agent_name)
+        if onion is None:
+            agent = self.agent(agent_name)
+
+            async def innermost(ctx: TurnContext) -> None:
+                ctx.state["agent_ran"] = True
+                stream = agent.stream(ctx)
+                try:
+                    async for event in stream:
+                        await ctx.emit(event)
+                        if isinstance(event, Result | Error):
+                            break
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:  # close now rather than in the GC's finalizer task
+                        await aclose()
+
+            onion = self.hooks.compose_turn(innermost)
+            self._onions[agent_name] = onion
+        return onion
+
+    async def run_turn(
+        self,
+        message: NormalizedMessage,
+        agent_name: str,
+        *,
+        prompt: str | None = None,
+        on_event: EventSink | None = None,
+    ) -> TurnOutcome:
+        agent = self.agent(agent_name)
+        session = TurnSession(
+            session_id=message.thread_key,
+            turn_id=uuid.uuid4().hex,
+            agent_name=agent.name if agent_name == agent.name else agent_name,
+            connection_id=message.connection_id,
+            thread_id=message.thread_id,
+            channel=message.channel,
+        )
+
+        async def load_history(limit: int) -> list[HistoryEntry]:
+            return list(await self._store.history(message.thread_key, limit=limit))
+
+        events: list[Any] = []
+
+        async def emit(event: Any) -> None:
+            events.append(event)
+            if on_event is not None:
+                await on_event(ctx, event)
+
+        ctx = TurnContext(
+            session=session,
+            input=TurnInput(
+                prompt=message.text if prompt is None else prompt,
+                attachments=list(message.attachments),
+            ),
+            message=message,
+            emit=emit,
+            started_at=utcnow(),
+            load_history=load_history,
+            events=events,
+        )
+        hooks = self.hooks
+        hooks.lifecycle.started(ctx)
+        status: TurnStatus
+        error: str | None = None
+        try:
+            await hooks.listeners.before_run(ctx, environment=self._environment)
+            await hooks.chat.run_chat_hooks(ctx)
+            await self._onion(agent_name)(ctx)
+            final = ctx.final
+            if final is None:
+                final = Error(
+                    message="the turn ended without a result", code="no_result"
+                )
+                await emit(final)
+            if isinstance(final, Error):
+                status, error = "error", final.message
+            else:
+                status = "completed" if ctx.state.get("agent_ran") else "stopped"
+                reply = await hooks.chat.run_reply_hooks(ctx, final.text)
+                if reply is not None and reply != final.text:
+                    final = Result(text=reply, usage=final.usage)
+                    await emit(final)
+        except TurnAbortedError as exc:
+            status, error = "error", str(exc)
+            await emit(Error(message=str(exc), code="refused"))
+        except asyncio.CancelledError:
+            status, error = "interrupted", "the turn was interrupted"
+            hooks.lifecycle.finished(ctx, status, error=error)
+            raise
+        except Exception as exc:
+            status = "error"
+            error = self._sanitize(exc)
+            log.exception("turn %s of %s failed", session.turn_id, agent_name)
+            await hooks.listeners.on_error(ctx, "turn", exc)
+            await emit(Error(message=error, code="internal_error"))
+        final_event = ctx.final
+        text = final_event.text if isinstance(final_event, Result) else (error or "")
+        await hooks.listeners.after_run(ctx, status=status, text=text)
+        hooks.lifecycle.finished(ctx, status, error=error)
+        return TurnOutcome(session, status, text, events, error, ctx)
+
+    def _sanitize(self, exc: BaseException) -> str:
+        if self._environment == "development":
+            return f"{type(exc).__name__}: {exc}"
+        return "Sorry, something went wrong while answering."
+
+
+def tool_call_count(events: list[Any]) -> int:
+    return sum(1 for e in events if isinstance(e, ToolCall))
+
+
+def streamed_text(events: list[Any]) -> str:
+    return "".join(e.text for e in events if isinstance(e, TextDelta))

@@ -1,0 +1,82 @@
+"""The sentinel: the only agent an untrusted sender reaches unless a hook routes them elsewhere.
+
+It answers from fixed text (never from the sender's words, never passing them to another agent or
+model), issues a pairing code an operator can approve, and flags likely prompt injection.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from talkbridge.agents.base import Result, TurnContext
+from talkbridge.message import utcnow
+from talkbridge.store.base import Pairing, Store
+
+log = logging.getLogger("talkbridge.sentinel")
+
+_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: codes are read aloud and retyped
+
+INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"\bignore\s+(all\s+|any\s+)?(the\s+)?(previous|prior|above|earlier)\s+"
+        r"(instructions|prompts?|messages|rules)",
+        r"\bdisregard\s+(all\s+|any\s+)?(the\s+)?(previous|prior|above|your)\b",
+        r"\b(reveal|print|show|repeat)\s+(me\s+)?(your|the)\s+(system\s+prompt|instructions)",
+        r"\byou\s+are\s+now\s+(a|an|in)\b",
+        r"\b(system|developer)\s*(prompt|message)\s*:",
+        r"\bjailbreak\b|\bDAN\s+mode\b|\bdeveloper\s+mode\b",
+        r"<\s*/?\s*(system|assistant|im_start|im_end)\s*>",
+        r"\bact\s+as\s+(an?\s+)?(admin|administrator|root|system)\b",
+    )
+)
+
+
+def injection_flags(text: str) -> list[str]:
+    """Names of the injection patterns `text` matches (empty when it looks harmless)."""
+    return [f"injection:{i}" for i, p in enumerate(INJECTION_PATTERNS) if p.search(text)]
+
+
+def new_pairing_code() -> str:
+    raw = "".join(secrets.choice(_ALPHABET) for _ in range(8))
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+class SentinelAgent:
+    name = "sentinel"
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        message = ctx.message
+        flags = injection_flags(ctx.input.prompt)
+        ctx.state["sentinel_flags"] = flags
+        if flags:
+            log.warning(
+                "likely prompt injection from %s on %s (%s)",
+                message.channel_user_id,
+                message.connection_id,
+                ", ".join(flags),
+            )
+        pairing = await self._store.create_pairing(
+            Pairing(
+                code=new_pairing_code(),
+                connection_id=message.connection_id,
+                channel_user_id=message.channel_user_id,
+                display_name=message.display_name,
+                created_at=utcnow(),
+                approved=False,
+            )
+        )
+        yield Result(
+            text=(
+                "Hello! This assistant only answers people its operator has approved, so your "
+                "message has not been passed on. To ask for access, send the operator this "
+                f"pairing code: {pairing.code}"
+            )
+        )

@@ -1,0 +1,348 @@
+"""The Bridge wires store, registry, router, hooks and agents into the message path.
+
+    connector --deliver--> router (dedupe, per-thread order) --> Bridge.handle
+      --> channel-message hooks (decision) --> default trust routing --> agent turn
+      --> router.send (per-connection queue) --> connector
+
+It is also what `talkbridge run` starts and what apps embed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets as pysecrets
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from talkbridge.agents.base import Agent, TextDelta, TurnContext
+from talkbridge.agents.echo import EchoAgent
+from talkbridge.agents.runner import AgentRunner, TurnOutcome
+from talkbridge.agents.sentinel import SentinelAgent
+from talkbridge.config import BridgeConfig, Secrets
+from talkbridge.connectors.base import ConnectorContext
+from talkbridge.errors import SendFailedError, TalkbridgeError
+from talkbridge.hooks import HookDeps, HookRegistry
+from talkbridge.hooks.channel_message import (
+    Drop,
+    Forward,
+    RouteToAgent,
+    RouteToSentinel,
+)
+from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage
+from talkbridge.registry import ConnectionRegistry
+from talkbridge.router import TalkRouter
+from talkbridge.store import Store, open_store
+from talkbridge.talk import Talk
+
+log = logging.getLogger("talkbridge")
+
+TYPING_REFRESH = 4.0
+"""Seconds between typing indications while an agent works (Telegram's lasts about 5 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one message goes: the outcome of the hooks plus the default trust routing."""
+
+    agent: str | None
+    trust: str
+    routed_by: str | None
+    message: NormalizedMessage
+    drop_reason: str | None = None
+    forward: Forward | None = None
+
+
+class Bridge:
+    def __init__(
+        self,
+        config: BridgeConfig | None = None,
+        secrets: Secrets | None = None,
+        *,
+        store: Store | None = None,
+        agents: Mapping[str, Agent] | None = None,
+        hooks: HookRegistry | None = None,
+        app_id: str = "talkbridge",
+        with_webchat: bool = True,
+    ) -> None:
+        self.config = config or BridgeConfig()
+        self.secrets = secrets or Secrets()
+        self.app_id = app_id
+        self.store: Store = store or open_store(
+            self.config.store, prefix=self.config.store_prefix
+        )
+        self.hooks = hooks or HookRegistry(environment=self.config.environment)
+        self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
+        self.registry = ConnectionRegistry(
+            self.store, self.secrets, on_attach=self.router.attach
+        )
+        builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
+        builtin.update(agents or {})
+        self.runner = AgentRunner(
+            builtin, self.store, self.hooks, environment=self.config.environment
+        )
+        self.context = ConnectorContext(self.store, log, {"environment": self.config.environment})
+        self._with_webchat = with_webchat
+        self.webchat: Any = None
+        self.webchat_token: str | None = None
+        self._prefetches: dict[tuple[str, str], Any] = {}
+        self._hook_objects: list[Any] = []
+        self._started = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.store.open()
+        self._add_configured_agents()
+        self.registry.build(self.config, self.context)
+        if self._with_webchat:
+            self._add_webchat()
+        deps = HookDeps(
+            app_id=self.app_id,
+            logger=logging.getLogger(f"talkbridge.hooks.{self.app_id}"),
+            router=self.router,
+            agent_runner=self.runner,
+            context={"config": self.config, "store": self.store, "bridge": self},
+            hooks=self.hooks,
+            environment=self.config.environment,
+        )
+        if self.config.hooks:
+            from talkbridge.hooks.loader import load_hook_folders
+
+            self._hook_objects = load_hook_folders(self.config.hook_folders(), deps, self.hooks)
+        self.hooks.freeze()
+        for obj in self._hook_objects:
+            for cid in self.registry.ids():
+                obj.register_connection(cid)
+        self.router.subscribe_all(self.handle)
+        self.router.on_arrival(self._prefetch)
+        await self.router.recover()
+        await self.registry.start()
+        self._started = True
+
+    async def stop(self, *, drain_timeout: float = 10.0) -> None:
+        """Stop taking traffic, let in-flight turns and sends finish, then close everything."""
+        if not self._started:
+            await self.store.close()
+            return
+        self._started = False
+        with suppress(TimeoutError):
+            async with asyncio.timeout(drain_timeout):
+                await self.router.join()
+        await self.registry.stop()
+        await self.router.close()
+        await self.hooks.drain()
+        await self.store.close()
+
+    async def __aenter__(self) -> Bridge:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _add_configured_agents(self) -> None:
+        from talkbridge.agents import build_agent
+
+        for name, spec in self.config.agents.definitions.items():
+            self.runner.add_agent(build_agent(name, spec, self.store), name)
+        for role, name in (
+            ("default", self.config.agents.default),
+            ("sentinel", self.config.agents.sentinel),
+        ):
+            if name not in self.runner.agent_names:
+                raise TalkbridgeError(
+                    f"agents.{role}: unknown agent {name!r}; "
+                    f"known agents: {', '.join(self.runner.agent_names)}"
+                )
+
+    def _add_webchat(self) -> None:
+        from talkbridge.config import ConnectionConfig
+        from talkbridge.webchat import WebchatConnector
+
+        settings = self.config.webchat
+        tokens = [t.get_secret_value() for t in settings.tokens]
+        if not tokens:
+            self.webchat_token = pysecrets.token_urlsafe(24)
+            tokens = [self.webchat_token]
+        for token in tokens:
+            self.secrets.add(token)
+        self.webchat = WebchatConnector(settings, self.context, tokens, self.registry.states)
+        self.registry.add(
+            self.webchat,
+            ConnectionConfig(id="webchat", channel="webchat", trusted=settings.trusted),
+        )
+
+    async def webchat_url(self, timeout: float = 30.0) -> str:
+        """The address to open once the webchat listens; with the token if we generated it."""
+        async with asyncio.timeout(timeout):
+            await self.webchat.ready.wait()
+        host = self.config.webchat.host
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        if ":" in shown and not shown.startswith("["):
+            shown = f"[{shown}]"
+        url = f"http://{shown}:{self.webchat.port}/"
+        return f"{url}?token={self.webchat_token}" if self.webchat_token else url
+
+    # -- the message path -----------------------------------------------------------------------
+
+    def talk(self, connection_id: str) -> Talk:
+        return self.router.talk(connection_id)
+
+    def _prefetch(self, message: NormalizedMessage) -> None:
+        prefetch = self.hooks.channel_message.prefetch(message)
+        if prefetch is not None:
+            self._prefetches[(message.connection_id, message.id)] = prefetch
+
+    async def route(self, message: NormalizedMessage) -> Route:
+        """Run the channel-message hooks, then apply the default trust routing."""
+        prefetch = self._prefetches.pop((message.connection_id, message.id), None)
+        outcome = await self.hooks.channel_message.decide(message, prefetch=prefetch)
+        message = outcome.message
+        trusted = await self.is_trusted(message)
+        trust = "trusted" if trusted else "untrusted"
+        decision = outcome.decision
+        sentinel = self.config.agents.sentinel
+        if isinstance(decision, Drop):
+            return Route(None, trust, outcome.decided_by, message, drop_reason=decision.reason)
+        if isinstance(decision, Forward):
+            return Route(None, trust, outcome.decided_by, message, forward=decision)
+        if isinstance(decision, RouteToAgent):
+            return Route(decision.agent, trust, outcome.decided_by, message)
+        if isinstance(decision, RouteToSentinel):
+            return Route(sentinel, trust, outcome.decided_by, message)
+        # No hook decided: trusted senders meet the default agent, everyone else the sentinel.
+        return Route(self.config.agents.default if trusted else sentinel, trust, None, message)
+
+    async def is_trusted(self, message: NormalizedMessage) -> bool:
+        config = self.registry.config(message.connection_id)
+        if config is not None and config.trusts(message.channel_user_id):
+            return True
+        return await self.store.is_trusted(message.connection_id, message.channel_user_id)
+
+    async def handle(self, message: NormalizedMessage) -> None:
+        route = await self.route(message)
+        if route.drop_reason is not None:
+            log.info(
+                "dropped %s/%s: %s (by %s)",
+                message.connection_id,
+                message.id,
+                route.drop_reason,
+                route.routed_by,
+            )
+            return
+        if route.forward is not None:
+            await self._forward(route)
+            return
+        agent = route.agent
+        assert agent is not None
+        if route.trust != "trusted" and agent != self.config.agents.sentinel and not route.routed_by:
+            agent = self.config.agents.sentinel  # never reached: the default routing guarantees it
+        routed = route.message.model_copy(
+            update={
+                "routing": MessageRouting(
+                    agent=agent, trust=route.trust, routed_by=route.routed_by  # type: ignore[arg-type]
+                )
+            }
+        )
+        if routed.edit_of is not None:
+            await self._handle_edit(routed, agent)
+            return
+        outcome = await self.answer(routed, agent)
+        if outcome is not None and outcome.text:
+            await self._reply(routed, outcome)
+
+    async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
+        """Run one turn, streaming deltas and typing to connections that show them."""
+        cid = message.connection_id
+        streaming = self.router.feature(cid, "streaming")
+        activity = self.router.feature(cid, "activity")
+        typing_task = None
+        if activity is not None:
+            typing_task = asyncio.create_task(self._keep_typing(activity, message.thread_id))
+        on_event = None
+        if streaming is not None:
+
+            async def on_event(ctx: TurnContext, event: Any) -> None:
+                if isinstance(event, TextDelta):
+                    await streaming.delta(message.thread_id, ctx.session.turn_id, event.text)
+
+        try:
+            return await self.runner.run_turn(message, agent, on_event=on_event)
+        finally:
+            if typing_task is not None:
+                typing_task.cancel()
+
+    async def _keep_typing(self, activity: Any, thread_id: str) -> None:
+        while True:
+            try:
+                await activity.typing(thread_id)
+            except Exception as exc:  # typing is a nicety: never let it break a turn
+                log.debug("typing indication failed: %s", self.secrets.redact(str(exc)))
+            await asyncio.sleep(TYPING_REFRESH)
+
+    async def _reply(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
+        cid = message.connection_id
+        reply = OutboundMessage(
+            thread_id=message.thread_id,
+            text=outcome.text,
+            reply_to=message.id,
+            idempotency_key=f"reply:{message.id}",
+            meta={"stream_id": outcome.session.turn_id, "status": outcome.status},
+        )
+        try:
+            # A fresh message cannot have been answered before: skip the idempotency lookup.
+            result = await self.router.send(
+                cid, reply, check_sent=self.router.was_recovered(message)
+            )
+        except SendFailedError as exc:  # recorded by the queue; nothing else to do here
+            log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
+            return
+        await self.store.map_id(cid, message.id, result.message_id)
+
+    async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:
+        """An edit re-answers by editing our earlier reply; it never starts a second thread."""
+        assert message.edit_of is not None
+        cid = message.connection_id
+        earlier_reply = await self.store.lookup_id(cid, message.edit_of)
+        editor = self.router.feature(cid, "edit")
+        if earlier_reply is None or editor is None:
+            log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
+            return
+        outcome = await self.answer(message, agent)
+        if outcome is not None and outcome.text:
+            await editor.edit(message.thread_id, earlier_reply, outcome.text)
+
+    async def _forward(self, route: Route) -> None:
+        forward = route.forward
+        assert forward is not None
+        message = route.message
+        name = message.display_name or message.channel_user_id
+        target_thread = forward.thread_id or message.thread_id
+        text = f"{name} ({message.connection_id}): {message.text}"
+        try:
+            await self.router.send(
+                forward.connection_id,
+                OutboundMessage(
+                    thread_id=target_thread,
+                    text=text,
+                    markup="plain",
+                    attachments=message.attachments,
+                    idempotency_key=f"forward:{message.connection_id}:{message.id}",
+                ),
+            )
+        except SendFailedError as exc:
+            log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
+
+    # -- operator actions -----------------------------------------------------------------------
+
+    async def approve_pairing(self, code: str) -> bool:
+        return await self.store.approve_pairing(code) is not None

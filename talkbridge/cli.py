@@ -1,0 +1,250 @@
+"""`talkbridge run | check | init | pair`: the operator's front door.
+
+Exit codes: 0 ok, 2 bad config or usage, 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from talkbridge.config import BridgeConfig, Secrets, load_config
+from talkbridge.errors import ConfigError, TalkbridgeError
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("talkbridge.cli")
+
+
+class _RedactingFilter(logging.Filter):
+    """Last line of defence: no configured secret reaches a log line."""
+
+    def __init__(self, secrets: Secrets) -> None:
+        super().__init__()
+        self._secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = self._secrets.redact(message)
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = self._secrets.redact(logging.Formatter().formatException(record.exc_info))
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def _setup_logging(level: str, secrets: Secrets) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(_RedactingFilter(secrets))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _load(path: str | None) -> tuple[BridgeConfig, Secrets]:
+    return load_config(path)
+
+
+# -- run -------------------------------------------------------------------------------------------
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from talkbridge.bridge import Bridge
+
+    config, secrets = _load(args.config)
+    overrides: dict[str, object] = {}
+    if args.host is not None:
+        overrides["host"] = args.host
+    if args.port is not None:
+        overrides["port"] = args.port
+    if overrides:
+        config = config.model_copy(
+            update={"webchat": config.webchat.model_copy(update=overrides)}
+        )
+    _setup_logging(args.log_level, secrets)
+    bridge = Bridge(config, secrets)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await bridge.start()
+    except OSError as exc:
+        print(f"talkbridge: cannot start: {secrets.redact(str(exc))}", file=sys.stderr)
+        await bridge.stop()
+        return EXIT_RUNTIME
+    try:
+        url = await bridge.webchat_url()
+    except TimeoutError:
+        health = bridge.registry.health("webchat")
+        print(f"talkbridge: the webchat did not start: {health.last_error}", file=sys.stderr)
+        await bridge.stop()
+        return EXIT_RUNTIME
+    ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
+    print(f"talkbridge is running (store: {_describe_store(config.store)}; "
+          f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:", flush=True)
+    print(url, flush=True)
+    print("Press Ctrl-C to stop.", flush=True)
+    await stop.wait()
+    print("talkbridge: stopping (finishing in-flight sends)…", file=sys.stderr, flush=True)
+    await bridge.stop()
+    return EXIT_OK
+
+
+def _describe_store(url: str) -> str:
+    return url.split("@")[-1] if url.startswith("redis") else url
+
+
+# -- check -----------------------------------------------------------------------------------------
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from talkbridge.connectors.base import ConnectorContext
+    from talkbridge.registry import ConnectionRegistry
+    from talkbridge.store import open_store
+
+    config, secrets = _load(args.config)
+    _setup_logging("error", secrets)
+    print(f"config: ok ({len(config.connections)} connection(s), store {config.store})")
+    if not config.connections:
+        print("no connections to check: the webchat needs no credentials")
+        return EXIT_OK
+    store = open_store(config.store, prefix=config.store_prefix)
+    await store.open()
+    try:
+        registry = ConnectionRegistry(store, secrets)
+        registry.build(config, ConnectorContext(store, log))
+        reports = await registry.check(timeout=args.timeout)
+        await registry.stop()
+    finally:
+        await store.close()
+    width = max(len(r.connection_id) for r in reports)
+    cwidth = max(len(r.channel) for r in reports)
+    for report in reports:
+        mark = "ok  " if report.ok else "FAIL"
+        print(f"{mark}  {report.connection_id:<{width}}  {report.channel:<{cwidth}}  {report.detail}")
+    return EXIT_OK if all(r.ok for r in reports) else EXIT_RUNTIME
+
+
+# -- pair ------------------------------------------------------------------------------------------
+
+
+async def _pair(args: argparse.Namespace) -> int:
+    from talkbridge.store import open_store
+
+    config, secrets = _load(args.config)
+    store = open_store(config.store, prefix=config.store_prefix)
+    await store.open()
+    try:
+        if args.pair_command == "approve":
+            pairing = await store.approve_pairing(args.code)
+            if pairing is None:
+                print(f"no pending pairing with code {args.code!r}", file=sys.stderr)
+                return EXIT_RUNTIME
+            print(
+                f"approved: {pairing.display_name or pairing.channel_user_id} "
+                f"({pairing.channel_user_id}) on {pairing.connection_id} is now trusted"
+            )
+            return EXIT_OK
+        pairings = await store.pairings(include_approved=args.all)
+        if not pairings:
+            print("no pending pairings")
+        for p in pairings:
+            state = "approved" if p.approved else "pending"
+            print(
+                f"{p.code}  {state:<8}  {p.connection_id}  {p.channel_user_id}  "
+                f"{p.display_name}  {p.created_at:%Y-%m-%d %H:%M}"
+            )
+        return EXIT_OK
+    finally:
+        await store.close()
+
+
+# -- init ------------------------------------------------------------------------------------------
+
+
+def _init(args: argparse.Namespace) -> int:
+    from talkbridge.init_template import write_starter
+
+    target = Path(args.directory)
+    try:
+        written = write_starter(target, force=args.force)
+    except FileExistsError as exc:
+        print(f"talkbridge init: {exc} already exists (use --force to overwrite)", file=sys.stderr)
+        return EXIT_USAGE
+    for path in written:
+        print(f"wrote {path}")
+    print(f"next: cd {target} && talkbridge run --config talkbridge.yaml")
+    return EXIT_OK
+
+
+# -- entry point -----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="talkbridge", description="A multi-channel messaging bridge for chat agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def config_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--config",
+            "-c",
+            default=os.environ.get("TALKBRIDGE_CONFIG"),
+            help="YAML config file (default: ./talkbridge.yaml if present, else the embedded default)",
+        )
+
+    run = sub.add_parser("run", help="run the bridge and its webchat")
+    config_arg(run)
+    run.add_argument("--host", help="webchat listen address (default 127.0.0.1)")
+    run.add_argument("--port", type=int, help="webchat port (default 8765; 0 picks a free one)")
+    run.add_argument(
+        "--log-level", default=os.environ.get("TALKBRIDGE_LOG", "info"), help="debug|info|warning"
+    )
+
+    check = sub.add_parser("check", help="validate the config and try every connection's credentials")
+    config_arg(check)
+    check.add_argument("--timeout", type=float, default=15.0, help="seconds per connection")
+
+    init = sub.add_parser("init", help="write a starter config and an example hook")
+    init.add_argument("directory", nargs="?", default=".")
+    init.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    pair = sub.add_parser("pair", help="list or approve sentinel pairing codes")
+    pair_sub = pair.add_subparsers(dest="pair_command", required=True)
+    pair_list = pair_sub.add_parser("list", help="pending pairing codes")
+    config_arg(pair_list)
+    pair_list.add_argument("--all", action="store_true", help="include approved ones")
+    approve = pair_sub.add_parser("approve", help="trust the sender who got CODE")
+    config_arg(approve)
+    approve.add_argument("code")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "init":
+            return _init(args)
+        runner = {"run": _run, "check": _check, "pair": _pair}[args.command]
+        return asyncio.run(runner(args))
+    except ConfigError as exc:
+        print(f"talkbridge: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TalkbridgeError as exc:
+        print(f"talkbridge: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,269 @@
+"""One YAML file configures the bridge; every key has a default, so no file is the embedded default.
+
+`${NAME}` in any string is replaced by that environment variable; `{file: PATH}` reads a secret
+from a file. Values that came from either are secrets: `Secrets.redact` removes them from any text
+before it is logged or shown. Errors name the key path and the reason, never the value.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from talkbridge.errors import ConfigError
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Secrets:
+    """Every secret value the config holds, so any text can be scrubbed of them."""
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._values: set[str] = {v for v in values if len(v) >= 4}
+
+    def add(self, value: str) -> None:
+        if len(value) >= 4:
+            self._values.add(value)
+
+    def redact(self, text: str) -> str:
+        for value in sorted(self._values, key=len, reverse=True):
+            if value in text:
+                text = text.replace(value, "***")
+        return text
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ConnectionConfig(_Model):
+    """Keys every connection has; each channel's model adds its own credentials."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    channel: str
+    trusted: tuple[str, ...] = ()
+    """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
+    enabled: bool = True
+
+    def trusts(self, channel_user_id: str) -> bool:
+        return any(
+            pattern == channel_user_id or fnmatch.fnmatchcase(channel_user_id, pattern)
+            for pattern in self.trusted
+        )
+
+    def secret_values(self) -> list[str]:
+        found: list[str] = []
+        _collect_secrets(self, found)
+        return found
+
+
+def _collect_secrets(value: Any, found: list[str]) -> None:
+    if isinstance(value, SecretStr):
+        found.append(value.get_secret_value())
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _collect_secrets(getattr(value, name), found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect_secrets(item, found)
+
+
+class WebchatConfig(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    tokens: tuple[SecretStr, ...] = ()
+    """Accepted tokens; none given: one is generated at start and printed in the URL."""
+    trusted: tuple[str, ...] = ("*",)
+    """Webchat users hold a token the operator gave them, so they are trusted by default."""
+    max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
+    history_limit: int = Field(default=200, ge=1)
+
+
+class AgentSpec(_Model):
+    kind: Literal["echo", "sentinel", "python", "openai"] = "echo"
+    target: str | None = None
+    """`python`: `module:Class` of the user's own agent."""
+    base_url: str | None = None
+    model: str | None = None
+    api_key: SecretStr | None = None
+    system_prompt: str | None = None
+
+
+class AgentsConfig(_Model):
+    default: str = "echo"
+    sentinel: str = "sentinel"
+    definitions: dict[str, AgentSpec] = Field(default_factory=dict)
+
+
+class RouterConfig(_Model):
+    max_concurrent_threads: int = Field(default=256, ge=1)
+    send_attempts: int = Field(default=5, ge=1)
+    send_concurrency: int = Field(default=8, ge=1)
+    """Concurrent sends per connection (different threads; one thread is always in order)."""
+    retry_base_delay: float = Field(default=0.5, gt=0)
+    """First retry of a failed send waits about this long; later ones back off exponentially."""
+
+
+class BridgeConfig(_Model):
+    store: str = "sqlite:///talkbridge.db"
+    store_prefix: str = "talkbridge"
+    environment: Literal["production", "development"] = "production"
+    """Production sanitizes errors shown to users; development shows the full detail."""
+    webchat: WebchatConfig = WebchatConfig()
+    agents: AgentsConfig = AgentsConfig()
+    hooks: tuple[str, ...] = ()
+    connections: tuple[ConnectionConfig, ...] = ()
+    router: RouterConfig = RouterConfig()
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("connections")
+    @classmethod
+    def _unique_ids(cls, value: tuple[ConnectionConfig, ...]) -> tuple[ConnectionConfig, ...]:
+        seen: set[str] = set()
+        for conn in value:
+            if conn.id in seen:
+                raise ValueError(f"connection id {conn.id!r} is used twice")
+            if conn.id == "webchat":
+                raise ValueError("connection id 'webchat' is reserved for the bundled webchat")
+            seen.add(conn.id)
+        return value
+
+    def connection(self, connection_id: str) -> ConnectionConfig | None:
+        return next((c for c in self.connections if c.id == connection_id), None)
+
+    def hook_folders(self) -> list[Path]:
+        return [(self.base_dir / h).resolve() for h in self.hooks]
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+
+def _substitute(value: Any, path: str, secrets: Secrets) -> Any:
+    if isinstance(value, str):
+
+        def env(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"{path}: environment variable {name} is not set")
+            secrets.add(os.environ[name])
+            return os.environ[name]
+
+        return _ENV_REF.sub(env, value)
+    if isinstance(value, dict):
+        if set(value) == {"file"} and isinstance(value["file"], str):
+            file = Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
+            try:
+                secret = file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"{path}: cannot read secret file {file}: {exc.strerror}") from None
+            secrets.add(secret)
+            return secret
+        return {k: _substitute(v, _join(path, str(k)), secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, f"{path}[{i}]", secrets) for i, v in enumerate(value)]
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        loc = prefix
+        for part in error["loc"]:
+            loc = f"{loc}[{part}]" if isinstance(part, int) else _join(loc, str(part))
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{loc or '(top level)'}: {message}")
+    return "; ".join(lines)
+
+
+def connection_model(channel: str) -> type[ConnectionConfig]:
+    from talkbridge.connectors import channel_spec
+
+    spec = channel_spec(channel)
+    module_name, _, attr = spec.config.partition(":")
+    model = getattr(importlib.import_module(module_name), attr)
+    assert issubclass(model, ConnectionConfig)
+    return model
+
+
+def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig, Secrets]:
+    """Validate already-parsed YAML; raises `ConfigError` naming each bad key."""
+    from talkbridge.connectors import known_channels
+
+    secrets = Secrets()
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("the config file must be a mapping of keys (store, webchat, connections…)")
+    data = _substitute(data, "", secrets)
+    raw_connections = data.pop("connections", None) or []
+    if not isinstance(raw_connections, list):
+        raise ConfigError("connections: must be a list of connections")
+    connections: list[ConnectionConfig] = []
+    problems: list[str] = []
+    for index, raw in enumerate(raw_connections):
+        where = f"connections[{index}]"
+        if not isinstance(raw, dict):
+            problems.append(f"{where}: must be a mapping with id and channel")
+            continue
+        channel = raw.get("channel")
+        if not isinstance(channel, str) or channel not in known_channels():
+            problems.append(
+                f"{where}.channel: unknown channel {channel!r}; "
+                f"known channels: {', '.join(sorted(known_channels()))}"
+            )
+            continue
+        try:
+            connections.append(connection_model(channel).model_validate(raw))
+        except ValidationError as exc:
+            problems.append(_format_errors(exc, where))
+    try:
+        config = BridgeConfig.model_validate(
+            {**data, "connections": connections, "base_dir": base_dir or Path(".")}
+        )
+    except ValidationError as exc:
+        problems.append(_format_errors(exc))
+        config = None
+    if problems or config is None:
+        raise ConfigError(secrets.redact("invalid config: " + "; ".join(problems)))
+    for conn in config.connections:
+        for value in conn.secret_values():
+            secrets.add(value)
+    for token in config.webchat.tokens:
+        secrets.add(token.get_secret_value())
+    return config, secrets
+
+
+def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
+    """Load a YAML file; None (or an absent default file) gives the embedded default."""
+    if path is None:
+        default = Path("talkbridge.yaml")
+        if not default.exists():
+            return parse_config({}, Path.cwd())
+        path = default
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ConfigError(f"{file}{where}: {problem}") from None
+    return parse_config(data, file.resolve().parent)

@@ -1,0 +1,90 @@
+"""Connectors by channel name, imported only when a connection of that channel exists.
+
+Each channel names two import paths: its config model (no SDK import, so any config can be
+validated without the SDK installed) and a factory `create(config, context) -> connector`.
+Third-party packages add channels with `register_channel` or the `talkbridge.connectors`
+entry-point group (value: `config_path|factory_path`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from talkbridge.config import ConnectionConfig
+    from talkbridge.connectors.base import ConnectorContext
+
+
+class ConnectorFactory(Protocol):
+    def __call__(self, config: ConnectionConfig, context: ConnectorContext) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    channel: str
+    config: str
+    factory: str
+    extra: str | None = None
+    """The pip extra that brings the SDK, named in the error when it is missing."""
+
+
+_CHANNELS: dict[str, ChannelSpec] = {}
+_entry_points_loaded = False
+
+
+def register_channel(spec: ChannelSpec) -> None:
+    _CHANNELS[spec.channel] = spec
+
+
+register_channel(
+    ChannelSpec(
+        "telegram",
+        "talkbridge.connectors.telegram.config:TelegramConfig",
+        "talkbridge.connectors.telegram.transport:create",
+        extra="telegram",
+    )
+)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group="talkbridge.connectors"):
+        config, _, factory = ep.value.partition("|")
+        _CHANNELS.setdefault(ep.name, ChannelSpec(ep.name, config, factory))
+
+
+def known_channels() -> set[str]:
+    _load_entry_points()
+    return set(_CHANNELS)
+
+
+def channel_spec(channel: str) -> ChannelSpec:
+    _load_entry_points()
+    try:
+        return _CHANNELS[channel]
+    except KeyError:
+        known = ", ".join(sorted(_CHANNELS))
+        raise LookupError(f"unknown channel {channel!r}; known channels: {known}") from None
+
+
+def load_factory(channel: str) -> ConnectorFactory:
+    """Import the connector (and so its SDK) for `channel`."""
+    from talkbridge.errors import ConfigError
+
+    spec = channel_spec(channel)
+    module_name, _, attr = spec.factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" (install it with: pip install 'talkbridge[{spec.extra}]')" if spec.extra else ""
+        raise ConfigError(
+            f"the {channel} connector cannot be loaded: {exc.name or exc} is missing{hint}"
+        ) from exc
+    factory: ConnectorFactory = getattr(module, attr)
+    return factory

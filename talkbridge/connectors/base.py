@@ -1,0 +1,92 @@
+"""What a connector is, and the small base class most connectors start from.
+
+A connector is a `Talk` (subscribe / send / feature) for one configured connection. It may also
+be a `Transport` (a long-running `run` the registry supervises) and offer `check` (try the
+credentials) and `close`. The router subscribes to the connector's `Talk` to receive inbound
+messages; apps never hold connectors, they go through the router.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.store.base import Store
+from talkbridge.talk import Feature, MessageHandler, Subscription
+
+
+class ConnectionStatus(Protocol):
+    """Given to `Transport.run`, so a transport can say how it is doing in plain words."""
+
+    def up(self) -> None: ...
+    def degraded(self, reason: str) -> None: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    async def run(self, status: ConnectionStatus) -> None:
+        """Connect and pump traffic until cancelled.
+
+        Call `status.up()` once traffic flows. Raise a `ConnectorError` when the connection is
+        lost: `UnauthorizedError`/`PermanentError` stop the connection, anything else makes the
+        registry reconnect with backoff.
+        """
+        ...
+
+
+@runtime_checkable
+class CredentialCheck(Protocol):
+    async def check(self) -> str:
+        """Try the credentials against the platform; return who we are there, or raise."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+class ConnectorContext:
+    """What the core hands a connector when it is built."""
+
+    def __init__(
+        self,
+        store: Store,
+        logger: logging.Logger | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.logger = logger or logging.getLogger("talkbridge.connector")
+        self.settings = dict(settings or {})
+
+
+class BaseConnector:
+    """Subscriber fan-out and a feature table; subclasses add `send` and a transport."""
+
+    channel: str = ""
+
+    def __init__(self, connection_id: str, context: ConnectorContext) -> None:
+        self.connection_id = connection_id
+        self.context = context
+        self._handlers: list[MessageHandler] = []
+        self._features: dict[str, Feature] = {}
+
+    def subscribe(self, handler: MessageHandler) -> Subscription:
+        self._handlers.append(handler)
+        return Subscription(lambda: self._handlers.remove(handler))
+
+    async def deliver(self, message: NormalizedMessage) -> None:
+        """Hand an inbound message to every subscriber; returns once they have accepted it."""
+        for handler in list(self._handlers):
+            await handler(message)
+
+    def provide(self, name: str, implementation: Feature) -> None:
+        self._features[name] = implementation
+
+    def feature(self, name: str) -> Any:
+        return self._features.get(name)
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        raise NotImplementedError

@@ -1,0 +1,353 @@
+"""Telegram Update <-> talkbridge messages; pure (no I/O, no await, no client).
+
+Native ids: a message is `"{chat_id}:{message_id}"` (unique within a bot), a thread is the chat
+id, or `"{chat_id}:{topic_id}"` for a forum topic. An edit gets its own id per edit
+(`"{chat}:{msg}:edit:{edit_date}"`) with `edit_of` naming the original, so the store dedupes
+edits without mistaking them for the original. A button click arrives as a message whose id is
+`"cb:{callback_query_id}"` and whose text is the button's value.
+
+Updates are read as the Bot API's JSON (dicts); an aiogram `Update` is dumped to that shape first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from talkbridge.connectors.telegram.render import (
+    TELEGRAM_CAPTION_LIMIT,
+    TELEGRAM_TEXT_LIMIT,
+    html_text,
+    render,
+    render_chunks,
+    split_html,
+    utf16_len,
+)
+from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
+
+__all__ = [
+    "TELEGRAM_CAPTION_LIMIT",
+    "TELEGRAM_TEXT_LIMIT",
+    "ThreadRef",
+    "decode_update",
+    "html_text",
+    "inline_keyboard",
+    "native_id",
+    "parse_native_id",
+    "parse_thread_id",
+    "render",
+    "render_chunks",
+    "split_html",
+    "update_id",
+    "update_to_dict",
+    "utf16_len",
+]
+
+# The update kinds the connector asks for (`allowed_updates`) and decodes.
+MESSAGE_KINDS = ("message", "edited_message", "channel_post", "edited_channel_post")
+ALLOWED_UPDATES = (*MESSAGE_KINDS, "callback_query")
+
+ThreadRef = tuple[int | str, int | None]
+"""(chat id, forum topic id or None)."""
+
+
+def update_to_dict(update: Mapping[str, Any] | Any) -> dict[str, Any]:
+    """The Bot API JSON of an update, whether given as a dict or an aiogram `Update`."""
+    if isinstance(update, Mapping):
+        return dict(update)
+    dump = getattr(update, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"expected a Bot API update (dict or aiogram Update), got {type(update)}")
+    result: dict[str, Any] = dump(mode="json", by_alias=True, exclude_none=True)
+    return result
+
+
+def update_id(update: Mapping[str, Any] | Any) -> int:
+    value = update_to_dict(update).get("update_id")
+    if not isinstance(value, int):
+        raise ValueError("a Telegram update needs an integer update_id")
+    return value
+
+
+# ---- ids --------------------------------------------------------------------------------------
+
+
+def native_id(chat_id: int | str, message_id: int | str) -> str:
+    return f"{chat_id}:{message_id}"
+
+
+def _chat_ref(value: str) -> int | str:
+    """Numeric chat ids become ints; `@channelname` stays a string."""
+    try:
+        return int(value)
+    except ValueError:
+        if value.startswith("@") and len(value) > 1:
+            return value
+        raise ValueError(f"not a Telegram chat id: {value!r}") from None
+
+
+def parse_thread_id(thread_id: str) -> ThreadRef:
+    """`"-100123:42"` -> (-100123, 42); `"12345"` -> (12345, None)."""
+    chat, sep, topic = thread_id.partition(":")
+    if sep and not topic.isdigit():
+        raise ValueError(f"not a Telegram thread id (chat or chat:topic): {thread_id!r}")
+    return _chat_ref(chat), int(topic) if sep else None
+
+
+def parse_native_id(message_id: str) -> tuple[int | str, int]:
+    """`"-100123:77"` (or an edit id `"-100123:77:edit:…"`) -> (-100123, 77)."""
+    parts = message_id.split(":")
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"not a Telegram message id (chat:message): {message_id!r}")
+    return _chat_ref(parts[0]), int(parts[1])
+
+
+# ---- inbound ----------------------------------------------------------------------------------
+
+
+def _timestamp(value: Any) -> datetime:
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        return datetime.fromisoformat(value).astimezone(UTC)
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return datetime.now(UTC)
+
+
+def display_name(user: Mapping[str, Any] | None) -> str:
+    """`First Last`, else `@username`, else a chat title, else the id."""
+    if not user:
+        return ""
+    name = " ".join(p for p in (user.get("first_name"), user.get("last_name")) if p)
+    if name:
+        return name
+    if user.get("username"):
+        return f"@{user['username']}"
+    return str(user.get("title") or user.get("id") or "")
+
+
+def _thread(message: Mapping[str, Any]) -> tuple[str, str | None]:
+    chat = message.get("chat") or {}
+    chat_id = chat.get("id")
+    title = chat.get("title")
+    topic = message.get("message_thread_id")
+    # In a forum every topic message carries its topic; elsewhere message_thread_id only names
+    # a reply chain, which is not a separate conversation.
+    if message.get("is_topic_message") and isinstance(topic, int):
+        topic_name = ((message.get("reply_to_message") or {}).get("forum_topic_created") or {}).get(
+            "name"
+        )
+        name = f"{title} / {topic_name}" if title and topic_name else title
+        return f"{chat_id}:{topic}", name
+    return str(chat_id), title
+
+
+def _largest(sizes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    return max(sizes, key=lambda s: (s.get("width", 0) * s.get("height", 0), s.get("file_size", 0)))
+
+
+_FILE_KINDS: tuple[tuple[str, AttachmentKind], ...] = (
+    ("document", "document"),
+    ("audio", "audio"),
+    ("voice", "voice"),
+    ("video", "video"),
+    ("video_note", "video"),
+    ("animation", "video"),
+    ("sticker", "sticker"),
+)
+
+
+def _file_attachment(kind: AttachmentKind, item: Mapping[str, Any], field: str) -> Attachment:
+    meta: dict[str, Any] = {"telegram_type": field}
+    for key in ("duration", "width", "height", "emoji", "title", "performer", "file_unique_id"):
+        if key in item:
+            meta[key] = item[key]
+    return Attachment(
+        kind=kind,
+        name=item.get("file_name") or item.get("title"),
+        mime_type=item.get("mime_type") or ("image/jpeg" if field == "photo" else None),
+        size=item.get("file_size"),
+        ref=item.get("file_id"),
+        meta=meta,
+    )
+
+
+def _attachments(message: Mapping[str, Any]) -> tuple[Attachment, ...]:
+    found: list[Attachment] = []
+    photo = message.get("photo")
+    if isinstance(photo, list) and photo:
+        found.append(_file_attachment("image", _largest(photo), "photo"))
+    for field, kind in _FILE_KINDS:
+        item = message.get(field)
+        # An animation also arrives as `document`; keep one attachment for it.
+        if isinstance(item, Mapping) and not (field == "document" and "animation" in message):
+            found.append(_file_attachment(kind, item, field))
+    venue = message.get("venue")
+    location = (venue or {}).get("location") or message.get("location")
+    if isinstance(location, Mapping):
+        meta = {k: location[k] for k in ("latitude", "longitude") if k in location}
+        if venue:
+            meta.update({k: venue[k] for k in ("title", "address") if k in venue})
+        found.append(Attachment(kind="location", name=(venue or {}).get("title"), meta=meta))
+    contact = message.get("contact")
+    if isinstance(contact, Mapping):
+        meta = {
+            k: contact[k]
+            for k in ("phone_number", "first_name", "last_name", "user_id", "vcard")
+            if k in contact
+        }
+        found.append(Attachment(kind="contact", name=display_name(contact) or None, meta=meta))
+    return tuple(found)
+
+
+def _reply_to(message: Mapping[str, Any]) -> ReplyTo | None:
+    replied = message.get("reply_to_message")
+    if not isinstance(replied, Mapping):
+        return None
+    # Telegram makes every topic message a "reply" to the topic's creation; that is no reply.
+    if "forum_topic_created" in replied:
+        return None
+    chat_id = str((replied.get("chat") or message.get("chat") or {}).get("id"))
+    quote = (message.get("quote") or {}).get("text")
+    sender = replied.get("from") or replied.get("sender_chat")
+    return ReplyTo(
+        message_id=native_id(chat_id, replied.get("message_id", 0)),
+        content=quote or replied.get("text") or replied.get("caption"),
+        sender_name=display_name(sender) or None,
+    )
+
+
+def _from_bot_itself(message: Mapping[str, Any], bot_id: int | None) -> bool:
+    if bot_id is None:
+        return False
+    sender = message.get("from") or {}
+    via = message.get("via_bot") or {}
+    return sender.get("id") == bot_id or via.get("id") == bot_id
+
+
+def _decode_message(
+    message: Mapping[str, Any], *, edited: bool, connection_id: str, raw: Any
+) -> NormalizedMessage | None:
+    chat = message.get("chat") or {}
+    chat_id = chat.get("id")
+    message_id = message.get("message_id")
+    if chat_id is None or message_id is None:
+        return None
+    text = message.get("text") or message.get("caption") or ""
+    attachments = _attachments(message)
+    if not text and not attachments:
+        return None  # service messages: joins, pins, topic changes …
+    sender = message.get("from") or message.get("sender_chat") or chat
+    is_private = chat.get("type", "private") == "private"
+    thread_id, thread_name = _thread(message)
+    base_id = native_id(chat_id, message_id)
+    edit_date = message.get("edit_date")
+    name = display_name(sender)
+    if message.get("author_signature") and not message.get("from"):
+        name = str(message["author_signature"])
+    return NormalizedMessage(
+        id=f"{base_id}:edit:{edit_date or 0}" if edited else base_id,
+        connection_id=connection_id,
+        channel="telegram",
+        channel_user_id=str(sender.get("id", chat_id)),
+        display_name=name,
+        thread_id=thread_id,
+        thread_name=None if is_private else thread_name,
+        thread_type="private" if is_private else "group",
+        timestamp=_timestamp(edit_date if edited and edit_date else message.get("date")),
+        text=text,
+        attachments=attachments,
+        reply_to=_reply_to(message),
+        edit_of=base_id if edited else None,
+        raw_event=raw,
+    )
+
+
+def _decode_callback(
+    query: Mapping[str, Any], *, connection_id: str, raw: Any
+) -> NormalizedMessage | None:
+    sender = query.get("from") or {}
+    message = query.get("message") or {}
+    chat = message.get("chat") or {}
+    if not query.get("id") or "id" not in sender:
+        return None
+    if chat.get("id") is not None:
+        thread_id, thread_name = _thread(message)
+        private = chat.get("type", "private") == "private"
+    else:  # a button on an inline-mode message: answer the user privately
+        thread_id, thread_name, private = str(sender["id"]), None, True
+    reply = None
+    if chat.get("id") is not None and message.get("message_id") is not None:
+        reply = ReplyTo(
+            message_id=native_id(chat["id"], message["message_id"]),
+            content=message.get("text") or message.get("caption"),
+            sender_name=display_name(message.get("from")) or None,
+        )
+    return NormalizedMessage(
+        id=f"cb:{query['id']}",
+        connection_id=connection_id,
+        channel="telegram",
+        channel_user_id=str(sender["id"]),
+        display_name=display_name(sender),
+        thread_id=thread_id,
+        thread_name=None if private else thread_name,
+        thread_type="private" if private else "group",
+        timestamp=_timestamp(message.get("date")) if message.get("date") else datetime.now(UTC),
+        text=str(query.get("data") or query.get("game_short_name") or ""),
+        reply_to=reply,
+        raw_event=raw,
+    )
+
+
+def decode_update(
+    update: Mapping[str, Any] | Any, *, connection_id: str, bot_id: int | None = None
+) -> NormalizedMessage | None:
+    """One Update -> one message, or None for what the bridge does not handle.
+
+    None for: the bot's own messages (echo loops), service messages with no content, and
+    update kinds other than messages, channel posts, their edits and callback queries.
+    """
+    data = update_to_dict(update)
+    for kind in MESSAGE_KINDS:
+        message = data.get(kind)
+        if isinstance(message, Mapping):
+            if _from_bot_itself(message, bot_id):
+                return None
+            return _decode_message(
+                message,
+                edited=kind.startswith("edited_"),
+                connection_id=connection_id,
+                raw=update,
+            )
+    query = data.get("callback_query")
+    if isinstance(query, Mapping):
+        return _decode_callback(query, connection_id=connection_id, raw=update)
+    return None
+
+
+# ---- outbound ---------------------------------------------------------------------------------
+
+_CALLBACK_DATA_LIMIT = 64
+
+
+def inline_keyboard(
+    buttons: Sequence[tuple[str, str]], per_row: int = 1
+) -> list[list[dict[str, str]]]:
+    """Bot API `inline_keyboard` rows for (label, value) buttons; values ride as callback_data."""
+    rows: list[list[dict[str, str]]] = []
+    for label, value in buttons:
+        if not label:
+            raise ValueError("a button needs a label")
+        if not 1 <= len(value.encode()) <= _CALLBACK_DATA_LIMIT:
+            raise ValueError(
+                f"button value for {label!r} must be 1-{_CALLBACK_DATA_LIMIT} bytes "
+                "(Telegram's callback_data limit)"
+            )
+        button = {"text": label, "callback_data": value}
+        if rows and len(rows[-1]) < per_row:
+            rows[-1].append(button)
+        else:
+            rows.append([button])
+    return rows

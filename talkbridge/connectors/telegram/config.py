@@ -1,0 +1,76 @@
+"""Keys of a Telegram connection; validated without importing aiogram."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from talkbridge.config import ConnectionConfig
+
+_TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
+
+
+class TelegramConfig(ConnectionConfig):
+    channel: Literal["telegram"] = "telegram"
+    token: SecretStr
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    """Public HTTPS URL Telegram posts updates to (webhook mode)."""
+    webhook_secret: SecretStr | None = None
+    """Sent back by Telegram in `X-Telegram-Bot-Api-Secret-Token`; anything else is rejected."""
+    webhook_host: str = "127.0.0.1"
+    """Where the local HTTP server listens; a reverse proxy forwards `webhook_url` to it."""
+    webhook_port: int = Field(default=8443, ge=0, le=65535)
+    webhook_path: str = Field(default="/telegram/webhook", pattern=r"^/")
+    api_base: str | None = None
+    """Base URL of a self-hosted Bot API server, e.g. `http://127.0.0.1:8081`."""
+    poll_timeout: int = Field(default=30, ge=0, le=50)
+    """Seconds one `getUpdates` long poll waits for updates."""
+    request_timeout: float = Field(default=60.0, gt=0)
+    """Seconds any other Bot API call may take."""
+    max_download_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
+    """`inbound_media` refuses larger files (the public Bot API serves at most 20 MB)."""
+    global_rate: float = Field(default=30.0, gt=0)
+    """Messages per second for the whole bot (Telegram's broadcast limit)."""
+    group_rate_per_minute: float = Field(default=20.0, gt=0)
+    """Messages per minute into one group chat."""
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr) -> SecretStr:
+        # The value is never quoted: a half-right token is still a secret.
+        if not _TOKEN.fullmatch(value.get_secret_value()):
+            raise ValueError(
+                "does not look like a bot token from @BotFather (digits, a colon, then letters, "
+                "digits, _ or -)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _webhook_needs_url_and_secret(self) -> TelegramConfig:
+        if self.mode == "webhook":
+            missing = [
+                name
+                for name, value in (
+                    ("webhook_url", self.webhook_url),
+                    ("webhook_secret", self.webhook_secret),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(
+                    "mode 'webhook' needs "
+                    + " and ".join(missing)
+                    + " (the public HTTPS URL Telegram posts to, and a secret token it echoes)"
+                )
+        if self.webhook_secret is not None:
+            secret = self.webhook_secret.get_secret_value()
+            allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+            if not 1 <= len(secret) <= 256 or not set(secret) <= allowed:
+                raise ValueError(
+                    "webhook_secret must be 1-256 characters of A-Z, a-z, 0-9, _ and - "
+                    "(Telegram's rule for secret_token)"
+                )
+        return self

@@ -1,0 +1,97 @@
+"""aiogram's exceptions -> talkbridge's, at the boundary, with the bot token scrubbed.
+
+aiogram builds request URLs with the token in them (`/bot{token}/...`), and network errors may
+quote the URL; every message is scrubbed, and the original is not chained, so the token cannot
+reach a log through a traceback either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import aiohttp
+from aiogram import exceptions as tg
+
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+    UnauthorizedError,
+)
+
+UNAUTHORIZED = (
+    "Telegram rejected the bot token (401 Unauthorized): it is wrong or was revoked; "
+    "create a new one with @BotFather"
+)
+
+
+def scrub(text: str, token: str) -> str:
+    if token:
+        text = text.replace(token, "***")
+        _, _, secret = token.partition(":")
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> ConnectorError:
+    """The talkbridge error for an aiogram/aiohttp failure (not raised: returned)."""
+    message = scrub(str(exc), token)
+    if isinstance(exc, tg.TelegramRetryAfter):
+        return RateLimitedError(
+            f"Telegram rate limit: retry after {exc.retry_after} s ({message})",
+            retry_after=float(exc.retry_after),
+            scope="thread" if chat_scoped else "connection",
+        )
+    if isinstance(exc, tg.TelegramUnauthorizedError):
+        return UnauthorizedError(UNAUTHORIZED)
+    if isinstance(exc, tg.TelegramNotFound):
+        return NotFoundError(message)
+    if isinstance(exc, tg.TelegramEntityTooLarge):
+        return PermanentError(f"file too large for Telegram: {message}")
+    if isinstance(exc, tg.TelegramNetworkError | tg.TelegramServerError):
+        return TransientError(message)
+    if isinstance(exc, tg.TelegramConflictError):
+        return TransientError(
+            f"{message} (another process is polling with this token, or a webhook is set)"
+        )
+    if isinstance(exc, tg.TelegramMigrateToChat):
+        return PermanentError(message)
+    if isinstance(exc, tg.TelegramBadRequest):
+        if "not found" in exc.message.lower():
+            return NotFoundError(message)
+        return PermanentError(message)
+    if isinstance(exc, tg.TelegramAPIError):  # 403 Forbidden (blocked, kicked) and the rest
+        return PermanentError(message)
+    if isinstance(exc, tg.ClientDecodeError):
+        return TransientError(f"the Bot API answered something that is not JSON: {exc.message}")
+    if isinstance(exc, aiohttp.ClientResponseError):
+        if exc.status == 404:
+            return NotFoundError(f"Telegram answered 404 for {exc.request_info.method} request")
+        if exc.status == 401:
+            return UnauthorizedError(UNAUTHORIZED)
+        return TransientError(f"HTTP {exc.status} from the Bot API")
+    if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
+        return TransientError(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    return PermanentError(f"{type(exc).__name__}: {message}")
+
+
+_HANDLED = (tg.AiogramError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@contextmanager
+def translated(token: str, *, chat_scoped: bool = False) -> Iterator[None]:
+    """Run a Bot API call; anything aiogram or aiohttp raises leaves as a talkbridge error."""
+    try:
+        yield
+    except _HANDLED as exc:
+        _raise(translate(exc, token, chat_scoped=chat_scoped))
+
+
+def _raise(error: ConnectorError) -> NoReturn:
+    raise error from None

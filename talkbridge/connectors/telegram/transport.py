@@ -1,0 +1,474 @@
+"""The Telegram transport: aiogram's `Bot` for the Bot API, long polling or a webhook server.
+
+Inbound is at-least-once without replays: an update's offset is stored only after `deliver`
+returned (the router has durably accepted or deduped the message by then), so a crash between
+the two re-delivers one update, which the router's inbox drops as a duplicate.
+
+`send` never sleeps on a 429 or retries: it raises the translated error and the router's
+per-connection queue waits (`RateLimitedError.retry_after`) or retries (`TransientError`). It
+does pace itself ahead of Telegram's limits, so 429s stay rare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from aiogram import Bot
+from aiogram import methods as api
+from aiogram.client.session.aiohttp import AiohttpSession
+from aiogram.client.telegram import TelegramAPIServer
+from aiogram.types import (
+    BufferedInputFile,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    LinkPreviewOptions,
+    Message,
+    ReactionTypeEmoji,
+    ReplyParameters,
+    Update,
+)
+from aiohttp import web
+
+from talkbridge.backoff import Backoff
+from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.telegram.codec import (
+    ALLOWED_UPDATES,
+    TELEGRAM_CAPTION_LIMIT,
+    decode_update,
+    inline_keyboard,
+    native_id,
+    parse_native_id,
+    parse_thread_id,
+    render,
+    render_chunks,
+    update_to_dict,
+    utf16_len,
+)
+from talkbridge.connectors.telegram.config import TelegramConfig
+from talkbridge.connectors.telegram.errors import scrub, translated
+from talkbridge.connectors.telegram.pacing import Pacer
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+)
+from talkbridge.message import Attachment, OutboundMessage, SendResult
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_RECENT_UPDATES = 2048
+_PARTIAL_SENDS = 1024
+
+
+def create(config: TelegramConfig, context: ConnectorContext) -> TelegramConnector:
+    return TelegramConnector(config, context)
+
+
+class TelegramConnector(BaseConnector):
+    """One bot token = one connection. Features: activity, inbound_media, edit, delete,
+    reactions, interactions. The Bot API keeps no history and has no directory."""
+
+    channel = "telegram"
+
+    def __init__(self, config: TelegramConfig, context: ConnectorContext) -> None:
+        super().__init__(config.id, context)
+        self.config = config
+        self._token = config.token.get_secret_value()
+        self._log = context.logger.getChild(f"telegram.{config.id}")
+        server = TelegramAPIServer.from_base(config.api_base) if config.api_base else None
+        session = (
+            AiohttpSession(api=server, timeout=config.request_timeout)
+            if server
+            else AiohttpSession(timeout=config.request_timeout)
+        )
+        self.bot = Bot(self._token, session=session)
+        self.bot_id: int | None = int(self._token.split(":", 1)[0])
+        self.username: str | None = None
+        self.webhook_port: int | None = None
+        """The port the webhook server listens on once `run` started it (useful with port 0)."""
+        self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
+        self._recent: OrderedDict[int, None] = OrderedDict()
+        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._offset_key = f"telegram:{config.id}:offset"
+        self.retry_base = 0.5
+        """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
+        for name in ("activity", "inbound_media", "edit", "delete", "reactions", "interactions"):
+            self.provide(name, self)
+
+    # ---- Transport -------------------------------------------------------------------------
+
+    async def run(self, status: ConnectionStatus) -> None:
+        await self.check()
+        if self.config.mode == "webhook":
+            await self._run_webhook(status)
+        else:
+            await self._run_polling(status)
+
+    async def check(self) -> str:
+        """`getMe`: the bot's @username, or the translated failure."""
+        with translated(self._token):
+            me = await self.bot.get_me()
+        self.bot_id = me.id
+        self.username = me.username
+        return f"@{me.username}" if me.username else str(me.id)
+
+    async def close(self) -> None:
+        await self.bot.session.close()
+
+    async def _load_offset(self) -> int | None:
+        stored = await self.context.store.get_state(self._offset_key)
+        return int(stored) if stored else None
+
+    async def _run_polling(self, status: ConnectionStatus) -> None:
+        # getUpdates is refused while a webhook is set (e.g. after switching modes).
+        with translated(self._token):
+            await self.bot.delete_webhook(drop_pending_updates=False)
+        status.up()
+        offset = await self._load_offset()
+        backoff = Backoff(base=self.retry_base, cap=30.0)
+        healthy = True
+        timeout = self.config.poll_timeout
+        while True:
+            try:
+                with translated(self._token):
+                    updates = await self.bot.get_updates(
+                        offset=offset,
+                        timeout=timeout,
+                        allowed_updates=list(ALLOWED_UPDATES),
+                        request_timeout=timeout + 15,
+                    )
+            except (TransientError, RateLimitedError) as exc:
+                delay = exc.retry_after if isinstance(exc, RateLimitedError) else backoff.next()
+                healthy = False
+                status.degraded(f"getUpdates failed: {exc}; retrying in {delay:.1f} s")
+                await asyncio.sleep(delay)
+                continue
+            backoff.reset()
+            if not healthy:
+                healthy = True
+                status.up()
+            for update in updates:
+                await self._accept(update)
+                offset = update.update_id + 1
+                await self.context.store.set_state(self._offset_key, str(offset))
+
+    async def _accept(self, update: Update | dict[str, Any]) -> None:
+        """Decode and deliver one update; returns once subscribers accepted it."""
+        data = update_to_dict(update)
+        uid = data.get("update_id")
+        if isinstance(uid, int) and uid in self._recent:
+            return
+        message = decode_update(data, connection_id=self.connection_id, bot_id=self.bot_id)
+        if message is not None:
+            query = data.get("callback_query")
+            if isinstance(query, dict) and query.get("id"):
+                await self._answer_callback(str(query["id"]))
+            try:
+                await self.deliver(message)
+            except ConnectorError:
+                raise
+            except Exception as exc:
+                raise TransientError(
+                    f"update {uid} was not accepted by a subscriber: {scrub(str(exc), self._token)}"
+                ) from exc
+        if isinstance(uid, int):
+            self._recent[uid] = None
+            while len(self._recent) > _RECENT_UPDATES:
+                self._recent.popitem(last=False)
+
+    async def _answer_callback(self, query_id: str) -> None:
+        # Stops the button's spinner; failing to do so must not lose the click.
+        try:
+            with translated(self._token):
+                await self.bot.answer_callback_query(query_id)
+        except ConnectorError as exc:
+            self._log.warning("answerCallbackQuery failed: %s", exc)
+
+    # ---- webhook ---------------------------------------------------------------------------
+
+    async def _run_webhook(self, status: ConnectionStatus) -> None:
+        app = web.Application()
+        app.router.add_post(self.config.webhook_path, self._on_webhook)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.config.webhook_host, self.config.webhook_port)
+            try:
+                await site.start()
+            except OSError as exc:
+                raise PermanentError(
+                    f"cannot listen for the webhook on {self.config.webhook_host}:"
+                    f"{self.config.webhook_port}: {exc.strerror}"
+                ) from None
+            self.webhook_port = _bound_port(runner)
+            secret = self.config.webhook_secret
+            assert self.config.webhook_url and secret  # enforced by TelegramConfig
+            with translated(self._token):
+                await self.bot.set_webhook(
+                    self.config.webhook_url,
+                    secret_token=secret.get_secret_value(),
+                    allowed_updates=list(ALLOWED_UPDATES),
+                    drop_pending_updates=False,
+                )
+            status.up()
+            await asyncio.Event().wait()  # serve until cancelled
+        finally:
+            await runner.cleanup()
+
+    async def _on_webhook(self, request: web.Request) -> web.Response:
+        secret = self.config.webhook_secret
+        given = request.headers.get(SECRET_HEADER, "")
+        if secret is None or not hmac.compare_digest(
+            given.encode(), secret.get_secret_value().encode()
+        ):
+            self._log.warning(
+                "webhook request without the right secret token from %s", request.remote
+            )
+            return web.Response(status=401, text="wrong or missing secret token")
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.Response(status=400, text="body is not JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):
+            return web.Response(status=400, text="not a Telegram update (no update_id)")
+        try:
+            await self._accept(data)
+        except (ValueError, PermanentError) as exc:
+            # A malformed update would be re-sent forever; log it and acknowledge.
+            self._log.error("dropping undecodable update %s: %s", data.get("update_id"), exc)
+        except Exception as exc:
+            # Not accepted: answer 500 so Telegram delivers the update again.
+            self._log.warning("update %s not accepted yet: %s", data.get("update_id"), exc)
+            return web.Response(status=500, text="not accepted, retry later")
+        return web.Response(text="ok")
+
+    # ---- send ------------------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        try:
+            chat_id, topic = parse_thread_id(message.thread_id)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        reply = _reply_parameters(message.reply_to, chat_id)
+        markup = None
+        if message.buttons:
+            try:
+                markup = _keyboard(message.buttons)
+            except ValueError as exc:
+                raise PermanentError(str(exc)) from None
+        steps = self._plan(message, chat_id, topic, reply, markup)
+        key = message.idempotency_key
+        done = self._partial.get(key, []) if key else []
+        sent = list(done)
+        for step in steps[len(done) :]:
+            await self._pacer.acquire(chat_id)
+            with translated(self._token, chat_scoped=True):
+                result = await self.bot(step)
+            if isinstance(result, Message):
+                sent.append(native_id(result.chat.id, result.message_id))
+            if key:  # a retry after a failure mid-way resumes here instead of repeating
+                self._partial[key] = sent
+                self._partial.move_to_end(key)
+                while len(self._partial) > _PARTIAL_SENDS:
+                    self._partial.popitem(last=False)
+        if key:
+            self._partial.pop(key, None)
+        if not sent:
+            raise PermanentError("nothing to send: the message rendered to no visible text")
+        return SendResult(message_ids=tuple(sent))
+
+    def _plan(
+        self,
+        message: OutboundMessage,
+        chat_id: int | str,
+        topic: int | None,
+        reply: ReplyParameters | None,
+        markup: InlineKeyboardMarkup | None,
+    ) -> list[api.TelegramMethod[Any]]:
+        """The Bot API calls that deliver `message`, in order (pure apart from object building)."""
+        common: dict[str, Any] = {"chat_id": chat_id, "message_thread_id": topic}
+        chunks = render_chunks(message.text, message.markup) if message.text else []
+        caption: str | None = None
+        if (
+            message.attachments
+            and len(chunks) == 1
+            and utf16_len(chunks[0]) <= TELEGRAM_CAPTION_LIMIT
+            and _captionable(message.attachments[0])
+        ):
+            caption, chunks = chunks[0], []
+        steps: list[api.TelegramMethod[Any]] = []
+        for chunk in chunks:
+            steps.append(
+                api.SendMessage(
+                    **common,
+                    text=chunk,
+                    parse_mode="HTML",
+                    link_preview_options=LinkPreviewOptions(is_disabled=True),
+                )
+            )
+        for index, attachment in enumerate(message.attachments):
+            steps.append(_attachment_method(attachment, common, caption if index == 0 else None))
+        if steps and reply is not None:
+            steps[0] = steps[0].model_copy(update={"reply_parameters": reply})
+        if steps and markup is not None:
+            text_steps = [i for i, s in enumerate(steps) if isinstance(s, api.SendMessage)]
+            last = text_steps[-1] if text_steps else 0
+            steps[last] = steps[last].model_copy(update={"reply_markup": markup})
+        return steps
+
+    # ---- features --------------------------------------------------------------------------
+
+    async def typing(self, thread_id: str) -> None:
+        chat_id, topic = _thread(thread_id)
+        with translated(self._token, chat_scoped=True):
+            await self.bot.send_chat_action(chat_id, "typing", message_thread_id=topic)
+
+    async def download(self, attachment: Attachment, *, max_bytes: int | None = None) -> bytes:
+        if not attachment.ref:
+            raise PermanentError(f"this {attachment.kind} attachment has no file to download")
+        limit = min(max_bytes or self.config.max_download_bytes, self.config.max_download_bytes)
+        if attachment.size is not None and attachment.size > limit:
+            raise PermanentError(f"file is {attachment.size} bytes, over the {limit}-byte limit")
+        with translated(self._token):
+            file = await self.bot.get_file(attachment.ref)
+        if file.file_size is not None and file.file_size > limit:
+            raise PermanentError(f"file is {file.file_size} bytes, over the {limit}-byte limit")
+        if not file.file_path:
+            raise NotFoundError("Telegram gave no download path for this file")
+        url = self.bot.session.api.file_url(self._token, file.file_path)
+        received = bytearray()
+        with translated(self._token):
+            async for chunk in self.bot.session.stream_content(url, timeout=60):
+                received.extend(chunk)
+                if len(received) > limit:
+                    raise PermanentError(f"file is over the {limit}-byte limit")
+        return bytes(received)
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        chat_id, mid = _message(message_id)
+        rendered = render(text, "markdown")
+        if utf16_len(rendered) > 4096:
+            raise PermanentError("edited text is longer than Telegram's 4,096-character limit")
+        with translated(self._token, chat_scoped=True):
+            await self.bot.edit_message_text(
+                text=rendered, chat_id=chat_id, message_id=mid, parse_mode="HTML"
+            )
+
+    async def delete(self, thread_id: str, message_id: str) -> None:
+        chat_id, mid = _message(message_id)
+        with translated(self._token, chat_scoped=True):
+            await self.bot.delete_message(chat_id, mid)
+
+    async def react(self, thread_id: str, message_id: str, emoji: str) -> None:
+        chat_id, mid = _message(message_id)
+        with translated(self._token, chat_scoped=True):
+            await self.bot.set_message_reaction(
+                chat_id, mid, reaction=[ReactionTypeEmoji(emoji=emoji)]
+            )
+
+    async def send_buttons(
+        self, thread_id: str, text: str, buttons: Sequence[tuple[str, str]]
+    ) -> SendResult:
+        return await self.send(
+            OutboundMessage(thread_id=thread_id, text=text, buttons=tuple(buttons))
+        )
+
+
+def _bound_port(runner: web.AppRunner) -> int | None:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return None
+
+
+def _thread(thread_id: str) -> tuple[int | str, int | None]:
+    try:
+        return parse_thread_id(thread_id)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _message(message_id: str) -> tuple[int | str, int]:
+    try:
+        return parse_native_id(message_id)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _reply_parameters(reply_to: str | None, chat_id: int | str) -> ReplyParameters | None:
+    if not reply_to:
+        return None
+    with contextlib.suppress(ValueError):
+        reply_chat, message_id = parse_native_id(reply_to)
+        return ReplyParameters(
+            message_id=message_id,
+            chat_id=None if reply_chat == chat_id else reply_chat,
+            allow_sending_without_reply=True,
+        )
+    return None  # not a message id of ours (e.g. a button click): send without threading
+
+
+def _keyboard(buttons: Sequence[tuple[str, str]]) -> InlineKeyboardMarkup:
+    rows = inline_keyboard(buttons)
+    return InlineKeyboardMarkup(
+        inline_keyboard=[
+            [InlineKeyboardButton(text=b["text"], callback_data=b["callback_data"]) for b in row]
+            for row in rows
+        ]
+    )
+
+
+def _captionable(attachment: Attachment) -> bool:
+    return attachment.kind not in ("sticker", "location", "contact")
+
+
+def _attachment_method(
+    attachment: Attachment, common: dict[str, Any], caption: str | None
+) -> api.TelegramMethod[Any]:
+    meta = attachment.meta
+    if attachment.kind == "location":
+        try:
+            return api.SendLocation(
+                **common, latitude=float(meta["latitude"]), longitude=float(meta["longitude"])
+            )
+        except (KeyError, TypeError, ValueError):
+            raise PermanentError(
+                "a location attachment needs meta latitude and longitude"
+            ) from None
+    if attachment.kind == "contact":
+        if not meta.get("phone_number"):
+            raise PermanentError("a contact attachment needs meta phone_number")
+        return api.SendContact(
+            **common,
+            phone_number=str(meta["phone_number"]),
+            first_name=str(meta.get("first_name") or attachment.name or meta["phone_number"]),
+            last_name=meta.get("last_name"),
+        )
+    if attachment.data is not None:
+        file: Any = BufferedInputFile(attachment.data, filename=attachment.name or "file")
+    elif attachment.ref:
+        file = attachment.ref  # a file_id Telegram already has, or an HTTP URL it fetches
+    else:
+        raise PermanentError(f"the {attachment.kind} attachment has neither data nor ref")
+    kind = attachment.kind
+    extra: dict[str, Any] = {}
+    if caption is not None and _captionable(attachment):
+        extra = {"caption": caption, "parse_mode": "HTML"}
+    if kind == "image":
+        return api.SendPhoto(**common, photo=file, **extra)
+    if kind == "video":
+        return api.SendVideo(**common, video=file, **extra)
+    if kind == "audio":
+        return api.SendAudio(**common, audio=file, **extra)
+    if kind == "voice":
+        return api.SendVoice(**common, voice=file, **extra)
+    if kind == "sticker":
+        return api.SendSticker(**common, sticker=file)
+    return api.SendDocument(**common, document=file, **extra)

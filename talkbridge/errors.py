@@ -1,0 +1,103 @@
+"""talkbridge's one exception family.
+
+Connectors translate their SDK's exceptions into these at the boundary, so the core decides
+retries in one place::
+
+    TalkbridgeError
+    ├── ConfigError                 bad config file or value (exit code 2)
+    ├── UnknownConnectionError      a connection id nobody configured
+    ├── FeatureUnavailableError     a connection lacks a feature
+    ├── HookError                   a hook failed, timed out, or returned something unusable
+    │   └── HookLoadError           a hook folder cannot be loaded
+    ├── TurnAbortedError            a `before_*` listener or fail-closed hook stopped a turn
+    ├── SendFailedError             an outbound message could not be delivered (recorded)
+    ├── StoreError                  the store cannot be opened or an operation on it failed
+    └── ConnectorError              what a platform said, classified
+        ├── RateLimitedError        retry after `retry_after` seconds (scope: connection or thread)
+        ├── UnauthorizedError       credentials rejected: do not retry
+        ├── NotFoundError           the target does not exist: do not retry
+        ├── TransientError          network, 5xx, dropped socket: retry with backoff
+        └── PermanentError          anything else the platform refused: do not retry
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+
+class TalkbridgeError(Exception):
+    """Root of every error talkbridge raises on purpose."""
+
+
+class ConfigError(TalkbridgeError):
+    """The configuration is invalid; the message names the key path and the reason."""
+
+
+class UnknownConnectionError(TalkbridgeError, LookupError):
+    def __init__(self, connection_id: str, known: list[str]) -> None:
+        self.connection_id = connection_id
+        self.known = sorted(known)
+        listed = ", ".join(self.known) if self.known else "none are configured"
+        super().__init__(f"unknown connection {connection_id!r}; known connections: {listed}")
+
+
+class FeatureUnavailableError(TalkbridgeError):
+    pass
+
+
+class HookError(TalkbridgeError):
+    pass
+
+
+class HookLoadError(HookError):
+    pass
+
+
+class TurnAbortedError(TalkbridgeError):
+    pass
+
+
+class SendFailedError(TalkbridgeError):
+    def __init__(self, connection_id: str, thread_id: str, reason: str) -> None:
+        self.connection_id = connection_id
+        self.thread_id = thread_id
+        self.reason = reason
+        super().__init__(f"send to {connection_id}/{thread_id} failed: {reason}")
+
+
+class StoreError(TalkbridgeError):
+    """The store failed; the message names the store (path or host), never a credential."""
+
+
+class ConnectorError(TalkbridgeError):
+    retryable = False
+
+
+class RateLimitedError(ConnectorError):
+    retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        retry_after: float,
+        scope: Literal["connection", "thread"] = "connection",
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = max(0.0, retry_after)
+        self.scope = scope
+
+
+class UnauthorizedError(ConnectorError):
+    pass
+
+
+class NotFoundError(ConnectorError):
+    pass
+
+
+class TransientError(ConnectorError):
+    retryable = True
+
+
+class PermanentError(ConnectorError):
+    pass

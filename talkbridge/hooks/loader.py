@@ -1,0 +1,222 @@
+"""Load hook folders listed in the config.
+
+A hook folder holds `hook.py` exporting `create_hook(deps) -> Hook` and an optional `hook.yaml`:
+
+    kind: channel-message        # else the folder's name, else its parent folder's name
+    name: keyword-router         # default: the folder's name
+    order: 10
+    on_error: fail-closed
+    timeout: 5
+    needs_thread_lock: false
+    filter: {channels: [telegram], connection_ids: [support-bot]}
+
+A listed folder without `hook.py` whose subfolders have one loads each subfolder (in name order), so
+both `hooks/channel-message/` (itself a hook) and `hooks/channel-message/keyword-router/` work.
+Every problem raises `HookLoadError` naming the folder and what exactly is wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import re
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from talkbridge.config import _format_errors
+from talkbridge.errors import HookLoadError
+from talkbridge.hooks.channel_message import ChannelMessageHook
+from talkbridge.hooks.engine import HookFilter
+from talkbridge.hooks.registry import KINDS, HookDeps, HookRegistry, is_connection_hook
+
+HOOK_FILE = "hook.py"
+SPEC_FILE = "hook.yaml"
+_module_ids = itertools.count(1)
+
+
+class HookSpec(BaseModel):
+    """The keys `hook.yaml` may set; anything else is refused by name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str | None = None
+    name: str | None = Field(default=None, min_length=1)
+    order: int | None = None
+    on_error: Literal["fail-open", "fail-closed"] | None = None
+    timeout: float | None = Field(default=None, gt=0)
+    needs_thread_lock: bool | None = None
+    observer: bool | None = None
+    event: str | None = None
+    """run-listener: the one event a function listener handles."""
+    filter: HookFilter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHook:
+    kind: str
+    name: str
+    folder: Path
+    hook: Any
+    """What `create_hook` returned."""
+
+    @property
+    def needs_connections(self) -> bool:
+        """An imperative channel-message hook: the Bridge calls `register_connection` on it."""
+        return self.kind == "channel-message" and is_connection_hook(self.hook)
+
+
+def load_hook_folders(
+    paths: list[Path], deps: HookDeps, registry: HookRegistry
+) -> list[ChannelMessageHook]:
+    """Load every listed folder into `registry`; returns the imperative channel-message hooks.
+
+    Their `register()` was called at load; the Bridge calls `register_connection(id)` on each for
+    every connection. `load_hooks` returns the details of every hook loaded.
+    """
+    return [item.hook for item in load_hooks(paths, deps, registry) if item.needs_connections]
+
+
+def load_hooks(paths: list[Path], deps: HookDeps, registry: HookRegistry) -> list[LoadedHook]:
+    """Load every listed folder (and hook subfolders) into `registry`, in order.
+
+    On failure, hooks this call already registered are unregistered again before the error is
+    raised (an imperative hook's `register()` cannot be undone; load fails at start anyway).
+    """
+    if deps.hooks is None:
+        deps.hooks = registry
+    loaded: list[LoadedHook] = []
+    try:
+        for path in paths:
+            for folder in _hook_folders(Path(path)):
+                loaded.append(_load_folder(folder, deps, registry))
+    except BaseException:
+        for item in reversed(loaded):
+            registry.unregister(item.name, missing_ok=True)
+        raise
+    return loaded
+
+
+def _hook_folders(path: Path) -> list[Path]:
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a folder"
+        raise HookLoadError(f"hook folder {path}: {what}")
+    if (path / HOOK_FILE).is_file():
+        return [path]
+    subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / HOOK_FILE).is_file())
+    if not subs:
+        raise HookLoadError(
+            f"hook folder {path}: has no {HOOK_FILE}, and no subfolder has one either"
+        )
+    return subs
+
+
+def _read_spec(folder: Path) -> HookSpec:
+    file = folder / SPEC_FILE
+    if not file.is_file():
+        return HookSpec()
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE} is not valid YAML: {exc}") from None
+    if data is None:
+        return HookSpec()
+    if not isinstance(data, dict):
+        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE} must be a mapping of keys")
+    try:
+        return HookSpec.model_validate(data)
+    except ValidationError as exc:
+        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE}: {_format_errors(exc)}") from None
+
+
+def _resolve_kind(folder: Path, spec: HookSpec) -> str:
+    if spec.kind is not None:
+        if spec.kind not in KINDS:
+            raise HookLoadError(
+                f"hook folder {folder}: {SPEC_FILE} names unknown kind {spec.kind!r}; "
+                f"kinds: {', '.join(KINDS)}"
+            )
+        return spec.kind
+    for candidate in (folder.name, folder.parent.name):
+        if candidate in KINDS:
+            return candidate
+    raise HookLoadError(
+        f"hook folder {folder}: cannot tell its kind: set 'kind' in {SPEC_FILE} or name the folder "
+        f"(or its parent) after a kind; kinds: {', '.join(KINDS)}"
+    )
+
+
+def _import(folder: Path) -> ModuleType:
+    file = folder / HOOK_FILE
+    slug = re.sub(r"\W", "_", folder.name)
+    module_name = f"talkbridge_hook_{next(_module_ids)}_{slug}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise HookLoadError(f"hook folder {folder}: cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        del sys.modules[module_name]
+        where = f"{exc.filename or file}, line {exc.lineno}"
+        raise HookLoadError(f"hook folder {folder}: syntax error in {where}: {exc.msg}") from None
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise HookLoadError(
+            f"hook folder {folder}: importing {HOOK_FILE} failed{_where(exc, file)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return module
+
+
+def _where(exc: BaseException, file: Path) -> str:
+    """`(hook.py line N)` for the innermost frame of the hook's own file, when there is one."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == file]
+    return f" at {file.name} line {frames[-1].lineno}" if frames else ""
+
+
+def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> LoadedHook:
+    spec = _read_spec(folder)
+    kind = _resolve_kind(folder, spec)
+    module = _import(folder)
+    create = getattr(module, "create_hook", None)
+    file = folder / HOOK_FILE
+    if create is None:
+        raise HookLoadError(f"hook folder {folder}: {HOOK_FILE} does not define create_hook(deps)")
+    if not callable(create):
+        raise HookLoadError(f"hook folder {folder}: create_hook in {HOOK_FILE} is not a function")
+    if inspect.iscoroutinefunction(create):
+        raise HookLoadError(
+            f"hook folder {folder}: create_hook must be a plain function (not async); "
+            "start async work in the hook itself"
+        )
+    try:
+        hook = create(deps)
+    except Exception as exc:
+        raise HookLoadError(
+            f"hook folder {folder}: create_hook raised{_where(exc, file)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if hook is None:
+        raise HookLoadError(f"hook folder {folder}: create_hook returned None instead of a hook")
+    name = spec.name or folder.name
+    options = spec.model_dump(exclude_none=True, exclude={"kind", "name"})
+    if "filter" in options:
+        options["filter"] = spec.filter
+    try:
+        registry.register(kind, hook, name=name, **options)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise HookLoadError(f"hook folder {folder} ({kind}): {exc}") from exc
+    except Exception as exc:
+        raise HookLoadError(
+            f"hook folder {folder} ({kind}): registering failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    return LoadedHook(kind, name, folder, hook)

@@ -1,0 +1,361 @@
+"""`HookRegistry`: one place holding every hook kind, for code registration and hook folders alike.
+
+    hooks = HookRegistry()
+
+    @hooks.channel_message(order=10)
+    async def vip(msg): ...
+
+    hooks.register("turn-middleware", MyMiddleware(), order=5)
+    hooks.unregister("vip")
+    hooks.freeze()          # at start: later global changes raise RuntimeError
+
+Each kind checks its interface on registration and raises `TypeError` naming the hook when the
+object does not implement it (the loader turns that into a `HookLoadError` naming the folder).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeVar, overload
+
+from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
+from talkbridge.hooks.chat import ChatHooks
+from talkbridge.hooks.engine import HookFilter
+from talkbridge.hooks.lifecycle import TURN_FINISHED, TURN_STARTED, LifecycleWatchers
+from talkbridge.hooks.listeners import RunListeners
+from talkbridge.hooks.middleware import (
+    ConfiguredMiddleware,
+    FunctionMiddleware,
+    MiddlewareStack,
+    TurnHandler,
+    TurnMiddleware,
+    middleware_name,
+)
+
+HookKind = Literal[
+    "channel-message",
+    "turn-middleware",
+    "agent-turn-started",
+    "agent-turn-finished",
+    "run-listener",
+    "chat",
+    "reply",
+]
+KINDS: Final[tuple[str, ...]] = HookKind.__args__  # type: ignore[attr-defined]
+Environment = Literal["production", "development"]
+
+_OPTIONS: Final[dict[str, frozenset[str]]] = {
+    "channel-message": frozenset(
+        {"order", "timeout", "on_error", "filter", "scope", "needs_thread_lock", "observer"}
+    ),
+    "turn-middleware": frozenset({"order", "on_error"}),
+    "agent-turn-started": frozenset(),
+    "agent-turn-finished": frozenset(),
+    "run-listener": frozenset({"event"}),
+    "chat": frozenset({"on_error", "timeout"}),
+    "reply": frozenset({"on_error", "timeout"}),
+}
+# the method an object hook of each kind provides when it is not itself callable
+_METHOD: Final[dict[str, str]] = {
+    "channel-message": "on_message",
+    "agent-turn-started": "on_turn_started",
+    "agent-turn-finished": "on_turn_finished",
+    "chat": "on_chat",
+    "reply": "on_reply",
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class HookDeps:
+    """What `create_hook(deps)` receives."""
+
+    app_id: str
+    logger: logging.Logger
+    router: Any
+    """The TalkRouter: `router.talk(id)`, `router.subscribe(...)`, `router.send(...)`."""
+    agent_runner: Any
+    context: dict[str, Any] = field(default_factory=dict)
+    """The app context (shared state the app put there)."""
+    hooks: HookRegistry | None = None
+    environment: Environment = "production"
+
+
+class RegisteredHook:
+    """Handle for a registered hook: `remove()` or a `with` block unregisters it."""
+
+    __slots__ = ("kind", "name", "registry")
+
+    def __init__(self, registry: HookRegistry, kind: str, name: str) -> None:
+        self.registry = registry
+        self.kind = kind
+        self.name = name
+
+    def remove(self) -> None:
+        self.registry.unregister(self.name, missing_ok=True)
+
+    def __enter__(self) -> RegisteredHook:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} hook {self.name!r}>"
+
+
+def is_connection_hook(obj: Any) -> bool:
+    """Whether `obj` is an imperative `ChannelMessageHook` (register/register_connection)."""
+    return callable(getattr(obj, "register", None)) and callable(
+        getattr(obj, "register_connection", None)
+    )
+
+
+def _callable_of(kind: str, obj: Any, name: str) -> Callable[..., Any]:
+    method = getattr(obj, _METHOD[kind], None)
+    if callable(method):
+        return method  # type: ignore[no-any-return]
+    if callable(obj) and not isinstance(obj, type):
+        return obj  # type: ignore[no-any-return]
+    raise TypeError(
+        f"{kind} hook {name!r}: {type(obj).__name__} is not a function and has no "
+        f"{_METHOD[kind]}() method"
+    )
+
+
+class HookRegistry:
+    """Every hook kind of one bridge."""
+
+    def __init__(self, *, environment: Environment = "production") -> None:
+        self.environment: Environment = environment
+        self.channel_message = ChannelMessageHooks(register=self.register)
+        """The chain (`decide`, `prefetch`), and the decorator `@hooks.channel_message(...)`."""
+        self.middleware = MiddlewareStack()
+        self.lifecycle = LifecycleWatchers()
+        self.listeners = RunListeners(environment=environment)
+        self.chat = ChatHooks(environment=environment)
+        self.connection_hooks: dict[str, ChannelMessageHook] = {}
+        """Imperative channel-message hooks; the Bridge calls `register_connection` on each."""
+        self._kinds: dict[str, str] = {}
+        self._frozen = False
+
+    # -- registering --------------------------------------------------------------------------
+
+    def register(
+        self, kind: str, hook: Any, *, name: str | None = None, **options: Any
+    ) -> RegisteredHook:
+        """Register `hook` as a hook of `kind` (see `KINDS`) with the kind's options."""
+        if kind not in _OPTIONS:
+            raise ValueError(f"unknown hook kind {kind!r}; kinds: {', '.join(KINDS)}")
+        name = name or _default_name(hook)
+        unknown = set(options) - _OPTIONS[kind]
+        if unknown:
+            allowed = ", ".join(sorted(_OPTIONS[kind])) or "none"
+            raise TypeError(
+                f"{kind} hook {name!r}: option(s) {', '.join(sorted(unknown))} do not apply; "
+                f"allowed: {allowed}"
+            )
+        owner = self._kinds.get(name)
+        if owner is not None and (owner != kind or kind != "channel-message"):
+            raise ValueError(f"a hook named {name!r} is already registered (kind {owner})")
+        getattr(self, "_add_" + kind.replace("-", "_"))(hook, name, options)
+        self._kinds[name] = kind
+        return RegisteredHook(self, kind, name)
+
+    def _add_channel_message(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        if is_connection_hook(hook):
+            if options:
+                raise TypeError(
+                    f"channel-message hook {name!r} wires itself in (register/register_connection);"
+                    f" options {', '.join(sorted(options))} apply only to on_message hooks"
+                )
+            if self.channel_message.chain.frozen:
+                raise RuntimeError(f"cannot add channel-message hook {name!r}: hooks are frozen")
+            hook.register()
+            self.connection_hooks[name] = hook
+            return
+        if not callable(getattr(hook, "on_message", None)) and not (
+            callable(hook) and not isinstance(hook, type)
+        ):
+            raise TypeError(
+                f"channel-message hook {name!r}: {type(hook).__name__} is neither a "
+                "ChannelMessageHook (register() and register_connection(connection_id)) nor a "
+                "declarative hook (an on_message(msg) method or function)"
+            )
+        fn = _callable_of("channel-message", hook, name)
+        flt = options.get("filter")
+        if isinstance(flt, dict):
+            options = {**options, "filter": HookFilter.model_validate(flt)}
+        self.channel_message.add(fn, name=name, **options)
+
+    def _add_turn_middleware(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        handle = getattr(hook, "handle", None)
+        if callable(handle):
+            self.middleware.add(
+                ConfiguredMiddleware(
+                    hook,
+                    name=name,
+                    order=int(options.get("order", getattr(hook, "order", 0))),
+                    on_error=options.get("on_error", getattr(hook, "on_error", "fail-open")),
+                )
+            )
+        elif inspect.iscoroutinefunction(hook):
+            self.middleware.add(FunctionMiddleware(hook, name=name, **options))
+        else:
+            raise TypeError(
+                f"turn-middleware hook {name!r}: {type(hook).__name__} has no "
+                "async handle(ctx, next) method and is not an async function (ctx, next)"
+            )
+
+    def _add_agent_turn_started(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        self.lifecycle.add(TURN_STARTED, _callable_of(TURN_STARTED, hook, name), name=name)
+
+    def _add_agent_turn_finished(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        self.lifecycle.add(TURN_FINISHED, _callable_of(TURN_FINISHED, hook, name), name=name)
+
+    def _add_run_listener(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        self.listeners.add(hook, name=name, event=options.get("event"))
+
+    def _add_chat(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        self.chat.add_chat(_callable_of("chat", hook, name), name=name, **options)
+
+    def _add_reply(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        self.chat.add_reply(_callable_of("reply", hook, name), name=name, **options)
+
+    def unregister(self, name: str, *, missing_ok: bool = False) -> None:
+        """Remove the hook named `name`, whatever its kind (all its scopes for channel-message)."""
+        kind = self._kinds.get(name)
+        if kind is None:
+            if missing_ok:
+                return
+            raise KeyError(f"no hook named {name!r}")
+        if kind == "channel-message":
+            if name in self.connection_hooks:
+                if self._frozen:
+                    raise RuntimeError(f"cannot unregister hook {name!r}: hooks are frozen")
+                del self.connection_hooks[name]
+            else:
+                self.channel_message.remove(name, missing_ok=True)
+        elif kind == "turn-middleware":
+            self.middleware.remove(name)
+        elif kind in (TURN_STARTED, TURN_FINISHED):
+            self.lifecycle.remove(name)
+        elif kind == "run-listener":
+            self.listeners.remove(name)
+        else:
+            self.chat.remove(name)
+        del self._kinds[name]
+
+    def kind_of(self, name: str) -> str | None:
+        return self._kinds.get(name)
+
+    def names(self) -> dict[str, str]:
+        """Registered hook names and their kinds."""
+        return dict(self._kinds)
+
+    def freeze(self) -> None:
+        """Called at start: global hooks are fixed from now on (thread/connection scopes stay)."""
+        self._frozen = True
+        self.channel_message.freeze()
+        self.middleware.freeze()
+        self.lifecycle.freeze()
+        self.listeners.freeze()
+        self.chat.freeze()
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def register_connection(self, connection_id: str) -> None:
+        """Let every imperative channel-message hook subscribe to `connection_id`."""
+        for hook in self.connection_hooks.values():
+            hook.register_connection(connection_id)
+
+    def middlewares(self) -> list[TurnMiddleware]:
+        """The registered turn middlewares in registration order (give them to `compose`)."""
+        return self.middleware.items()
+
+    def compose_turn(self, innermost: TurnHandler) -> TurnHandler:
+        """Build the middleware onion around `innermost` (the agent call); do it once."""
+        return self.middleware.compose(innermost, environment=self.environment)
+
+    async def drain(self) -> None:
+        """Wait for observers and lifecycle watchers already started."""
+        await self.channel_message.drain()
+        await self.lifecycle.drain()
+
+    # -- decorators ---------------------------------------------------------------------------
+
+    def _decorator(self, kind: str, fn: Any, name: str | None, options: dict[str, Any]) -> Any:
+        def decorate(target: F) -> F:
+            self.register(kind, target, name=name, **options)
+            return target
+
+        return decorate if fn is None else decorate(fn)
+
+    @overload
+    def turn_middleware(self, fn: F, /) -> F: ...
+    @overload
+    def turn_middleware(
+        self, fn: None = None, /, *, name: str | None = None, **options: Any
+    ) -> Callable[[F], F]: ...
+    def turn_middleware(
+        self, fn: F | None = None, /, *, name: str | None = None, **options: Any
+    ) -> Any:
+        """`@hooks.turn_middleware(order=5)` above `async def mw(ctx, next)`."""
+        return self._decorator("turn-middleware", fn, name, options)
+
+    @overload
+    def on_turn_started(self, fn: F, /) -> F: ...
+    @overload
+    def on_turn_started(
+        self, fn: None = None, /, *, name: str | None = None
+    ) -> Callable[[F], F]: ...
+    def on_turn_started(self, fn: F | None = None, /, *, name: str | None = None) -> Any:
+        return self._decorator(TURN_STARTED, fn, name, {})
+
+    @overload
+    def on_turn_finished(self, fn: F, /) -> F: ...
+    @overload
+    def on_turn_finished(
+        self, fn: None = None, /, *, name: str | None = None
+    ) -> Callable[[F], F]: ...
+    def on_turn_finished(self, fn: F | None = None, /, *, name: str | None = None) -> Any:
+        return self._decorator(TURN_FINISHED, fn, name, {})
+
+    def run_listener(self, event: str, *, name: str | None = None) -> Callable[[F], F]:
+        """`@hooks.run_listener("before_tool_call")` above `async def check(ctx, call)`."""
+        decorate: Callable[[F], F] = self._decorator("run-listener", None, name, {"event": event})
+        return decorate
+
+    @overload
+    def chat_hook(self, fn: F, /) -> F: ...
+    @overload
+    def chat_hook(
+        self, fn: None = None, /, *, name: str | None = None, **options: Any
+    ) -> Callable[[F], F]: ...
+    def chat_hook(self, fn: F | None = None, /, *, name: str | None = None, **options: Any) -> Any:
+        return self._decorator("chat", fn, name, options)
+
+    @overload
+    def reply_hook(self, fn: F, /) -> F: ...
+    @overload
+    def reply_hook(
+        self, fn: None = None, /, *, name: str | None = None, **options: Any
+    ) -> Callable[[F], F]: ...
+    def reply_hook(self, fn: F | None = None, /, *, name: str | None = None, **options: Any) -> Any:
+        return self._decorator("reply", fn, name, options)
+
+
+def _default_name(hook: Any) -> str:
+    name = getattr(hook, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    name = getattr(hook, "__name__", None)
+    if isinstance(name, str) and name:
+        return name
+    return middleware_name(hook)

@@ -1,0 +1,273 @@
+"""ConnectionRegistry: builds connectors from config and owns their transports' lifecycle.
+
+Each transport runs under a supervisor task: it is (re)started with capped exponential backoff
+and jitter after a failure, stopped for good when the platform rejects its credentials (no retry
+storm), and its state (`starting, up, degraded, down, stopped`) is kept with the last error in
+plain words, scrubbed of secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from talkbridge.backoff import Backoff
+from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
+from talkbridge.connectors import load_factory
+from talkbridge.connectors.base import (
+    Closable,
+    ConnectorContext,
+    CredentialCheck,
+    Transport,
+)
+from talkbridge.errors import (
+    ConnectorError,
+    PermanentError,
+    UnauthorizedError,
+    UnknownConnectionError,
+)
+from talkbridge.message import utcnow
+from talkbridge.store.base import Store
+from talkbridge.talk import Talk
+
+log = logging.getLogger("talkbridge.registry")
+
+STABLE_AFTER = 30.0
+"""Seconds a transport must stay up before its backoff starts from the beginning again."""
+
+
+class ConnectionState(StrEnum):
+    STARTING = "starting"
+    UP = "up"
+    DEGRADED = "degraded"
+    DOWN = "down"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class ConnectionHealth:
+    connection_id: str
+    channel: str
+    state: ConnectionState = ConnectionState.STOPPED
+    last_error: str | None = None
+    since: datetime | None = None
+    restarts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "state": self.state.value,
+            "last_error": self.last_error,
+            "since": self.since.isoformat() if self.since else None,
+            "restarts": self.restarts,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    connection_id: str
+    channel: str
+    ok: bool
+    detail: str
+
+
+def describe_error(exc: BaseException) -> str:
+    """A plain-words description: the message if there is one, else the kind of error."""
+    text = str(exc).strip()
+    if isinstance(exc, ConnectorError) and text:
+        return text
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+class _Status:
+    """The `ConnectionStatus` a transport reports through."""
+
+    def __init__(self, registry: ConnectionRegistry, connection_id: str) -> None:
+        self._registry = registry
+        self._cid = connection_id
+        self.went_up_at: float | None = None
+
+    def up(self) -> None:
+        self.went_up_at = asyncio.get_running_loop().time()
+        self._registry._set_state(self._cid, ConnectionState.UP, None)
+
+    def degraded(self, reason: str) -> None:
+        self._registry._set_state(self._cid, ConnectionState.DEGRADED, reason)
+
+
+class ConnectionRegistry:
+    def __init__(
+        self,
+        store: Store,
+        secrets: Secrets | None = None,
+        *,
+        backoff: Callable[[], Backoff] = lambda: Backoff(base=1.0, cap=60.0),
+        on_attach: Callable[[Talk], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._secrets = secrets or Secrets()
+        self._new_backoff = backoff
+        self._on_attach = on_attach
+        self._connectors: dict[str, Talk] = {}
+        self._configs: dict[str, ConnectionConfig] = {}
+        self._health: dict[str, ConnectionHealth] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._waiters: list[
+            tuple[str, frozenset[ConnectionState], asyncio.Future[ConnectionHealth]]
+        ] = []
+
+    # -- building -------------------------------------------------------------------------------
+
+    def add(self, connector: Talk, config: ConnectionConfig | None = None) -> None:
+        """Register a connector built in code (the webchat, tests, embedding apps)."""
+        cid = connector.connection_id
+        if cid in self._connectors:
+            raise ValueError(f"connection {cid!r} is already registered")
+        self._connectors[cid] = connector
+        if config is not None:
+            self._configs[cid] = config
+            for value in config.secret_values():
+                self._secrets.add(value)
+        self._health[cid] = ConnectionHealth(cid, connector.channel)
+        if self._on_attach is not None:
+            self._on_attach(connector)
+
+    def build(self, config: BridgeConfig, context: ConnectorContext) -> None:
+        """Create a connector for every enabled connection; imports only the SDKs in use."""
+        for conn in config.connections:
+            if not conn.enabled:
+                continue
+            factory = load_factory(conn.channel)
+            self.add(factory(conn, context), conn)
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def get(self, connection_id: str) -> Talk:
+        try:
+            return self._connectors[connection_id]
+        except KeyError:
+            raise UnknownConnectionError(connection_id, list(self._connectors)) from None
+
+    def config(self, connection_id: str) -> ConnectionConfig | None:
+        return self._configs.get(connection_id)
+
+    def ids(self) -> list[str]:
+        return list(self._connectors)
+
+    def health(self, connection_id: str) -> ConnectionHealth:
+        self.get(connection_id)
+        return self._health[connection_id]
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        return {cid: h.as_dict() for cid, h in self._health.items()}
+
+    def redact(self, text: str) -> str:
+        return self._secrets.redact(text)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for cid, connector in self._connectors.items():
+            if cid in self._tasks:
+                continue
+            if isinstance(connector, Transport):
+                self._set_state(cid, ConnectionState.STARTING, None)
+                self._tasks[cid] = asyncio.create_task(
+                    self._supervise(cid, connector), name=f"transport:{cid}"
+                )
+            else:  # a pure Talk with nothing to run is up as soon as it exists
+                self._set_state(cid, ConnectionState.UP, None)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        for cid, connector in self._connectors.items():
+            if isinstance(connector, Closable):
+                try:
+                    await connector.close()
+                except Exception as exc:
+                    log.warning("%s: close failed: %s", cid, self.redact(describe_error(exc)))
+            self._set_state(cid, ConnectionState.STOPPED, self._health[cid].last_error)
+
+    async def _supervise(self, cid: str, transport: Transport) -> None:
+        backoff = self._new_backoff()
+        loop = asyncio.get_running_loop()
+        while True:
+            status = _Status(self, cid)
+            try:
+                await transport.run(status)
+                reason = "the transport stopped by itself"
+            except asyncio.CancelledError:
+                raise
+            except (UnauthorizedError, PermanentError) as exc:
+                reason = self.redact(describe_error(exc))
+                log.error("%s: down, not retrying: %s", cid, reason)
+                self._set_state(cid, ConnectionState.DOWN, reason)
+                return
+            except Exception as exc:
+                reason = self.redact(describe_error(exc))
+            if status.went_up_at is not None and loop.time() - status.went_up_at > STABLE_AFTER:
+                backoff.reset()
+            delay = backoff.next()
+            self._health[cid].restarts += 1
+            log.warning("%s: %s; reconnecting in %.1fs", cid, reason, delay)
+            self._set_state(cid, ConnectionState.DEGRADED, reason)
+            await asyncio.sleep(delay)
+
+    def _set_state(self, cid: str, state: ConnectionState, error: str | None) -> None:
+        health = self._health[cid]
+        if health.state is not state:
+            health.since = utcnow()
+        health.state = state
+        if error is not None:  # an `up` keeps the last error visible after recovery
+            health.last_error = self.redact(error)
+        for waiter in list(self._waiters):
+            waiter_cid, states, future = waiter
+            if waiter_cid == cid and state in states and not future.done():
+                future.set_result(health)
+
+    async def wait_for(
+        self, connection_id: str, *states: ConnectionState, timeout: float = 30.0
+    ) -> ConnectionHealth:
+        """Wait until the connection reaches one of `states` (tests and `check` use this)."""
+        health = self.health(connection_id)
+        if health.state in states:
+            return health
+        future: asyncio.Future[ConnectionHealth] = asyncio.get_running_loop().create_future()
+        waiter = (connection_id, frozenset(states), future)
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            self._waiters.remove(waiter)
+
+    # -- credentials ----------------------------------------------------------------------------
+
+    async def check(self, timeout: float = 15.0) -> list[CheckReport]:
+        reports = []
+        for cid, connector in self._connectors.items():
+            if not isinstance(connector, CredentialCheck):
+                reports.append(CheckReport(cid, connector.channel, True, "nothing to check"))
+                continue
+            try:
+                async with asyncio.timeout(timeout):
+                    detail = await connector.check()
+                reports.append(CheckReport(cid, connector.channel, True, detail))
+            except TimeoutError:
+                reports.append(
+                    CheckReport(cid, connector.channel, False, f"no answer within {timeout:g}s")
+                )
+            except Exception as exc:
+                detail = self.redact(describe_error(exc))
+                reports.append(CheckReport(cid, connector.channel, False, detail))
+        return reports

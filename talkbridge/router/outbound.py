@@ -1,0 +1,188 @@
+"""One send queue per destination connection.
+
+Sends to one connection never wait for another: each connection has its own executor (ordered
+per thread, a few threads at once) and its own rate-limit gate. A connector raising
+`RateLimitedError` closes the gate of its connection (or delays just that thread) for
+`retry_after` seconds; retryable errors are retried with backoff; a send that finally fails is
+recorded in the store and raised to the caller as `SendFailedError`, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from talkbridge.backoff import Backoff
+from talkbridge.errors import ConnectorError, RateLimitedError, SendFailedError
+from talkbridge.message import OutboundMessage, SendResult, utcnow
+from talkbridge.router.ordering import KeyedSerialExecutor
+from talkbridge.store.base import FailedSend, Store
+
+log = logging.getLogger("talkbridge.router.outbound")
+
+SendFn = Callable[[OutboundMessage], Awaitable[SendResult]]
+Redact = Callable[[str], str]
+
+MAX_RATE_LIMIT_WAITS = 20
+
+
+@dataclass(slots=True)
+class _Job:
+    message: OutboundMessage
+    check_sent: bool = True
+    future: asyncio.Future[SendResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class _Gate:
+    """Open unless the platform told this connection to wait."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._until = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def wait(self) -> None:
+        if not self._open.is_set():
+            await self._open.wait()
+
+    def close_for(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        if until <= self._until:
+            return
+        self._until = until
+        self._open.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(until, self._open.set)
+
+    @property
+    def closed(self) -> bool:
+        return not self._open.is_set()
+
+
+class OutboundQueue:
+    def __init__(
+        self,
+        connection_id: str,
+        send: SendFn,
+        store: Store,
+        *,
+        attempts: int = 5,
+        concurrency: int = 8,
+        redact: Redact = str,
+        backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
+    ) -> None:
+        self.connection_id = connection_id
+        self._send = send
+        self._store = store
+        self._attempts = attempts
+        self._redact = redact
+        self._new_backoff = backoff
+        self._gate = _Gate()
+        self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
+            self._deliver, max_active=concurrency, name=f"send:{connection_id}"
+        )
+        self.sent = 0
+        self.failed = 0
+
+    @property
+    def rate_limited(self) -> bool:
+        return self._gate.closed
+
+    async def send(self, message: OutboundMessage, *, check_sent: bool = True) -> SendResult:
+        """Queue a send; `check_sent=False` skips the idempotency lookup for a key the caller
+        knows is new (it is still recorded, so a later retry of the same key finds it)."""
+        job = _Job(message, check_sent)
+        await self._executor.submit(message.thread_id, job)
+        return await job.future
+
+    async def join(self) -> None:
+        await self._executor.join()
+
+    async def cancel(self) -> None:
+        await self._executor.cancel()
+
+    async def _deliver(self, thread_id: str, job: _Job) -> None:
+        try:
+            result = await self._attempt(job.message, job.check_sent)
+        except SendFailedError as exc:
+            self.failed += 1
+            if not job.future.done():
+                job.future.set_exception(exc)
+            return
+        except BaseException as exc:  # cancelled at shutdown: the caller must not hang
+            if not job.future.done():
+                job.future.set_exception(
+                    SendFailedError(self.connection_id, thread_id, "the bridge is shutting down")
+                )
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise
+        self.sent += 1
+        if not job.future.done():
+            job.future.set_result(result)
+
+    async def _attempt(self, message: OutboundMessage, check_sent: bool) -> SendResult:
+        key = message.idempotency_key
+        if key is not None and check_sent:
+            earlier = await self._store.sent_result(self.connection_id, key)
+            if earlier:
+                return SendResult(message_ids=tuple(earlier))
+        backoff: Backoff | None = None  # made on the first failure: most sends never need one
+        failures = 0
+        waits = 0
+        while True:
+            await self._gate.wait()
+            try:
+                result = await self._send(message)
+            except RateLimitedError as exc:
+                waits += 1
+                if waits > MAX_RATE_LIMIT_WAITS:
+                    await self._fail(message, f"still rate limited after {waits - 1} waits")
+                if exc.scope == "connection":
+                    self._gate.close_for(exc.retry_after)
+                    log.warning(
+                        "%s: rate limited, pausing sends for %.1fs",
+                        self.connection_id,
+                        exc.retry_after,
+                    )
+                else:
+                    await asyncio.sleep(exc.retry_after)
+                continue
+            except ConnectorError as exc:
+                reason = self._redact(str(exc) or type(exc).__name__)
+                failures += 1
+                if not exc.retryable or failures >= self._attempts:
+                    tries = f" after {failures} attempts" if failures > 1 else ""
+                    await self._fail(message, f"{reason}{tries}")
+                log.info("%s: send failed (%s), retrying", self.connection_id, reason)
+                backoff = backoff or self._new_backoff()
+                await asyncio.sleep(backoff.next())
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # an untranslated error is a connector bug: never retry blindly
+                reason = self._redact(f"{type(exc).__name__}: {exc}")
+                await self._fail(message, f"unexpected connector error: {reason}")
+            if key is not None:
+                await self._store.record_sent(self.connection_id, key, result.message_ids)
+            return result
+
+    async def _fail(self, message: OutboundMessage, reason: str) -> None:
+        log.error("%s: giving up on a send to %s: %s", self.connection_id, message.thread_id, reason)
+        await self._store.record_failed_send(
+            FailedSend(
+                connection_id=self.connection_id,
+                thread_id=message.thread_id,
+                text=message.text,
+                reason=reason,
+                failed_at=utcnow(),
+            )
+        )
+        raise SendFailedError(self.connection_id, message.thread_id, reason)

@@ -1,0 +1,220 @@
+"""TalkRouter: how apps and hooks address connections without holding their transports.
+
+Inbound, every message is deduped by (connection id, native id) in the store, recorded, and then
+handed to subscribers strictly in order per thread, different threads concurrently (bounded).
+Outbound, each connection has its own `OutboundQueue`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from talkbridge.backoff import Backoff
+from talkbridge.config import RouterConfig
+from talkbridge.errors import UnknownConnectionError
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
+from talkbridge.router.ordering import KeyedSerialExecutor
+from talkbridge.router.outbound import OutboundQueue
+from talkbridge.store.base import Store
+from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
+
+log = logging.getLogger("talkbridge.router")
+
+ArrivalListener = Callable[[NormalizedMessage], None]
+
+
+class RoutedTalk:
+    """A `Talk` for one connection that goes through the router's queues."""
+
+    def __init__(self, router: TalkRouter, connection_id: str, channel: str) -> None:
+        self._router = router
+        self.connection_id = connection_id
+        self.channel = channel
+
+    def subscribe(self, handler: MessageHandler) -> Subscription:
+        return self._router.subscribe(self.connection_id, handler)
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        return await self._router.send(self.connection_id, message)
+
+    def feature(self, name: str) -> Any:
+        return self._router.feature(self.connection_id, name)
+
+
+class TalkRouter:
+    def __init__(
+        self,
+        store: Store,
+        config: RouterConfig | None = None,
+        *,
+        redact: Callable[[str], str] = str,
+    ) -> None:
+        self._store = store
+        self._config = config or RouterConfig()
+        self._redact = redact
+        self._connectors: dict[str, Talk] = {}
+        self._channels: dict[str, str] = {}
+        self._outbound: dict[str, OutboundQueue] = {}
+        self._subscriptions: dict[str, Subscription] = {}
+        self._handlers: dict[str, list[MessageHandler]] = {}
+        self._all_handlers: list[MessageHandler] = []
+        self._arrival: list[ArrivalListener] = []
+        self._recovered: set[tuple[str, str]] = set()
+        self._inbound: KeyedSerialExecutor[str, NormalizedMessage] = KeyedSerialExecutor(
+            self._dispatch,
+            max_active=self._config.max_concurrent_threads,
+            name="inbound",
+        )
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def attach(self, connector: Talk) -> None:
+        """Start routing a connection's traffic (the registry calls this for each connection)."""
+        cid = connector.connection_id
+        self._connectors[cid] = connector
+        self._channels[cid] = connector.channel
+        self._outbound[cid] = OutboundQueue(
+            cid,
+            connector.send,
+            self._store,
+            attempts=self._config.send_attempts,
+            concurrency=self._config.send_concurrency,
+            redact=self._redact,
+            backoff=lambda: Backoff(base=self._config.retry_base_delay, cap=30.0),
+        )
+        keeps_history = bool(getattr(connector, "keeps_history", False))
+
+        async def on_inbound(message: NormalizedMessage) -> None:
+            await self._accept(message, keeps_history)
+
+        self._subscriptions[cid] = connector.subscribe(on_inbound)
+
+    def detach(self, connection_id: str) -> None:
+        sub = self._subscriptions.pop(connection_id, None)
+        if sub is not None:
+            sub.close()
+
+    def connection_ids(self) -> list[str]:
+        return sorted(self._connectors)
+
+    def _known(self, connection_id: str) -> Talk:
+        try:
+            return self._connectors[connection_id]
+        except KeyError:
+            raise UnknownConnectionError(connection_id, list(self._connectors)) from None
+
+    def talk(self, connection_id: str) -> Talk:
+        connector = self._known(connection_id)
+        return RoutedTalk(self, connection_id, connector.channel)
+
+    def feature(self, connection_id: str, name: str) -> Feature | None:
+        return self._known(connection_id).feature(name)
+
+    def outbound(self, connection_id: str) -> OutboundQueue:
+        self._known(connection_id)
+        return self._outbound[connection_id]
+
+    # -- subscribing ----------------------------------------------------------------------------
+
+    def subscribe(self, connection_id: str, handler: MessageHandler) -> Subscription:
+        self._known(connection_id)
+        handlers = self._handlers.setdefault(connection_id, [])
+        handlers.append(handler)
+        return Subscription(lambda: handlers.remove(handler))
+
+    def subscribe_all(self, handler: MessageHandler) -> Subscription:
+        self._all_handlers.append(handler)
+        return Subscription(lambda: self._all_handlers.remove(handler))
+
+    def on_arrival(self, listener: ArrivalListener) -> Subscription:
+        """Called synchronously the moment a new (non-duplicate) message is accepted, before it
+        waits for its thread: lets read-only hooks start early."""
+        self._arrival.append(listener)
+        return Subscription(lambda: self._arrival.remove(listener))
+
+    # -- inbound --------------------------------------------------------------------------------
+
+    async def _accept(self, message: NormalizedMessage, keeps_history: bool) -> None:
+        if not await self._store.accept_inbound(message):
+            log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
+            return
+        if not keeps_history:
+            await self._store.append_history(
+                message.thread_key,
+                "user",
+                message.id,
+                message.display_name or message.channel_user_id,
+                message.text,
+                {"edit_of": message.edit_of} if message.edit_of else None,
+            )
+        for listener in self._arrival:
+            listener(message)
+        await self._inbound.submit(message.thread_key, message)
+
+    async def recover(self) -> int:
+        """Re-dispatch messages accepted before a crash but never completed."""
+        pending = await self._store.pending_inbound()
+        for message in pending:
+            self._recovered.add((message.connection_id, message.id))
+            for listener in self._arrival:
+                listener(message)
+            await self._inbound.submit(message.thread_key, message)
+        return len(pending)
+
+    async def _dispatch(self, _thread_key: str, message: NormalizedMessage) -> None:
+        for handler in self._handlers.get(message.connection_id, ()):
+            await self._call(handler, message)
+        for handler in self._all_handlers:
+            await self._call(handler, message)
+        # Not reached when cancelled (shutdown, crash): the message stays pending and is
+        # handled again by `recover()` at the next start.
+        await self._store.complete_inbound(message.connection_id, message.id)
+        self._recovered.discard((message.connection_id, message.id))
+
+    def was_recovered(self, message: NormalizedMessage) -> bool:
+        """True for a message accepted by an earlier run: work for it may already be done."""
+        return (message.connection_id, message.id) in self._recovered
+
+    async def _call(self, handler: MessageHandler, message: NormalizedMessage) -> None:
+        try:
+            await handler(message)
+        except Exception:
+            log.exception(
+                "a subscriber failed on %s/%s", message.connection_id, message.id
+            )
+
+    async def join(self) -> None:
+        """Wait until every accepted message has been handled and every queued send is done."""
+        await self._inbound.join()
+        for queue in list(self._outbound.values()):
+            await queue.join()
+
+    # -- outbound -------------------------------------------------------------------------------
+
+    async def send(
+        self, connection_id: str, message: OutboundMessage, *, check_sent: bool = True
+    ) -> SendResult:
+        """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
+        connector = self._known(connection_id)
+        result = await self._outbound[connection_id].send(message, check_sent=check_sent)
+        if not getattr(connector, "keeps_history", False):
+            await self._store.append_history(
+                thread_key(connection_id, message.thread_id),
+                "assistant", result.message_id, "bridge", message.text
+            )
+        return result
+
+    async def close(self) -> None:
+        for cid in list(self._subscriptions):
+            self.detach(cid)
+        await self._inbound.cancel()
+        for queue in self._outbound.values():
+            await queue.cancel()
+
+    def sent_counts(self) -> dict[str, tuple[int, int]]:
+        return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
+
+
+__all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]

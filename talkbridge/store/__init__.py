@@ -1,0 +1,52 @@
+"""Persistence behind one contract (`Store`), chosen by the config's `store:` URL."""
+
+from __future__ import annotations
+
+from talkbridge.errors import ConfigError
+from talkbridge.store.base import FailedSend, HistoryEntry, Pairing, Role, Store
+from talkbridge.store.sqlite import SqliteStore
+
+__all__ = [
+    "FailedSend",
+    "HistoryEntry",
+    "Pairing",
+    "Role",
+    "SqliteStore",
+    "Store",
+    "open_store",
+]
+
+_SQLITE_FORMS = "sqlite:///relative.db, sqlite:////absolute/path.db or sqlite:///:memory:"
+
+
+def _scheme(url: str) -> str:
+    scheme, sep, _ = url.partition("://")
+    return scheme.lower() if sep else ""
+
+
+def _sqlite_store(url: str) -> Store:
+    rest = url.partition("://")[2]
+    if not rest.startswith("/"):
+        raise ConfigError(f"store URL {url!r} has a host part; write it as {_SQLITE_FORMS}")
+    path = rest[1:]
+    if not path or path.endswith("/"):
+        raise ConfigError(f"store URL {url!r} names no database file; write it as {_SQLITE_FORMS}")
+    if "?" in path or "#" in path:
+        raise ConfigError(f"store URL {url!r}: query parameters are not supported for sqlite")
+    return SqliteStore(path)
+
+
+def open_store(url: str, *, prefix: str = "talkbridge") -> Store:
+    """Build (not yet open) the store a `store:` URL names; `prefix` namespaces Redis keys.
+
+    The URL is never echoed for schemes that can carry a password (redis), only its scheme.
+    """
+    scheme = _scheme(url.strip())
+    if scheme == "sqlite":
+        return _sqlite_store(url.strip())
+    if scheme in ("redis", "rediss"):
+        raise ConfigError(
+            "store: the redis store is not available yet; use sqlite:///talkbridge.db"
+        )
+    shown = repr(scheme) if scheme else "missing (expected sqlite:// or redis://)"
+    raise ConfigError(f"store: unsupported URL scheme {shown}; use {_SQLITE_FORMS} or redis://")

@@ -1,0 +1,196 @@
+"""One thread that owns a sqlite3 connection and group-commits what coroutines queue for it.
+
+Why: SQLite must never block the event loop, and a commit (an fsync in WAL mode at checkpoints,
+always a lock round) per operation would cap throughput far below what the bridge needs. So every
+call is an `(operation, args, future)` on a queue; the thread drains the queue, runs the whole
+batch in one transaction, commits once, and resolves all the futures with one
+`loop.call_soon_threadsafe`.
+
+A batch first runs without savepoints (the common case costs nothing extra). If any operation
+raises, the transaction is rolled back and the batch re-run with one SAVEPOINT per operation, so
+only the failing operation's future gets the exception and the others commit. Operations must
+therefore only touch the database and caches that `on_rollback` resets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_Item = tuple[Callable[..., Any] | None, tuple[Any, ...], "asyncio.Future[Any]"]
+_Result = tuple["asyncio.Future[Any]", BaseException | None, Any]
+
+MAX_BATCH = 4096
+"""Upper bound of operations per transaction, so one huge backlog does not delay every reply."""
+
+
+def _deliver(results: list[_Result]) -> None:
+    for fut, exc, value in results:
+        if fut.done():  # the caller was cancelled; the operation ran anyway
+            continue
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+
+class GroupCommitWriter:
+    """Runs queued operations on one thread in group-committed transactions."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        connect: Callable[[], sqlite3.Connection],
+        on_rollback: Callable[[], None],
+        map_error: Callable[[Exception], Exception],
+        not_running: Callable[[], Exception],
+    ) -> None:
+        self._name = name
+        self._connect = connect
+        self._on_rollback = on_rollback
+        self._map_error = map_error
+        self._not_running = not_running
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._accepting = False
+
+    @property
+    def running(self) -> bool:
+        return self._accepting
+
+    async def start(self) -> None:
+        """Start the thread and wait until it has opened the database (or failed to)."""
+        self._loop = loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name=self._name, daemon=True
+        )
+        self._thread.start()
+        try:
+            await ready
+        except BaseException:
+            self._thread.join()
+            raise
+        self._accepting = True
+
+    async def stop(self) -> None:
+        """Refuse new operations, finish the queued ones, close the connection, end the thread."""
+        if not self._accepting or self._loop is None:
+            return
+        self._accepting = False
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._queue.put((None, (), done))
+        await done
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queue `fn(*args)` for the writer thread; the future resolves after its batch commits."""
+        if not self._accepting:
+            raise self._not_running()
+        fut: asyncio.Future[T] = self._loop.create_future()  # type: ignore[union-attr]
+        self._queue.put((fn, args, fut))
+        return fut
+
+    # -- writer thread ----------------------------------------------------------------------
+
+    def _post(self, results: list[_Result]) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(_deliver, results)
+
+    def _run(self, ready: asyncio.Future[None]) -> None:
+        try:
+            self._conn = self._connect()
+        except Exception as exc:
+            self._post([(ready, exc, None)])
+            return
+        self._post([(ready, None, None)])
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        while True:
+            batch = [get()]
+            try:
+                while len(batch) < MAX_BATCH:
+                    batch.append(get_nowait())
+            except queue.Empty:
+                pass
+            stop = batch[-1][0] is None
+            stop_item = batch.pop() if stop else None
+            if batch:
+                try:
+                    results = self._run_batch(batch)
+                except Exception as exc:  # a bug here must not strand the callers
+                    results = [(fut, exc, None) for _, _, fut in batch]
+                self._post(results)
+            if stop_item is not None:
+                self._post([(stop_item[2], self._close(), None)])
+                return
+
+    def _close(self) -> Exception | None:
+        assert self._conn is not None
+        try:
+            self._conn.close()
+        except Exception as exc:
+            return self._map_error(exc)
+        return None
+
+    def _run_batch(self, batch: list[_Item]) -> list[_Result]:
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("BEGIN")
+            results: list[_Result] = [(fut, None, fn(*args)) for fn, args, fut in batch]  # type: ignore[misc]
+            conn.execute("COMMIT")
+            return results
+        except Exception:
+            self._abort()
+        return self._run_isolated(batch)
+
+    def _abort(self) -> None:
+        assert self._conn is not None
+        self._on_rollback()
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+
+    def _fail_all(self, batch: list[_Item], exc: Exception) -> list[_Result]:
+        self._abort()
+        err = self._map_error(exc)
+        return [(fut, err, None) for _, _, fut in batch]
+
+    def _run_isolated(self, batch: list[_Item]) -> list[_Result]:
+        """The slow path: one SAVEPOINT per operation, so a failure stays with its operation."""
+        conn = self._conn
+        assert conn is not None
+        results: list[_Result] = []
+        try:
+            conn.execute("BEGIN")
+            for fn, args, fut in batch:
+                assert fn is not None
+                conn.execute("SAVEPOINT op")
+                try:
+                    value = fn(*args)
+                except Exception as exc:
+                    self._on_rollback()
+                    if not conn.in_transaction:  # SQLite gave up the whole transaction
+                        return self._fail_all(batch, exc)
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    results.append((fut, self._map_error(exc), None))
+                else:
+                    conn.execute("RELEASE op")
+                    results.append((fut, None, value))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            return self._fail_all(batch, exc)
+        return results

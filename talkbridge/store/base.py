@@ -1,0 +1,117 @@
+"""The persistence contract: one interface, a SQLite implementation (embedded) and Redis (scale-out).
+
+Every method is a coroutine and must never block the event loop. Keys that name a conversation use
+`thread_key` = `connection_id + "\\x1f" + thread_id` (see `NormalizedMessage.thread_key`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+from talkbridge.message import NormalizedMessage
+
+Role = Literal["user", "assistant", "system"]
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One message of a thread as the bridge saw it; `seq` grows by one per thread, from 1."""
+
+    seq: int
+    thread_key: str
+    role: Role
+    message_id: str
+    """Native id on the platform (inbound) or the first sent id (outbound)."""
+    sender: str
+    text: str
+    created_at: datetime
+    data: dict[str, Any] = field(default_factory=dict)
+    """Extra JSON-able fields (client ids, turn ids, attachments) a connector wants back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pairing:
+    code: str
+    connection_id: str
+    channel_user_id: str
+    display_name: str
+    created_at: datetime
+    approved: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FailedSend:
+    connection_id: str
+    thread_id: str
+    text: str
+    reason: str
+    failed_at: datetime
+
+
+class Store(Protocol):
+    async def open(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # -- inbound inbox: dedupe by (connection, native id), at-least-once processing ------------
+    async def accept_inbound(self, message: NormalizedMessage) -> bool:
+        """Record an arriving message; False when (connection_id, id) was seen before.
+
+        An accepted message stays pending until `complete_inbound`, so a crash in between is
+        recovered by `pending_inbound` at the next start. Edits (`edit_of` set) are keyed by
+        their own id, which connectors make unique per edit.
+        """
+        ...
+
+    async def complete_inbound(self, connection_id: str, message_id: str) -> None: ...
+    async def pending_inbound(self) -> Sequence[NormalizedMessage]:
+        """Accepted but not completed messages, in arrival order."""
+        ...
+
+    # -- thread history ------------------------------------------------------------------------
+    async def append_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> HistoryEntry: ...
+
+    async def history(
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+    ) -> Sequence[HistoryEntry]:
+        """Entries with seq > after_seq, oldest first; with after_seq=0 the *latest* `limit`."""
+        ...
+
+    # -- native id <-> message id map (replies, edits, deletes survive restarts) ---------------
+    async def map_id(self, connection_id: str, native_id: str, message_id: str) -> None: ...
+    async def lookup_id(self, connection_id: str, native_id: str) -> str | None: ...
+    async def lookup_native(self, connection_id: str, message_id: str) -> str | None: ...
+
+    # -- outbound idempotency and failures -----------------------------------------------------
+    async def sent_result(self, connection_id: str, idempotency_key: str) -> list[str] | None: ...
+    async def record_sent(
+        self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
+    ) -> None: ...
+    async def record_failed_send(self, failure: FailedSend) -> None: ...
+    async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]: ...
+
+    # -- trust and pairing ---------------------------------------------------------------------
+    async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool: ...
+    async def set_trusted(self, connection_id: str, channel_user_id: str, trusted: bool) -> None: ...
+    async def create_pairing(self, pairing: Pairing) -> Pairing:
+        """Store a pending pairing; if this sender already has a pending one, return that instead."""
+        ...
+
+    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]: ...
+    async def approve_pairing(self, code: str) -> Pairing | None:
+        """Mark the code approved and trust its sender; None for an unknown code."""
+        ...
+
+    # -- small durable state for connectors (update offsets, IMAP UIDs) ------------------------
+    async def get_state(self, key: str) -> str | None: ...
+    async def set_state(self, key: str, value: str) -> None: ...

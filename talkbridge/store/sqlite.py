@@ -1,0 +1,546 @@
+"""The embedded store: one SQLite file in WAL mode, written by one group-committing thread.
+
+All SQL runs on the writer thread (`GroupCommitWriter`); the coroutines here only validate
+arguments, queue the operation and await its future. Reads go through the same thread, so they
+always see every write queued before them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, get_args
+
+from talkbridge.errors import StoreError
+from talkbridge.message import NormalizedMessage
+from talkbridge.store._writer import GroupCommitWriter
+from talkbridge.store.base import FailedSend, HistoryEntry, Pairing, Role
+
+MEMORY = ":memory:"
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: tuple[str, ...] = (
+    # version 1
+    """
+    CREATE TABLE inbound (
+        id INTEGER PRIMARY KEY,
+        connection_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        body TEXT,  -- the message JSON while pending; NULL once completed (kept for dedupe)
+        UNIQUE (connection_id, message_id)
+    );
+    CREATE INDEX inbound_pending ON inbound (id) WHERE body IS NOT NULL;
+
+    CREATE TABLE history (
+        id INTEGER PRIMARY KEY,
+        thread_key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        sender TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        data TEXT,
+        UNIQUE (thread_key, seq)
+    );
+
+    CREATE TABLE id_map (
+        connection_id TEXT NOT NULL,
+        native_id TEXT NOT NULL,
+        message_id TEXT NOT NULL,
+        UNIQUE (connection_id, native_id)
+    );
+    CREATE INDEX id_map_message ON id_map (connection_id, message_id);
+
+    CREATE TABLE sent (
+        connection_id TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        message_ids TEXT NOT NULL,
+        PRIMARY KEY (connection_id, idempotency_key)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE failed_sends (
+        id INTEGER PRIMARY KEY,
+        connection_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        text TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        failed_at TEXT NOT NULL
+    );
+
+    CREATE TABLE trusted (
+        connection_id TEXT NOT NULL,
+        channel_user_id TEXT NOT NULL,
+        PRIMARY KEY (connection_id, channel_user_id)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE pairings (
+        id INTEGER PRIMARY KEY,
+        code_key TEXT NOT NULL UNIQUE,  -- the code casefolded: codes match case-insensitively
+        code TEXT NOT NULL,
+        connection_id TEXT NOT NULL,
+        channel_user_id TEXT NOT NULL,
+        display_name TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        approved INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX pairings_pending ON pairings (connection_id, channel_user_id)
+        WHERE approved = 0;
+
+    CREATE TABLE state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) WITHOUT ROWID;
+    """,
+)
+
+_ROLES = frozenset(get_args(Role))
+_CACHE_MAX = 100_000
+"""Entries kept in the per-thread seq cache and the trust cache before they are dropped."""
+
+_ACCEPT = "INSERT OR IGNORE INTO inbound (connection_id, message_id, body) VALUES (?, ?, ?)"
+_COMPLETE = (
+    "UPDATE inbound SET body = NULL WHERE connection_id = ? AND message_id = ? AND body IS NOT NULL"
+)
+_PENDING = "SELECT body FROM inbound WHERE body IS NOT NULL ORDER BY id"
+_LAST_SEQ = "SELECT seq FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT 1"
+_APPEND = (
+    "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at, data)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_HISTORY_COLS = "seq, role, message_id, sender, text, created_at, data"
+_HISTORY_LATEST = (
+    f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT ?"
+)
+_HISTORY_AFTER = (
+    f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? AND seq > ? ORDER BY seq LIMIT ?"
+)
+_MAP_ID = "INSERT OR REPLACE INTO id_map (connection_id, native_id, message_id) VALUES (?, ?, ?)"
+_LOOKUP_ID = "SELECT message_id FROM id_map WHERE connection_id = ? AND native_id = ?"
+_LOOKUP_NATIVE = (
+    "SELECT native_id FROM id_map WHERE connection_id = ? AND message_id = ? ORDER BY rowid LIMIT 1"
+)
+_SENT_RESULT = "SELECT message_ids FROM sent WHERE connection_id = ? AND idempotency_key = ?"
+_RECORD_SENT = (
+    "INSERT OR REPLACE INTO sent (connection_id, idempotency_key, message_ids) VALUES (?, ?, ?)"
+)
+_RECORD_FAILED = (
+    "INSERT INTO failed_sends (connection_id, thread_id, text, reason, failed_at)"
+    " VALUES (?, ?, ?, ?, ?)"
+)
+_FAILED = (
+    "SELECT connection_id, thread_id, text, reason, failed_at FROM failed_sends"
+    " ORDER BY id DESC LIMIT ?"
+)
+_IS_TRUSTED = "SELECT 1 FROM trusted WHERE connection_id = ? AND channel_user_id = ?"
+_TRUST = "INSERT OR IGNORE INTO trusted (connection_id, channel_user_id) VALUES (?, ?)"
+_DISTRUST = "DELETE FROM trusted WHERE connection_id = ? AND channel_user_id = ?"
+_PAIRING_COLS = "code, connection_id, channel_user_id, display_name, created_at, approved"
+_PENDING_PAIRING = (
+    f"SELECT {_PAIRING_COLS} FROM pairings"
+    " WHERE connection_id = ? AND channel_user_id = ? AND approved = 0"
+)
+_INSERT_PAIRING = (
+    "INSERT INTO pairings (code_key, code, connection_id, channel_user_id, display_name,"
+    " created_at, approved) VALUES (?, ?, ?, ?, ?, ?, 0)"
+)
+_CODE_IN_USE = "SELECT 1 FROM pairings WHERE code_key = ?"
+_PAIRING_BY_CODE = f"SELECT {_PAIRING_COLS} FROM pairings WHERE code_key = ?"
+_APPROVE = "UPDATE pairings SET approved = 1 WHERE code_key = ?"
+_PAIRINGS_ALL = f"SELECT {_PAIRING_COLS} FROM pairings ORDER BY id"
+_PAIRINGS_PENDING = f"SELECT {_PAIRING_COLS} FROM pairings WHERE approved = 0 ORDER BY id"
+_GET_STATE = "SELECT value FROM state WHERE key = ?"
+_SET_STATE = (
+    "INSERT INTO state (key, value) VALUES (?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
+
+
+def _iso(value: datetime, what: str) -> str:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    return value.astimezone(UTC).isoformat()
+
+
+def _code_key(code: str) -> str:
+    return code.strip().casefold()
+
+
+def _pairing(row: tuple[Any, ...]) -> Pairing:
+    code, connection_id, channel_user_id, display_name, created_at, approved = row
+    return Pairing(
+        code=code,
+        connection_id=connection_id,
+        channel_user_id=channel_user_id,
+        display_name=display_name,
+        created_at=datetime.fromisoformat(created_at),
+        approved=bool(approved),
+    )
+
+
+class _SqliteOps:
+    """The SQL of every operation; runs only on the writer thread, inside its transaction."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+        self._cur: sqlite3.Cursor
+        self._next_seq: dict[str, int] = {}
+
+    def connect(self) -> sqlite3.Connection:
+        try:
+            if isinstance(self.path, Path):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the sqlite store at {self.path}: {exc}") from exc
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA busy_timeout = 5000")
+            self._migrate(conn)
+        except (sqlite3.Error, StoreError) as exc:
+            conn.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"cannot open the sqlite store at {self.path}: {exc}") from exc
+        self._cur = conn.cursor()
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the sqlite store at {self.path} has schema version {version}, newer than the"
+                f" {SCHEMA_VERSION} this talkbridge knows; upgrade talkbridge"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            # executescript commits first, so BEGIN inside the script keeps each step atomic.
+            conn.executescript(
+                f"BEGIN; {_MIGRATIONS[target - 1]}\nPRAGMA user_version = {target}; COMMIT;"
+            )
+
+    def reset_caches(self) -> None:
+        self._next_seq.clear()
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def accept_inbound(self, connection_id: str, message_id: str, body: str) -> bool:
+        cur = self._cur
+        cur.execute(_ACCEPT, (connection_id, message_id, body))
+        return cur.rowcount == 1
+
+    def complete_inbound(self, connection_id: str, message_id: str) -> None:
+        self._cur.execute(_COMPLETE, (connection_id, message_id))
+
+    def pending_inbound(self) -> list[NormalizedMessage]:
+        rows = self._cur.execute(_PENDING).fetchall()
+        return [NormalizedMessage.model_validate_json(body) for (body,) in rows]
+
+    # -- history ----------------------------------------------------------------------------
+
+    def append_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any],
+        data_json: str | None,
+    ) -> HistoryEntry:
+        cur = self._cur
+        seq = self._next_seq.get(thread_key)
+        if seq is None:
+            row = cur.execute(_LAST_SEQ, (thread_key,)).fetchone()
+            seq = row[0] + 1 if row else 1
+            if len(self._next_seq) >= _CACHE_MAX:
+                self._next_seq.clear()
+        now = datetime.now(UTC)
+        cur.execute(
+            _APPEND, (thread_key, seq, role, message_id, sender, text, now.isoformat(), data_json)
+        )
+        self._next_seq[thread_key] = seq + 1
+        return HistoryEntry(seq, thread_key, role, message_id, sender, text, now, data)
+
+    def history(self, thread_key: str, limit: int, after_seq: int) -> list[HistoryEntry]:
+        if after_seq:
+            rows = self._cur.execute(_HISTORY_AFTER, (thread_key, after_seq, limit)).fetchall()
+        else:
+            rows = self._cur.execute(_HISTORY_LATEST, (thread_key, limit)).fetchall()
+            rows.reverse()
+        fromiso, loads = datetime.fromisoformat, json.loads
+        return [
+            HistoryEntry(
+                seq, thread_key, role, mid, sender, text, fromiso(at), loads(data) if data else {}
+            )
+            for seq, role, mid, sender, text, at, data in rows
+        ]
+
+    # -- id map -----------------------------------------------------------------------------
+
+    def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
+        self._cur.execute(_MAP_ID, (connection_id, native_id, message_id))
+
+    def lookup(self, sql: str, *params: str) -> Any:
+        row = self._cur.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    def record_sent(self, connection_id: str, key: str, ids_json: str) -> None:
+        self._cur.execute(_RECORD_SENT, (connection_id, key, ids_json))
+
+    def record_failed_send(self, f: FailedSend, failed_at: str) -> None:
+        self._cur.execute(
+            _RECORD_FAILED, (f.connection_id, f.thread_id, f.text, f.reason, failed_at)
+        )
+
+    def failed_sends(self, limit: int) -> list[FailedSend]:
+        return [
+            FailedSend(conn, thread, text, reason, datetime.fromisoformat(at))
+            for conn, thread, text, reason, at in self._cur.execute(_FAILED, (limit,)).fetchall()
+        ]
+
+    # -- trust and pairing ------------------------------------------------------------------
+
+    def set_trusted(self, connection_id: str, channel_user_id: str, trusted: bool) -> None:
+        self._cur.execute(_TRUST if trusted else _DISTRUST, (connection_id, channel_user_id))
+
+    def create_pairing(self, pairing: Pairing, created_at: str) -> Pairing:
+        cur = self._cur
+        row = cur.execute(
+            _PENDING_PAIRING, (pairing.connection_id, pairing.channel_user_id)
+        ).fetchone()
+        if row:
+            return _pairing(row)
+        key = _code_key(pairing.code)
+        if cur.execute(_CODE_IN_USE, (key,)).fetchone():
+            raise StoreError("that pairing code is already in use; issue a new code")
+        cur.execute(
+            _INSERT_PAIRING,
+            (
+                key,
+                pairing.code,
+                pairing.connection_id,
+                pairing.channel_user_id,
+                pairing.display_name,
+                created_at,
+            ),
+        )
+        return pairing
+
+    def pairings(self, include_approved: bool) -> list[Pairing]:
+        sql = _PAIRINGS_ALL if include_approved else _PAIRINGS_PENDING
+        return [_pairing(row) for row in self._cur.execute(sql).fetchall()]
+
+    def approve_pairing(self, code: str) -> Pairing | None:
+        cur = self._cur
+        key = _code_key(code)
+        row = cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
+        if row is None:
+            return None
+        found = _pairing(row)
+        cur.execute(_APPROVE, (key,))
+        cur.execute(_TRUST, (found.connection_id, found.channel_user_id))
+        return Pairing(
+            code=found.code,
+            connection_id=found.connection_id,
+            channel_user_id=found.channel_user_id,
+            display_name=found.display_name,
+            created_at=found.created_at,
+            approved=True,
+        )
+
+    # -- state ------------------------------------------------------------------------------
+
+    def set_state(self, key: str, value: str) -> None:
+        self._cur.execute(_SET_STATE, (key, value))
+
+
+class SqliteStore:
+    """The `Store` on one SQLite file (or ":memory:", which lives only while the store is open).
+
+    A cancelled call may still be applied: its operation is already queued for the writer.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._path: Path | str = MEMORY if str(path) == MEMORY else Path(path)
+        self._ops = _SqliteOps(self._path)
+        self._writer = self._new_writer()
+        self._trust: dict[tuple[str, str], bool] = {}
+        self._trust_gen = 0
+        """Bumped by every trust write, so a read that raced a write does not fill the cache."""
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({str(self._path)!r})"
+
+    @property
+    def path(self) -> Path | str:
+        return self._path
+
+    def _new_writer(self) -> GroupCommitWriter:
+        return GroupCommitWriter(
+            name=f"talkbridge-sqlite:{self._path}",
+            connect=self._ops.connect,
+            on_rollback=self._ops.reset_caches,
+            map_error=self._map_error,
+            not_running=lambda: StoreError(f"the sqlite store at {self._path} is not open"),
+        )
+
+    def _map_error(self, exc: Exception) -> Exception:
+        if isinstance(exc, sqlite3.Error):
+            err = StoreError(f"sqlite store at {self._path}: {exc}")
+            err.__cause__ = exc
+            return err
+        return exc
+
+    async def open(self) -> None:
+        if self._writer.running:
+            return
+        self._writer = self._new_writer()
+        self._trust.clear()
+        self._ops.reset_caches()
+        await self._writer.start()
+
+    async def close(self) -> None:
+        await self._writer.stop()
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    async def accept_inbound(self, message: NormalizedMessage) -> bool:
+        return await self._writer.submit(
+            self._ops.accept_inbound, message.connection_id, message.id, message.model_dump_json()
+        )
+
+    async def complete_inbound(self, connection_id: str, message_id: str) -> None:
+        await self._writer.submit(self._ops.complete_inbound, connection_id, message_id)
+
+    async def pending_inbound(self) -> Sequence[NormalizedMessage]:
+        return await self._writer.submit(self._ops.pending_inbound)
+
+    # -- history ----------------------------------------------------------------------------
+
+    async def append_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> HistoryEntry:
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+        data = dict(data) if data else {}
+        data_json = json.dumps(data) if data else None
+        return await self._writer.submit(
+            self._ops.append_history, thread_key, role, message_id, sender, text, data, data_json
+        )
+
+    async def history(
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+    ) -> Sequence[HistoryEntry]:
+        if limit < 0 or after_seq < 0:
+            raise ValueError(f"limit and after_seq must be >= 0, got {limit=} {after_seq=}")
+        if limit == 0:
+            return []
+        return await self._writer.submit(self._ops.history, thread_key, limit, after_seq)
+
+    # -- id map -----------------------------------------------------------------------------
+
+    async def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
+        await self._writer.submit(self._ops.map_id, connection_id, native_id, message_id)
+
+    async def lookup_id(self, connection_id: str, native_id: str) -> str | None:
+        found: str | None = await self._writer.submit(
+            self._ops.lookup, _LOOKUP_ID, connection_id, native_id
+        )
+        return found
+
+    async def lookup_native(self, connection_id: str, message_id: str) -> str | None:
+        found: str | None = await self._writer.submit(
+            self._ops.lookup, _LOOKUP_NATIVE, connection_id, message_id
+        )
+        return found
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def sent_result(self, connection_id: str, idempotency_key: str) -> list[str] | None:
+        found: str | None = await self._writer.submit(
+            self._ops.lookup, _SENT_RESULT, connection_id, idempotency_key
+        )
+        if found is None:
+            return None
+        ids: list[str] = json.loads(found)
+        return ids
+
+    async def record_sent(
+        self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
+    ) -> None:
+        ids_json = json.dumps(list(message_ids))
+        await self._writer.submit(self._ops.record_sent, connection_id, idempotency_key, ids_json)
+
+    async def record_failed_send(self, failure: FailedSend) -> None:
+        failed_at = _iso(failure.failed_at, "FailedSend.failed_at")
+        await self._writer.submit(self._ops.record_failed_send, failure, failed_at)
+
+    async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]:
+        """The latest `limit` failures, newest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        return await self._writer.submit(self._ops.failed_sends, limit)
+
+    # -- trust and pairing ------------------------------------------------------------------
+
+    async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool:
+        key = (connection_id, channel_user_id)
+        cached = self._trust.get(key)
+        if cached is not None:
+            return cached
+        gen = self._trust_gen
+        row = await self._writer.submit(self._ops.lookup, _IS_TRUSTED, *key)
+        trusted = row is not None
+        if gen == self._trust_gen:
+            if len(self._trust) >= _CACHE_MAX:
+                self._trust.clear()
+            self._trust[key] = trusted
+        return trusted
+
+    def _invalidate_trust(self, key: tuple[str, str] | None = None) -> None:
+        self._trust_gen += 1
+        if key is not None:
+            self._trust.pop(key, None)
+
+    async def set_trusted(self, connection_id: str, channel_user_id: str, trusted: bool) -> None:
+        self._invalidate_trust((connection_id, channel_user_id))
+        await self._writer.submit(self._ops.set_trusted, connection_id, channel_user_id, trusted)
+
+    async def create_pairing(self, pairing: Pairing) -> Pairing:
+        if pairing.approved:
+            raise ValueError("create_pairing stores a pending pairing; got one already approved")
+        if not _code_key(pairing.code):
+            raise ValueError("a pairing code must not be empty")
+        created_at = _iso(pairing.created_at, "Pairing.created_at")
+        return await self._writer.submit(self._ops.create_pairing, pairing, created_at)
+
+    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]:
+        return await self._writer.submit(self._ops.pairings, include_approved)
+
+    async def approve_pairing(self, code: str) -> Pairing | None:
+        self._invalidate_trust()
+        approved = await self._writer.submit(self._ops.approve_pairing, code)
+        if approved is not None:
+            self._trust.pop((approved.connection_id, approved.channel_user_id), None)
+        return approved
+
+    # -- state ------------------------------------------------------------------------------
+
+    async def get_state(self, key: str) -> str | None:
+        found: str | None = await self._writer.submit(self._ops.lookup, _GET_STATE, key)
+        return found
+
+    async def set_state(self, key: str, value: str) -> None:
+        await self._writer.submit(self._ops.set_state, key, value)

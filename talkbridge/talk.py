@@ -1,0 +1,167 @@
+"""The provider-neutral messaging contract of one connection, and its optional features."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Protocol, overload, runtime_checkable
+
+from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
+
+MessageHandler = Callable[[NormalizedMessage], Awaitable[None]]
+
+FeatureName = Literal[
+    "history",
+    "inbound_media",
+    "activity",
+    "directory",
+    "interactions",
+    "edit",
+    "delete",
+    "reactions",
+    "streaming",
+]
+FEATURE_NAMES: tuple[str, ...] = FeatureName.__args__  # type: ignore[attr-defined]
+
+
+class Subscription:
+    """Handle returned by `subscribe`; `close()` or leaving a `with` block unsubscribes."""
+
+    __slots__ = ("_closed", "_on_close")
+
+    def __init__(self, on_close: Callable[[], None]) -> None:
+        self._on_close = on_close
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._on_close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# ---- features -------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class History(Protocol):
+    async def fetch(
+        self, thread_id: str, *, limit: int = 50, before: str | None = None
+    ) -> Sequence[NormalizedMessage]:
+        """Earlier messages of a thread, oldest first; `before` is a native message id."""
+        ...
+
+
+@runtime_checkable
+class InboundMedia(Protocol):
+    async def download(self, attachment: Attachment, *, max_bytes: int | None = None) -> bytes: ...
+
+
+@runtime_checkable
+class Activity(Protocol):
+    async def typing(self, thread_id: str) -> None:
+        """Show that a reply is being prepared; connectors refresh it as the platform needs."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirectoryEntry:
+    id: str
+    name: str
+    kind: Literal["user", "thread"]
+    extra: dict[str, Any] | None = None
+
+
+@runtime_checkable
+class Directory(Protocol):
+    async def user(self, user_id: str) -> DirectoryEntry | None: ...
+    async def thread(self, thread_id: str) -> DirectoryEntry | None: ...
+
+
+@runtime_checkable
+class Interactions(Protocol):
+    async def send_buttons(
+        self, thread_id: str, text: str, buttons: Sequence[tuple[str, str]]
+    ) -> SendResult:
+        """Send `(label, value)` buttons; a click arrives as a message whose text is `value`."""
+        ...
+
+
+@runtime_checkable
+class Edit(Protocol):
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None: ...
+
+
+@runtime_checkable
+class Delete(Protocol):
+    async def delete(self, thread_id: str, message_id: str) -> None: ...
+
+
+@runtime_checkable
+class Reactions(Protocol):
+    async def react(self, thread_id: str, message_id: str, emoji: str) -> None: ...
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """Show an agent's reply while it is produced (webchat); the final text still goes to `send`."""
+
+    async def delta(self, thread_id: str, stream_id: str, text: str) -> None: ...
+
+
+Feature = (
+    History | InboundMedia | Activity | Directory | Interactions | Edit | Delete | Reactions | Streaming
+)
+
+
+class FeatureSource(Protocol):
+    """The typed `feature(name)` lookup shared by `Talk`, connectors and the router."""
+
+    @overload
+    def feature(self, name: Literal["history"]) -> History | None: ...
+    @overload
+    def feature(self, name: Literal["inbound_media"]) -> InboundMedia | None: ...
+    @overload
+    def feature(self, name: Literal["activity"]) -> Activity | None: ...
+    @overload
+    def feature(self, name: Literal["directory"]) -> Directory | None: ...
+    @overload
+    def feature(self, name: Literal["interactions"]) -> Interactions | None: ...
+    @overload
+    def feature(self, name: Literal["edit"]) -> Edit | None: ...
+    @overload
+    def feature(self, name: Literal["delete"]) -> Delete | None: ...
+    @overload
+    def feature(self, name: Literal["reactions"]) -> Reactions | None: ...
+    @overload
+    def feature(self, name: Literal["streaming"]) -> Streaming | None: ...
+    @overload
+    def feature(self, name: str) -> Feature | None: ...
+    def feature(self, name: str) -> Feature | None: ...
+
+
+@runtime_checkable
+class Talk(FeatureSource, Protocol):
+    """What apps and hooks use to talk on one connection, without holding its transport."""
+
+    connection_id: str
+    channel: str
+
+    def subscribe(self, handler: MessageHandler) -> Subscription: ...
+    async def send(self, message: OutboundMessage) -> SendResult: ...
+

@@ -1,0 +1,490 @@
+"""The bundled webchat: one websockets server carries the page, `/healthz` and the chat socket.
+
+The connector keeps the webchat's history itself (`keeps_history`), because the socket needs the
+history sequence number of each message at once: every frame carries its `seq`, which is how a
+reconnecting page resumes without losing or repeating anything. See docs/webchat-protocol.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from websockets.asyncio.server import ServerConnection, broadcast, serve
+from websockets.exceptions import ConnectionClosed
+
+from talkbridge.config import WebchatConfig
+from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.errors import NotFoundError, TransientError
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.store.base import HistoryEntry
+from talkbridge.webchat.routes import HttpRoutes, tokens_match
+from talkbridge.webchat.protocol import (
+    CLOSE_FORBIDDEN,
+    CLOSE_UNAUTHORIZED,
+    PROTOCOL_VERSION,
+    AuthFrame,
+    ClientFrame,
+    ErrorCode,
+    FrameError,
+    HistoryFrame,
+    NewConversationFrame,
+    PingFrame,
+    SendFrame,
+    dumps,
+    error_frame,
+    message_frame,
+    parse_frame,
+)
+from talkbridge.webchat.sessions import Sessions, split_thread
+
+CONNECTION_ID = "webchat"
+USER_DISPLAY_NAME = "Webchat user"
+
+
+class _Bucket:
+    """Token bucket: `rate` frames a second on average, bursts of up to `burst`."""
+
+    __slots__ = ("_burst", "_level", "_rate", "_stamp")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self._rate, self._burst = rate, float(burst)
+        self._level, self._stamp = float(burst), time.monotonic()
+
+    def take(self) -> float:
+        """0.0 when a frame may pass, else the seconds until one may."""
+        now = time.monotonic()
+        self._level = min(self._burst, self._level + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._level >= 1.0:
+            self._level -= 1.0
+            return 0.0
+        return (1.0 - self._level) / self._rate
+
+
+class WebchatConnector(BaseConnector):
+    """Channel `webchat`, connection id `webchat`; a Transport the registry runs.
+
+    Features: `streaming` (`delta`), `activity` (`typing`) and `history` (`fetch`).
+    """
+
+    channel = "webchat"
+    keeps_history = True
+    """The router must not write history for this connector: it does so itself, with seqs."""
+    frame_rate = 20.0
+    frame_burst = 60
+    auth_timeout = 10.0
+
+    def __init__(
+        self,
+        config: WebchatConfig,
+        context: ConnectorContext,
+        tokens: Sequence[str],
+        health: Callable[[], dict[str, Any]],
+    ) -> None:
+        if not tokens or not all(tokens):
+            raise ValueError("the webchat needs at least one non-empty token")
+        super().__init__(CONNECTION_ID, context)
+        self.config = config
+        self.log = context.logger.getChild("webchat")
+        self._tokens = list(tokens)
+        self._routes = HttpRoutes(self._tokens, health)
+        self._sessions = Sessions(context.store)
+        self._sockets: dict[str, set[ServerConnection]] = {}
+        self._undelivered: dict[str, NormalizedMessage] = {}
+        self.port: int | None = None
+        """The bound port once `ready` is set (useful with `port: 0`)."""
+        self.ready = asyncio.Event()
+        self.provide("streaming", self)
+        self.provide("activity", self)
+        self.provide("history", self)
+
+    # ---- transport ---------------------------------------------------------------------------
+
+    def url(self, token: str | None = None) -> str:
+        """The address to open in a browser; with `token`, the full link that logs straight in."""
+        host = self.config.host
+        if host in ("", "0.0.0.0", "::"):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        port = self.port if self.port is not None else self.config.port
+        base = f"http://{host}:{port}/"
+        return f"{base}?token={quote(token, safe='')}" if token else base
+
+    async def run(self, status: ConnectionStatus) -> None:
+        """Serve until cancelled; cancelling closes every socket with 1001 (going away)."""
+        limit = self.config.max_frame_bytes
+        try:
+            server = await serve(
+                self._handle,
+                self.config.host,
+                self.config.port,
+                process_request=self._routes,
+                # Above our own limit, so an oversized frame gets an error frame from us
+                # instead of the library closing the socket (1009) on the user.
+                max_size=max(limit * 16, 1 << 20),
+                compression=None,
+                logger=self.log,
+            )
+        except OSError as exc:
+            where = f"{self.config.host}:{self.config.port}"
+            raise TransientError(f"webchat cannot listen on {where}: {exc.strerror}") from exc
+        try:
+            self.port = next(iter(server.sockets)).getsockname()[1]
+            status.up()
+            self.ready.set()
+            await asyncio.Future()
+        finally:
+            self.ready.clear()
+            server.close()
+            await server.wait_closed()
+
+    # ---- sockets -----------------------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        try:
+            session_id = await self._authenticate(ws)
+            if session_id is None:
+                return
+            self._sockets.setdefault(session_id, set()).add(ws)
+            try:
+                await self._serve_socket(ws, session_id)
+            finally:
+                sockets = self._sockets.get(session_id)
+                if sockets is not None:
+                    sockets.discard(ws)
+                    if not sockets:
+                        del self._sockets[session_id]
+                        self._sessions.forget(session_id)
+        except ConnectionClosed:
+            pass
+
+    async def _authenticate(self, ws: ServerConnection) -> str | None:
+        limit = self.config.max_frame_bytes
+        try:
+            data = await asyncio.wait_for(ws.recv(), self.auth_timeout)
+        except TimeoutError:
+            await _refuse(ws, "unauthorized", "authenticate first: send an auth frame with a token")
+            return None
+        try:
+            frame = parse_frame(data, limit)
+        except FrameError as exc:
+            await _refuse(ws, "unauthorized", f"the first frame must be auth; {exc}")
+            return None
+        if not isinstance(frame, AuthFrame):
+            await _refuse(
+                ws, "unauthorized", f"the first frame must be auth, not {frame.type}", frame.ref
+            )
+            return None
+        if not tokens_match(frame.token, self._tokens):
+            await _refuse(ws, "unauthorized", "the token is wrong or no longer valid", frame.ref)
+            return None
+        try:
+            session_id, created = await self._sessions.authenticate(frame.token, frame.session_id)
+        except FrameError as exc:
+            await _refuse(ws, exc.code, str(exc), frame.ref, CLOSE_FORBIDDEN)
+            return None
+        conversations = await self._sessions.conversations(session_id)
+        ready: dict[str, Any] = {
+            "type": "ready",
+            "protocol": PROTOCOL_VERSION,
+            "session_id": session_id,
+            "user_id": session_id,
+            "new_session": created,
+            "conversations": [c.as_frame(session_id) for c in conversations],
+            "limits": {
+                "max_frame_bytes": limit,
+                "history_limit": self.config.history_limit,
+            },
+        }
+        if frame.ref is not None:
+            ready["ref"] = frame.ref
+        await ws.send(dumps(ready))
+        return session_id
+
+    async def _serve_socket(self, ws: ServerConnection, session_id: str) -> None:
+        bucket = _Bucket(self.frame_rate, self.frame_burst)
+        async for data in ws:
+            wait = bucket.take()
+            if wait:
+                await ws.send(
+                    dumps(
+                        error_frame(
+                            "rate_limited",
+                            f"too many frames; wait {wait:.1f} s and send again",
+                            retry_after=round(wait, 2),
+                        )
+                    )
+                )
+                continue
+            try:
+                frame = parse_frame(data, self.config.max_frame_bytes)
+                await self._dispatch(ws, session_id, frame)
+            except FrameError as exc:
+                await ws.send(dumps(exc.frame()))
+            except ConnectionClosed:
+                raise
+            except Exception:
+                self.log.exception("webchat frame failed")
+                await ws.send(
+                    dumps(error_frame("internal", "the server failed on that frame; try again"))
+                )
+
+    async def _dispatch(self, ws: ServerConnection, session_id: str, frame: ClientFrame) -> None:
+        if isinstance(frame, SendFrame):
+            await self._on_send(ws, session_id, frame)
+        elif isinstance(frame, HistoryFrame):
+            await self._on_history(ws, session_id, frame)
+        elif isinstance(frame, NewConversationFrame):
+            conv = await self._sessions.new_conversation(session_id, frame.title or "")
+            out: dict[str, Any] = {
+                "type": "conversation",
+                "conversation": conv.as_frame(session_id),
+            }
+            if frame.ref is not None:
+                out["ref"] = frame.ref
+            await self._publish(session_id, out)
+        elif isinstance(frame, PingFrame):
+            await ws.send(dumps({"type": "pong", "ref": frame.ref}))
+        else:
+            raise FrameError("bad_frame", "this socket is already authenticated", ref=frame.ref)
+
+    async def _own_thread(self, session_id: str, thread_id: str, ref: str | None) -> str:
+        """The conversation id of `thread_id` when it is this session's, else a FrameError."""
+        parts = split_thread(thread_id)
+        if parts is None:
+            raise FrameError(
+                "bad_frame",
+                "thread_id must be '<session_id>.<conversation_id>' as given in ready",
+                ref=ref,
+                thread_id=thread_id[:200],
+            )
+        if parts[0] != session_id:
+            raise FrameError(
+                "forbidden", "that thread belongs to another session", ref=ref, thread_id=thread_id
+            )
+        if await self._sessions.find(session_id, parts[1]) is None:
+            raise FrameError(
+                "not_found", "this session has no such conversation", ref=ref, thread_id=thread_id
+            )
+        return parts[1]
+
+    async def _on_send(self, ws: ServerConnection, session_id: str, frame: SendFrame) -> None:
+        thread_id = frame.thread_id
+        try:
+            conv_id = await self._own_thread(session_id, thread_id, frame.ref)
+        except FrameError as exc:
+            exc.fields["client_id"] = frame.client_id
+            raise
+        native_id = f"{thread_id}:{frame.client_id}"
+        store = self.context.store
+        ack: dict[str, Any] = {
+            "type": "ack",
+            "thread_id": thread_id,
+            "client_id": frame.client_id,
+            "id": native_id,
+        }
+        if frame.ref is not None:
+            ack["ref"] = frame.ref
+        # One lock per session: a resend racing its original (two tabs, a reconnect) sees the
+        # first one's record, and turns reach the router in seq order.
+        async with self._sessions.lock(session_id):
+            known = await store.lookup_id(CONNECTION_ID, native_id)
+            if known is not None:
+                await ws.send(dumps({**ack, "seq": int(known), "duplicate": True}))
+                retry = self._undelivered.get(native_id)
+                if retry is not None:
+                    await self._deliver_turn(ws, retry)
+                return
+            entry = await store.append_history(
+                _thread_key(thread_id),
+                "user",
+                native_id,
+                session_id,
+                frame.text,
+                data={"client_id": frame.client_id},
+            )
+            await store.map_id(CONNECTION_ID, native_id, str(entry.seq))
+            renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
+            await self._publish(session_id, message_frame(thread_id, entry))
+            await ws.send(dumps({**ack, "seq": entry.seq, "duplicate": False}))
+            if renamed is not None:
+                frame = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
+                await self._publish(session_id, frame)
+            await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id))
+
+    def _inbound(self, entry: HistoryEntry, thread_id: str, session_id: str) -> NormalizedMessage:
+        return NormalizedMessage(
+            id=entry.message_id,
+            connection_id=CONNECTION_ID,
+            channel="webchat",
+            channel_user_id=session_id,
+            display_name=USER_DISPLAY_NAME,
+            thread_id=thread_id,
+            thread_type="private",
+            timestamp=entry.created_at,
+            text=entry.text,
+        )
+
+    async def _deliver_turn(self, ws: ServerConnection, message: NormalizedMessage) -> None:
+        """Hand the turn to the router; if that fails, a resend of the client id retries it."""
+        self._undelivered[message.id] = message
+        try:
+            await self.deliver(message)
+        except Exception:
+            self.log.exception("webchat: the router did not accept a message")
+            await ws.send(
+                dumps(
+                    error_frame(
+                        "internal",
+                        "your message is saved but the bridge could not take it yet; "
+                        "sending it again with the same client_id retries",
+                        thread_id=message.thread_id,
+                        client_id=message.id.rpartition(":")[2],
+                    )
+                )
+            )
+        else:
+            self._undelivered.pop(message.id, None)
+
+    async def _on_history(self, ws: ServerConnection, session_id: str, frame: HistoryFrame) -> None:
+        await self._own_thread(session_id, frame.thread_id, frame.ref)
+        cap = self.config.history_limit
+        limit = min(frame.limit or cap, cap)
+        entries = await self.context.store.history(
+            _thread_key(frame.thread_id), limit=limit, after_seq=frame.after_seq
+        )
+        out: dict[str, Any] = {
+            "type": "history",
+            "thread_id": frame.thread_id,
+            "after_seq": frame.after_seq,
+            "messages": [message_frame(frame.thread_id, e) for e in entries],
+            # `more`: newer entries remain, ask again after the last seq; `earlier`: older
+            # entries exist than the first one returned (only after a latest-page request).
+            "more": frame.after_seq > 0 and len(entries) >= limit,
+            "earlier": bool(entries) and entries[0].seq > frame.after_seq + 1,
+        }
+        if frame.ref is not None:
+            out["ref"] = frame.ref
+        await ws.send(dumps(out))
+
+    async def _publish(self, session_id: str, frame: dict[str, Any]) -> None:
+        """Send a frame to every socket of a session (every tab and device).
+
+        The one place fan-out happens, so a multi-node deployment can publish here instead.
+        `broadcast` writes to each socket without waiting, so a slow tab never stalls the rest.
+        """
+        sockets = self._sockets.get(session_id)
+        if sockets:
+            broadcast(sockets, dumps(frame))
+
+    # ---- Talk --------------------------------------------------------------------------------
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        parts = split_thread(message.thread_id)
+        if parts is None:
+            raise NotFoundError(f"{message.thread_id!r} is not a webchat thread id")
+        text = message.text or "\n".join(
+            f"[attachment: {a.name or a.kind}]" for a in message.attachments
+        )
+        message_id = f"{message.thread_id}:r{secrets.token_hex(8)}"
+        data: dict[str, Any] = {"markup": message.markup}
+        stream_id = message.meta.get("stream_id")
+        if isinstance(stream_id, str):
+            data["stream_id"] = stream_id
+        sender = message.meta.get("agent")
+        entry = await self.context.store.append_history(
+            _thread_key(message.thread_id),
+            "assistant",
+            message_id,
+            sender if isinstance(sender, str) else "assistant",
+            text,
+            data=data,
+        )
+        await self._publish(parts[0], message_frame(message.thread_id, entry))
+        return SendResult(message_ids=(message_id,))
+
+    async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
+        """Streaming: `text` is the next piece of the reply, appended by the page (not stored)."""
+        parts = split_thread(thread_id)
+        if parts is not None and text:
+            frame = {"type": "delta", "thread_id": thread_id, "stream_id": stream_id, "text": text}
+            await self._publish(parts[0], frame)
+
+    async def typing(self, thread_id: str) -> None:
+        parts = split_thread(thread_id)
+        if parts is not None:
+            await self._publish(parts[0], {"type": "typing", "thread_id": thread_id})
+
+    async def fetch(
+        self, thread_id: str, *, limit: int = 50, before: str | None = None
+    ) -> Sequence[NormalizedMessage]:
+        """History feature: the thread's messages, oldest first; `before` is a user message id."""
+        key = _thread_key(thread_id)
+        store = self.context.store
+        if before is None:
+            entries = await store.history(key, limit=limit)
+        else:
+            found = await store.lookup_id(CONNECTION_ID, before)
+            if found is None:
+                raise NotFoundError(f"no webchat message {before!r} to fetch history before")
+            first = int(found)
+            if first - 1 > limit:
+                page = await store.history(key, limit=limit, after_seq=first - 1 - limit)
+            else:
+                # Entry 1 is only reachable through a latest-page read (after_seq=0), so read
+                # the latest page that is long enough to reach back to it.
+                latest = await store.history(key, limit=1)
+                page = await store.history(key, limit=latest[-1].seq) if latest else []
+            entries = [e for e in page if e.seq < first][-limit:]
+        session = thread_id.partition(".")[0]
+        return [self._as_normalized(e, thread_id, session) for e in entries]
+
+    def _as_normalized(
+        self, entry: HistoryEntry, thread_id: str, session: str
+    ) -> NormalizedMessage:
+        if entry.role == "user":
+            return self._inbound(entry, thread_id, session)
+        return NormalizedMessage(
+            id=entry.message_id,
+            connection_id=CONNECTION_ID,
+            channel="webchat",
+            channel_user_id=entry.sender,
+            display_name=entry.sender,
+            thread_id=thread_id,
+            timestamp=entry.created_at,
+            text=entry.text,
+        )
+
+    def socket_count(self) -> int:
+        """Open authenticated sockets on this process (for health and tests)."""
+        return sum(len(s) for s in self._sockets.values())
+
+    async def close_sockets(self, code: int = 1012, reason: str = "service restart") -> None:
+        """Close every chat socket (pages reconnect and resume); the server keeps listening."""
+        sockets = [ws for group in self._sockets.values() for ws in group]
+        await asyncio.gather(*(ws.close(code, reason) for ws in sockets))
+
+
+def _thread_key(thread_id: str) -> str:
+    return f"{CONNECTION_ID}\x1f{thread_id}"
+
+
+async def _refuse(
+    ws: ServerConnection,
+    code: ErrorCode,
+    message: str,
+    ref: str | None = None,
+    close_code: int = CLOSE_UNAUTHORIZED,
+) -> None:
+    frame = error_frame(code, message, **({"ref": ref} if ref is not None else {}))
+    await ws.send(dumps(frame))
+    await ws.close(close_code, code)
+
+
+__all__ = ["CONNECTION_ID", "WebchatConnector"]

@@ -1,0 +1,158 @@
+"""The plain-HTTP side of the webchat port: the page, its assets, `/healthz` and the 401 page.
+
+websockets calls `HttpRoutes.__call__` (its `process_request` hook) for every request; returning
+None lets the `/ws` handshake go on. Assets are read from the package once, at start, and served
+from a fixed table, so no request path ever reaches the file system.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hmac
+import html
+import http
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.http11 import Request, Response
+
+WS_PATH = "/ws"
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+# The page runs only its own script and talks only to its own origin; even if a message ever
+# slipped HTML past the renderer, an inline handler or a foreign script would not run.
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Asset:
+    body: bytes
+    content_type: str
+
+
+def load_assets() -> dict[str, Asset]:
+    """Every file of `talkbridge/webchat/static`, keyed by its name."""
+    assets: dict[str, Asset] = {}
+    for item in resources.files("talkbridge.webchat").joinpath("static").iterdir():
+        suffix = "." + item.name.rpartition(".")[2]
+        if item.is_file() and suffix in _TYPES:
+            assets[item.name] = Asset(item.read_bytes(), _TYPES[suffix])
+    return assets
+
+
+def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
+    """Constant-time check against every accepted token (no early exit on a match)."""
+    given = presented.encode("utf-8")
+    found = False
+    for token in tokens:
+        found |= hmac.compare_digest(given, token.encode("utf-8"))
+    return found
+
+
+def health_status(connections: dict[str, Any]) -> str:
+    """`ok` when every connection reports `up`, else `degraded`."""
+    for value in connections.values():
+        state = value.get("state") if isinstance(value, dict) else value
+        if state != "up":
+            return "degraded"
+    return "ok"
+
+
+class HttpRoutes:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        health: Callable[[], dict[str, Any]],
+        assets: dict[str, Asset] | None = None,
+    ) -> None:
+        self._tokens = list(tokens)
+        self._health = health
+        self._assets = assets if assets is not None else load_assets()
+
+    def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
+        url = urlsplit(request.path)
+        if url.path == WS_PATH:
+            return None
+        if url.path in ("/", "/index.html"):
+            return self._page(url.query)
+        if url.path == "/healthz":
+            return self._healthz()
+        if url.path.startswith("/static/"):
+            asset = self._assets.get(url.path.removeprefix("/static/"))
+            if asset is not None:
+                return _response(200, asset.body, asset.content_type, cache="no-cache")
+        if url.path == "/favicon.ico" and "favicon.svg" in self._assets:
+            asset = self._assets["favicon.svg"]
+            return _response(200, asset.body, asset.content_type, cache="no-cache")
+        return _response(404, b"not found\n", "text/plain; charset=utf-8")
+
+    def _page(self, query: str) -> Response:
+        token = (parse_qs(query).get("token") or [""])[0]
+        if not token:
+            return _refusal(
+                "This link has no access token",
+                "The webchat only opens with the full link, which ends in <code>?token=…</code>.",
+            )
+        if not tokens_match(token, self._tokens):
+            return _refusal(
+                "This access token is not valid",
+                "The token in this link is wrong or no longer accepted.",
+            )
+        return _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
+
+    def _healthz(self) -> Response:
+        try:
+            connections = self._health()
+            status = health_status(connections)
+        except Exception:
+            connections, status = {}, "unknown"
+        body = json.dumps({"status": status, "connections": connections}, default=str)
+        return _response(200, body.encode(), "application/json")
+
+
+def _refusal(title: str, reason: str) -> Response:
+    # Both texts are fixed strings of this module; nothing from the request is echoed back.
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)} · talkbridge</title>
+<link rel="stylesheet" href="/static/style.css"></head>
+<body class="refusal"><main class="refusal-card" role="alert">
+<h1>{html.escape(title)}</h1>
+<p>{reason}</p>
+<p>Open the URL that <code>talkbridge run</code> printed in its terminal (the line starting with
+<code>http://</code>), or ask the person who runs this bridge for a link with a valid token.</p>
+</main></body></html>
+"""
+    return _response(401, page.encode(), "text/html; charset=utf-8")
+
+
+def _response(status: int, body: bytes, content_type: str, *, cache: str = "no-store") -> Response:
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", cache),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Referrer-Policy", "no-referrer"),
+            ("Content-Security-Policy", _CSP),
+            ("Connection", "close"),
+        ]
+    )
+    return Response(status, http.HTTPStatus(status).phrase, headers, body)

@@ -1,0 +1,158 @@
+"""Webchat sessions and their conversations, kept in the store so they survive a restart.
+
+A session is what a browser holds (in localStorage): a random 128-bit id the server made, bound
+to the token that made it. Binding means a leaked session id is useless without its token, and a
+second token never sees the first token's sessions. A session holds several conversations;
+each is one thread, `thread_id = f"{session_id}.{conversation_id}"`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import weakref
+from dataclasses import asdict, dataclass
+
+from talkbridge.message import utcnow
+from talkbridge.store.base import Store
+from talkbridge.webchat.protocol import FrameError
+
+MAX_CONVERSATIONS = 1000
+TITLE_LENGTH = 60
+_SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
+_CONVERSATION_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def split_thread(thread_id: str) -> tuple[str, str] | None:
+    """`(session_id, conversation_id)` of a well-formed webchat thread id, else None."""
+    session_id, dot, conversation_id = thread_id.partition(".")
+    if not dot or not _SESSION_ID.match(session_id) or not _CONVERSATION_ID.match(conversation_id):
+        return None
+    return session_id, conversation_id
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    title: str
+    created_at: str
+
+    def as_frame(self, session_id: str) -> dict[str, str]:
+        return {**asdict(self), "thread_id": f"{session_id}.{self.id}"}
+
+
+class Sessions:
+    """Creates, authenticates and lists sessions; conversations are cached per process.
+
+    The cache is only a shortcut: an unknown conversation id is looked up in the store again, so
+    a conversation made through another node is still found.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._conversations: dict[str, list[Conversation]] = {}
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        """One lock per session: serializes its sends and its conversation list changes."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[session_id] = lock
+        return lock
+
+    async def authenticate(self, token: str, session_id: str | None) -> tuple[str, bool]:
+        """Return `(session_id, created)` for this token, or raise `FrameError("forbidden")`.
+
+        No session id, or one the store has never seen (a wiped store, a stale tab), gets a new
+        session. A known session bound to a different token is refused.
+        """
+        digest = token_hash(token)
+        if session_id is not None:
+            if not _SESSION_ID.match(session_id):
+                raise FrameError("forbidden", "that session id is not one this server issued")
+            bound = await self._store.get_state(_session_key(session_id))
+            if bound is not None:
+                if not hmac.compare_digest(bound, digest):
+                    raise FrameError(
+                        "forbidden", "that session belongs to another token; start a new session"
+                    )
+                return session_id, False
+        new_id = secrets.token_hex(16)
+        await self._store.set_state(_session_key(new_id), digest)
+        await self.new_conversation(new_id)
+        return new_id, True
+
+    async def conversations(self, session_id: str, *, refresh: bool = False) -> list[Conversation]:
+        cached = self._conversations.get(session_id)
+        if cached is not None and not refresh:
+            return list(cached)
+        raw = await self._store.get_state(_conversations_key(session_id))
+        loaded = [Conversation(**item) for item in json.loads(raw)] if raw else []
+        self._conversations[session_id] = loaded
+        return list(loaded)
+
+    async def find(self, session_id: str, conversation_id: str) -> Conversation | None:
+        for refresh in (False, True):
+            for conv in await self.conversations(session_id, refresh=refresh):
+                if conv.id == conversation_id:
+                    return conv
+        return None
+
+    async def new_conversation(self, session_id: str, title: str = "") -> Conversation:
+        async with self.lock(session_id):
+            current = await self.conversations(session_id, refresh=True)
+            if len(current) >= MAX_CONVERSATIONS:
+                raise FrameError(
+                    "too_large", f"a session holds at most {MAX_CONVERSATIONS} conversations"
+                )
+            taken = {c.id for c in current}
+            conv_id = secrets.token_hex(6)
+            while conv_id in taken:
+                conv_id = secrets.token_hex(6)
+            conv = Conversation(conv_id, _title(title), utcnow().isoformat())
+            await self._save(session_id, [*current, conv])
+            return conv
+
+    async def title_from(
+        self, session_id: str, conversation_id: str, text: str
+    ) -> Conversation | None:
+        """Name an untitled conversation after its first message; the renamed one, or None."""
+        current = await self.conversations(session_id)
+        for index, conv in enumerate(current):
+            if conv.id == conversation_id and not conv.title:
+                renamed = Conversation(conv.id, _title(text), conv.created_at)
+                current[index] = renamed
+                await self._save(session_id, current)
+                return renamed
+        return None
+
+    def forget(self, session_id: str) -> None:
+        """Drop the cached list once no socket of the session is left on this process."""
+        self._conversations.pop(session_id, None)
+
+    async def _save(self, session_id: str, conversations: list[Conversation]) -> None:
+        payload = json.dumps([asdict(c) for c in conversations], ensure_ascii=False)
+        await self._store.set_state(_conversations_key(session_id), payload)
+        self._conversations[session_id] = list(conversations)
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+def _session_key(session_id: str) -> str:
+    return f"webchat:session:{session_id}"
+
+
+def _conversations_key(session_id: str) -> str:
+    return f"webchat:conversations:{session_id}"

@@ -1,0 +1,607 @@
+// The talkbridge webchat page. Plain ES module, no build step, no network beyond its own origin.
+//
+// Protocol: docs/webchat-protocol.md. The essentials, as this page uses them:
+// - auth first (token from ?token= or localStorage, plus our session id if we have one);
+// - every message carries a per-thread `seq`; we keep messages in a Map by seq, so whatever
+//   arrives twice (history after a reconnect, a broadcast racing it) is shown once;
+// - what we send waits in an outbox (kept in localStorage) under a client id until the server
+//   acknowledges it; after a reconnect or a reload the outbox is sent again with the same ids,
+//   and the server never makes a second turn of a client id it has seen.
+
+import { renderMarkdown, renderPlain } from "./markdown.js";
+
+const KEY = {
+  token: "talkbridge.token",
+  session: "talkbridge.session",
+  active: "talkbridge.active",
+  outbox: "talkbridge.outbox",
+};
+const TYPING_MS = 8000;
+const BACKOFF_BASE_MS = 500;
+const BACKOFF_CAP_MS = 30000;
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  app: $("app"),
+  sidebar: $("sidebar"),
+  scrim: $("scrim"),
+  openSidebar: $("open-sidebar"),
+  closeSidebar: $("close-sidebar"),
+  newConversation: $("new-conversation"),
+  list: $("conversation-list"),
+  title: $("chat-title"),
+  status: $("status"),
+  statusText: $("status-text"),
+  messages: $("messages"),
+  empty: $("empty"),
+  typing: $("typing"),
+  toast: $("toast"),
+  composer: $("composer"),
+  input: $("input"),
+  fatal: $("fatal"),
+  fatalTitle: $("fatal-title"),
+  fatalText: $("fatal-text"),
+};
+
+function storageGet(key) {
+  try {
+    return localStorage.getItem(key);
+  } catch {
+    return null;
+  }
+}
+function storageSet(key, value) {
+  try {
+    if (value === null || value === undefined) localStorage.removeItem(key);
+    else localStorage.setItem(key, value);
+  } catch {
+    /* private mode: the page still works, it just forgets on reload */
+  }
+}
+
+const urlToken = new URLSearchParams(location.search).get("token");
+if (urlToken) storageSet(KEY.token, urlToken);
+
+const state = {
+  token: urlToken || storageGet(KEY.token),
+  sessionId: storageGet(KEY.session),
+  active: storageGet(KEY.active),
+  conversations: [],
+  threads: new Map(),
+  outbox: loadOutbox(),
+  failed: [],
+  ws: null,
+  ready: false,
+  attempt: 0,
+  reconnectTimer: null,
+  pendingConversation: null,
+  limits: { max_frame_bytes: 65536 },
+  typingTimer: null,
+};
+
+function loadOutbox() {
+  try {
+    const items = JSON.parse(storageGet(KEY.outbox) || "[]");
+    return Array.isArray(items) ? items.filter((m) => m && m.client_id && m.thread_id) : [];
+  } catch {
+    return [];
+  }
+}
+function saveOutbox() {
+  storageSet(KEY.outbox, state.outbox.length ? JSON.stringify(state.outbox) : null);
+}
+
+function randomId() {
+  const bytes = new Uint8Array(16);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function thread(threadId) {
+  let t = state.threads.get(threadId);
+  if (!t) {
+    t = {
+      messages: new Map(), // seq -> message frame
+      nodes: new Map(), // seq -> element
+      streams: new Map(), // stream_id -> { text, node }
+      loaded: false,
+      floor: 0,
+      unread: 0,
+    };
+    state.threads.set(threadId, t);
+  }
+  return t;
+}
+
+/** Highest seq up to which this page has every message: where a resume starts. */
+function resumeSeq(t) {
+  let seq = t.floor;
+  while (t.messages.has(seq + 1)) seq += 1;
+  return seq;
+}
+
+// ---- connection -----------------------------------------------------------------------------
+
+function send(frame) {
+  if (state.ws && state.ws.readyState === WebSocket.OPEN) {
+    state.ws.send(JSON.stringify(frame));
+    return true;
+  }
+  return false;
+}
+
+function connect() {
+  clearTimeout(state.reconnectTimer);
+  state.reconnectTimer = null;
+  if (!state.token) {
+    showFatal(
+      "This link has no access token",
+      "Open the full URL that talkbridge run printed in its terminal (it ends in ?token=…).",
+    );
+    return;
+  }
+  setStatus("connecting", state.attempt ? "Reconnecting…" : "Connecting…");
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${scheme}//${location.host}/ws`);
+  state.ws = ws;
+  ws.addEventListener("open", () => {
+    const auth = { type: "auth", token: state.token };
+    if (state.sessionId) auth.session_id = state.sessionId;
+    ws.send(JSON.stringify(auth));
+  });
+  ws.addEventListener("message", (event) => {
+    let frame;
+    try {
+      frame = JSON.parse(event.data);
+    } catch {
+      return;
+    }
+    if (frame && typeof frame.type === "string") handle(frame);
+  });
+  ws.addEventListener("close", (event) => {
+    if (state.ws !== ws) return;
+    state.ws = null;
+    state.ready = false;
+    renderComposerState();
+    if (event.code === 4401) {
+      showFatal(
+        "This access token is not valid",
+        "The webchat refused the token in this link. Open the URL that talkbridge run printed " +
+          "in its terminal, or ask the person who runs this bridge for a new link.",
+      );
+      return;
+    }
+    if (event.code === 4403) {
+      // Our stored session belongs to another token: start a fresh one right away.
+      resetSession();
+      connect();
+      return;
+    }
+    scheduleReconnect();
+  });
+}
+
+function scheduleReconnect() {
+  const ceiling = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** state.attempt);
+  const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
+  state.attempt += 1;
+  const seconds = Math.max(1, Math.round(delay / 1000));
+  setStatus("offline", `Reconnecting in ${seconds} s…`);
+  state.reconnectTimer = setTimeout(connect, delay);
+}
+
+function resetSession() {
+  state.sessionId = null;
+  state.active = null;
+  state.conversations = [];
+  state.threads.clear();
+  state.outbox = [];
+  saveOutbox();
+  storageSet(KEY.session, null);
+  storageSet(KEY.active, null);
+}
+
+// ---- frames ---------------------------------------------------------------------------------
+
+function handle(frame) {
+  switch (frame.type) {
+    case "ready":
+      return onReady(frame);
+    case "ack":
+      return onAck(frame);
+    case "message":
+      return onMessage(frame);
+    case "delta":
+      return onDelta(frame);
+    case "typing":
+      return onTyping(frame);
+    case "history":
+      return onHistory(frame);
+    case "conversation":
+      return onConversation(frame);
+    case "error":
+      return onError(frame);
+    default:
+      return undefined;
+  }
+}
+
+function onReady(frame) {
+  if (state.sessionId && state.sessionId !== frame.session_id) resetSession();
+  state.sessionId = frame.session_id;
+  storageSet(KEY.session, frame.session_id);
+  state.ready = true;
+  state.attempt = 0;
+  if (frame.limits) state.limits = frame.limits;
+  state.conversations = frame.conversations || [];
+  const known = new Set(state.conversations.map((c) => c.thread_id));
+  state.outbox = state.outbox.filter((m) => known.has(m.thread_id));
+  saveOutbox();
+  if (!known.has(state.active)) state.active = newest()?.thread_id ?? null;
+  setStatus("online", "Connected");
+  renderConversations();
+  // Resume every thread we already show, from the last seq we hold without a gap.
+  for (const [threadId, t] of state.threads) {
+    if (t.loaded && known.has(threadId)) {
+      send({ type: "history", thread_id: threadId, after_seq: resumeSeq(t) });
+    }
+  }
+  if (state.active) switchTo(state.active);
+  for (const item of state.outbox) transmit(item);
+  renderComposerState();
+}
+
+function onAck(frame) {
+  const before = state.outbox.length;
+  state.outbox = state.outbox.filter((m) => m.client_id !== frame.client_id);
+  if (state.outbox.length !== before) {
+    saveOutbox();
+    if (frame.thread_id === state.active) renderThread();
+  }
+}
+
+function onMessage(frame) {
+  const t = thread(frame.thread_id);
+  if (frame.client_id) {
+    const before = state.outbox.length;
+    state.outbox = state.outbox.filter((m) => m.client_id !== frame.client_id);
+    if (before !== state.outbox.length) saveOutbox();
+  }
+  if (frame.stream_id) t.streams.delete(frame.stream_id);
+  if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
+  if (t.messages.has(frame.seq)) return;
+  t.messages.set(frame.seq, frame);
+  if (frame.thread_id === state.active) {
+    renderThread({ follow: frame.role === "user" });
+  } else if (frame.role !== "user") {
+    t.unread += 1;
+    renderConversations();
+  }
+}
+
+function onDelta(frame) {
+  const t = thread(frame.thread_id);
+  let stream = t.streams.get(frame.stream_id);
+  if (!stream) {
+    stream = { text: "", node: null };
+    t.streams.set(frame.stream_id, stream);
+  }
+  stream.text += frame.text;
+  if (frame.thread_id === state.active) {
+    hideTyping();
+    renderThread();
+  }
+}
+
+function onTyping(frame) {
+  if (frame.thread_id !== state.active) return;
+  ui.typing.hidden = false;
+  clearTimeout(state.typingTimer);
+  state.typingTimer = setTimeout(hideTyping, TYPING_MS);
+}
+
+function hideTyping() {
+  clearTimeout(state.typingTimer);
+  ui.typing.hidden = true;
+}
+
+function onHistory(frame) {
+  const t = thread(frame.thread_id);
+  const messages = frame.messages || [];
+  if (!t.loaded && frame.after_seq === 0) {
+    t.floor = messages.length ? messages[0].seq - 1 : 0;
+  }
+  t.loaded = true;
+  for (const m of messages) {
+    if (!t.messages.has(m.seq)) t.messages.set(m.seq, m);
+    if (m.stream_id) t.streams.delete(m.stream_id);
+    if (m.client_id) state.outbox = state.outbox.filter((o) => o.client_id !== m.client_id);
+  }
+  saveOutbox();
+  if (frame.more && messages.length) {
+    send({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
+  }
+  if (frame.thread_id === state.active) renderThread({ follow: true });
+}
+
+function onConversation(frame) {
+  const conv = frame.conversation;
+  const index = state.conversations.findIndex((c) => c.thread_id === conv.thread_id);
+  if (index >= 0) state.conversations[index] = conv;
+  else state.conversations.push(conv);
+  if (frame.ref && frame.ref === state.pendingConversation) {
+    state.pendingConversation = null;
+    switchTo(conv.thread_id);
+    closeSidebar();
+    ui.input.focus();
+  } else {
+    renderConversations();
+    if (conv.thread_id === state.active) ui.title.textContent = titleOf(conv);
+  }
+}
+
+function onError(frame) {
+  if (frame.client_id) {
+    const item = state.outbox.find((m) => m.client_id === frame.client_id);
+    if (frame.code === "rate_limited" || frame.code === "internal") {
+      const wait = Math.max(1, Number(frame.retry_after) || 2) * 1000;
+      if (item) setTimeout(() => transmit(item), wait);
+      notify("The bridge is busy; your message will be sent again shortly.");
+      return;
+    }
+    if (item) {
+      state.outbox = state.outbox.filter((m) => m !== item);
+      saveOutbox();
+      state.failed.push({ ...item, reason: frame.message });
+      if (item.thread_id === state.active) renderThread();
+    }
+    return;
+  }
+  notify(frame.message || "Something went wrong.");
+}
+
+// ---- actions --------------------------------------------------------------------------------
+
+function transmit(item) {
+  if (!state.ready) return;
+  send({ type: "send", thread_id: item.thread_id, client_id: item.client_id, text: item.text });
+}
+
+function submit() {
+  const text = ui.input.value.replace(/\s+$/, "");
+  if (!text.trim() || !state.active) return;
+  const item = { thread_id: state.active, client_id: randomId(), text };
+  const size = new TextEncoder().encode(JSON.stringify({ type: "send", ...item })).length;
+  if (size > state.limits.max_frame_bytes) {
+    notify(`That message is too long (${size} bytes; the limit is ${state.limits.max_frame_bytes}).`);
+    return;
+  }
+  state.outbox.push(item);
+  saveOutbox();
+  ui.input.value = "";
+  autosize();
+  transmit(item);
+  renderThread({ follow: true });
+}
+
+function startConversation() {
+  if (!state.ready) {
+    notify("Not connected yet; try again in a moment.");
+    return;
+  }
+  state.pendingConversation = randomId();
+  send({ type: "new_conversation", ref: state.pendingConversation });
+}
+
+function switchTo(threadId) {
+  state.active = threadId;
+  storageSet(KEY.active, threadId);
+  const t = thread(threadId);
+  t.unread = 0;
+  hideTyping();
+  const conv = state.conversations.find((c) => c.thread_id === threadId);
+  ui.title.textContent = conv ? titleOf(conv) : "Conversation";
+  renderConversations();
+  renderThread({ follow: true });
+  if (!t.loaded && state.ready) send({ type: "history", thread_id: threadId, after_seq: 0 });
+}
+
+// ---- rendering ------------------------------------------------------------------------------
+
+function titleOf(conv) {
+  return conv.title || "New conversation";
+}
+
+function newest() {
+  return [...state.conversations].sort((a, b) => b.created_at.localeCompare(a.created_at))[0];
+}
+
+function renderConversations() {
+  const items = [...state.conversations].sort((a, b) => b.created_at.localeCompare(a.created_at));
+  ui.list.replaceChildren(
+    ...items.map((conv) => {
+      const li = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "conversation";
+      const active = conv.thread_id === state.active;
+      if (active) button.setAttribute("aria-current", "true");
+      const name = document.createElement("span");
+      name.className = "conversation-title";
+      name.textContent = titleOf(conv);
+      const when = document.createElement("span");
+      when.className = "conversation-date";
+      when.textContent = formatDate(conv.created_at);
+      button.append(name, when);
+      const unread = state.threads.get(conv.thread_id)?.unread ?? 0;
+      if (unread && !active) {
+        const dot = document.createElement("span");
+        dot.className = "unread";
+        dot.textContent = String(unread);
+        dot.setAttribute("aria-label", `${unread} new`);
+        button.append(dot);
+      }
+      button.addEventListener("click", () => {
+        switchTo(conv.thread_id);
+        closeSidebar();
+      });
+      li.append(button);
+      return li;
+    }),
+  );
+}
+
+function messageNode(role, content, meta, extraClass = "") {
+  const article = document.createElement("article");
+  article.className = `msg msg-${role === "user" ? "user" : "assistant"} ${extraClass}`.trim();
+  const who = document.createElement("span");
+  who.className = "visually-hidden";
+  who.textContent = role === "user" ? "You said:" : "Assistant said:";
+  const bubble = document.createElement("div");
+  bubble.className = "bubble";
+  bubble.append(content);
+  article.append(who, bubble);
+  if (meta) {
+    const footer = document.createElement("div");
+    footer.className = "meta";
+    footer.textContent = meta;
+    article.append(footer);
+  }
+  return article;
+}
+
+function render(role, text, markup) {
+  return role === "user" || markup === "plain" ? renderPlain(text) : renderMarkdown(text);
+}
+
+function renderThread({ follow = false } = {}) {
+  const box = ui.messages;
+  const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 120;
+  if (!state.active) {
+    box.replaceChildren(ui.empty);
+    return;
+  }
+  const t = thread(state.active);
+  const nodes = [];
+  for (const seq of [...t.messages.keys()].sort((a, b) => a - b)) {
+    let node = t.nodes.get(seq);
+    if (!node) {
+      const m = t.messages.get(seq);
+      node = messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
+      node.dataset.seq = String(seq);
+      t.nodes.set(seq, node);
+    }
+    nodes.push(node);
+  }
+  for (const [streamId, stream] of t.streams) {
+    const node = messageNode("assistant", renderMarkdown(stream.text), "", "streaming");
+    node.dataset.stream = streamId;
+    nodes.push(node);
+  }
+  for (const item of state.outbox) {
+    if (item.thread_id !== state.active) continue;
+    const label = state.ready ? "Sending…" : "Waiting for the connection…";
+    const node = messageNode("user", renderPlain(item.text), label, "pending");
+    node.dataset.client = item.client_id;
+    nodes.push(node);
+  }
+  for (const item of state.failed) {
+    if (item.thread_id !== state.active) continue;
+    nodes.push(messageNode("user", renderPlain(item.text), `Not sent: ${item.reason}`, "failed"));
+  }
+  if (!nodes.length) nodes.push(ui.empty);
+  box.replaceChildren(...nodes);
+  if (follow || nearBottom) box.scrollTop = box.scrollHeight;
+}
+
+function renderComposerState() {
+  ui.newConversation.disabled = !state.ready;
+  if (state.active) renderThread();
+}
+
+function setStatus(kind, text) {
+  ui.status.dataset.state = kind;
+  ui.statusText.textContent = text;
+}
+
+let toastTimer = null;
+function notify(text) {
+  ui.toast.textContent = text;
+  ui.toast.hidden = false;
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => {
+    ui.toast.hidden = true;
+  }, 6000);
+}
+
+function showFatal(title, text) {
+  ui.fatalTitle.textContent = title;
+  ui.fatalText.textContent = text;
+  ui.fatal.hidden = false;
+  setStatus("offline", "Not connected");
+}
+
+function formatTime(iso) {
+  const date = iso ? new Date(iso) : null;
+  return date && !Number.isNaN(date.getTime())
+    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : "";
+}
+
+function formatDate(iso) {
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return "";
+  const today = new Date();
+  return date.toDateString() === today.toDateString()
+    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : date.toLocaleDateString([], { month: "short", day: "numeric" });
+}
+
+function autosize() {
+  ui.input.style.height = "auto";
+  ui.input.style.height = `${Math.min(ui.input.scrollHeight, 200)}px`;
+}
+
+function openSidebar() {
+  ui.app.dataset.sidebar = "open";
+  ui.scrim.hidden = false;
+  ui.openSidebar.setAttribute("aria-expanded", "true");
+  ui.newConversation.focus();
+}
+
+function closeSidebar() {
+  if (ui.app.dataset.sidebar !== "open") return;
+  ui.app.dataset.sidebar = "closed";
+  ui.scrim.hidden = true;
+  ui.openSidebar.setAttribute("aria-expanded", "false");
+}
+
+// ---- wiring ---------------------------------------------------------------------------------
+
+ui.composer.addEventListener("submit", (event) => {
+  event.preventDefault();
+  submit();
+});
+ui.input.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    submit();
+  }
+});
+ui.input.addEventListener("input", autosize);
+ui.newConversation.addEventListener("click", startConversation);
+ui.openSidebar.addEventListener("click", openSidebar);
+ui.closeSidebar.addEventListener("click", closeSidebar);
+ui.scrim.addEventListener("click", closeSidebar);
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape") closeSidebar();
+});
+window.addEventListener("online", () => {
+  if (!state.ws && ui.fatal.hidden) {
+    state.attempt = 0;
+    connect();
+  }
+});
+
+renderComposerState();
+connect();

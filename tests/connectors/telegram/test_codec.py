@@ -1,0 +1,220 @@
+"""The pure codec on real Update payloads (each file's `_source` says where it came from)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.telegram.codec import (
+    decode_update,
+    inline_keyboard,
+    parse_native_id,
+    parse_thread_id,
+)
+from talkbridge.message import NormalizedMessage
+
+PAYLOADS = Path(__file__).parent / "payloads"
+DOC_FILE = "AwADBAADbXXXXXXXXXXXGBdhD2l6_XX"  # the file_id the documentation examples use
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((PAYLOADS / name).read_text(encoding="utf-8"))
+    assert data.pop("_source"), f"{name} must say where it came from"
+    return data
+
+
+def decode(name: str, bot_id: int | None = 123456) -> NormalizedMessage | None:
+    return decode_update(load(name), connection_id="tg", bot_id=bot_id)
+
+
+def must(name: str, bot_id: int | None = 123456) -> NormalizedMessage:
+    message = decode(name, bot_id)
+    assert message is not None, name
+    return message
+
+
+def test_every_payload_names_its_source() -> None:
+    for path in PAYLOADS.glob("*.json"):
+        assert json.loads(path.read_text(encoding="utf-8")).get("_source"), path.name
+
+
+def test_private_text_message() -> None:
+    msg = must("docs_text.json")
+    assert msg.id == "1111111:1365"
+    assert msg.connection_id == "tg" and msg.channel == "telegram"
+    assert msg.channel_user_id == "1111111"
+    assert msg.display_name == "Test Firstname Test Lastname"
+    assert msg.thread_id == "1111111"
+    assert msg.thread_type == "private" and msg.thread_name is None
+    assert msg.timestamp == datetime.fromtimestamp(1441645532, UTC)
+    assert msg.text == "/start"  # bot commands arrive as text
+    assert msg.edit_of is None and msg.reply_to is None and msg.attachments == ()
+
+
+def test_entities_are_removed_leaving_plain_text() -> None:
+    assert must("docs_entities.json").text == "Bold and italics"
+
+
+def test_forwarded_message_keeps_its_text() -> None:
+    assert must("docs_forwarded.json").text == "/start"
+
+
+def test_reply_carries_quoted_text_and_sender() -> None:
+    reply = must("docs_reply.json").reply_to
+    assert reply is not None
+    assert reply.message_id == "1111112:1334"
+    assert reply.content == "Original"
+
+
+def test_reply_with_quote_prefers_the_quoted_part() -> None:
+    msg = must("group_reply_with_quote.json")
+    assert msg.thread_type == "group" and msg.thread_id == "-42"
+    assert msg.thread_name == "Old group"
+    assert msg.reply_to is not None
+    assert msg.reply_to.content == "Step two."
+    assert msg.reply_to.sender_name == "Grace Hopper"
+    assert msg.reply_to.message_id == "-42:70"
+
+
+def test_edited_message_is_an_edit_of_the_original_with_its_own_id() -> None:
+    msg = must("docs_edited.json")
+    original = must("docs_text.json")
+    assert msg.edit_of == original.id == "1111111:1365"
+    assert msg.id == "1111111:1365:edit:1441646600"
+    assert msg.text == "Edited text"
+    assert msg.timestamp == datetime.fromtimestamp(1441646600, UTC)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "ref", "mime", "size", "label"),
+    [
+        ("docs_audio.json", "audio", DOC_FILE, "audio/mpeg", 3897500, "Test music file"),
+        ("docs_voice.json", "voice", DOC_FILE, "audio/ogg", 23000, None),
+        ("docs_document.json", "document", DOC_FILE, "application/pdf", 536392, "Testfile.pdf"),
+        ("sticker.json", "sticker", "CAACAgSticker", None, 23000, None),
+        ("video_caption.json", "video", "BAACAgVideo", "video/mp4", 700000, None),
+    ],
+)  # fmt: skip
+def test_file_attachments(
+    name: str, kind: str, ref: str, mime: str | None, size: int, label: str | None
+) -> None:
+    msg = must(name)
+    assert len(msg.attachments) == 1
+    attachment = msg.attachments[0]
+    assert (attachment.kind, attachment.ref, attachment.mime_type, attachment.size) == (
+        kind,
+        ref,
+        mime,
+        size,
+    )
+    assert attachment.name == label
+
+
+def test_group_photo_takes_the_largest_size_and_the_caption() -> None:
+    msg = must("group_photo_caption.json")
+    assert msg.text == "Error on checkout page"
+    assert msg.thread_id == "-1001234567890" and msg.thread_type == "group"
+    assert msg.thread_name == "Support"
+    [photo] = msg.attachments
+    assert photo.kind == "image" and photo.ref == "AgACAgLarge" and photo.size == 98000
+
+
+def test_video_caption_is_the_text() -> None:
+    assert must("video_caption.json").text == "screen recording"
+
+
+def test_venue_and_contact_are_structured_attachments() -> None:
+    [place] = must("venue.json").attachments
+    assert place.kind == "location" and place.ref is None
+    assert place.meta == {
+        "latitude": 52.52,
+        "longitude": 13.405,
+        "title": "Alexanderplatz",
+        "address": "Berlin",
+    }
+    [contact] = must("contact.json").attachments
+    assert contact.kind == "contact" and contact.name == "Ada Lovelace"
+    assert contact.meta["phone_number"] == "+15551234567" and contact.meta["user_id"] == 777
+
+
+def test_forum_topic_message_keeps_chat_and_topic_and_is_no_reply() -> None:
+    msg = must("forum_topic_message.json")
+    assert msg.thread_id == "-1001971186208:2391"
+    assert msg.id == "-1001971186208:2410"
+    assert msg.thread_type == "group"
+    assert msg.thread_name == "Тест / Тестовая тема 62658df2-1bcc-4e17-8909-4afc3091c0d1"
+    # Telegram makes every topic message a reply to the topic's creation; that is not a reply.
+    assert msg.reply_to is None
+    assert parse_thread_id(msg.thread_id) == (-1001971186208, 2391)
+
+
+def test_channel_post_is_a_group_message_signed_by_its_author() -> None:
+    msg = must("channel_post.json")
+    assert msg.thread_id == "-1001893407333" and msg.thread_type == "group"
+    assert msg.channel_user_id == "-1001893407333"
+    assert msg.display_name == "Editor"
+    assert msg.text == "Release 1.2 is out"
+
+
+def test_display_name_falls_back_to_username() -> None:
+    assert must("username_only_sender.json").display_name == "@anon_dev"
+
+
+def test_service_messages_and_other_update_kinds_are_not_messages() -> None:
+    assert decode("captured_channel_pin.json") is None
+    assert decode("captured_forum_topic_edited.json", bot_id=None) is None
+    assert decode("docs_inline_query.json") is None
+
+
+def test_the_bots_own_updates_are_ignored() -> None:
+    assert decode("docs_text.json", bot_id=1111111) is None
+    assert decode("docs_edited.json", bot_id=1111111) is None
+    assert decode("docs_text.json", bot_id=999) is not None
+
+
+def test_callback_query_becomes_a_message_whose_text_is_the_value() -> None:
+    msg = must("callback_query_group.json")
+    assert msg.id == "cb:9988776655"
+    assert msg.text == "approve:17"
+    assert msg.channel_user_id == "424242" and msg.display_name == "Grace Hopper"
+    assert msg.thread_id == "-1001234567890" and msg.thread_type == "group"
+    assert msg.reply_to is not None and msg.reply_to.message_id == "-1001234567890:90"
+
+
+def test_callback_on_an_inline_message_is_answered_privately() -> None:
+    msg = must("docs_callback_query.json")
+    assert msg.text == "Data from button callback"
+    assert msg.thread_id == "1111111" and msg.thread_type == "private"
+
+
+def test_decodes_an_aiogram_update_the_same_as_its_json() -> None:
+    from aiogram.types import Update
+
+    data = load("group_photo_caption.json")
+    from_model = decode_update(Update.model_validate(data), connection_id="tg")
+    from_json = decode_update(data, connection_id="tg")
+    assert from_model is not None and from_json is not None
+    assert from_model.model_dump() == from_json.model_dump()
+
+
+def test_ids_parse_back() -> None:
+    assert parse_native_id("-100123:77") == (-100123, 77)
+    assert parse_native_id("-100123:77:edit:5") == (-100123, 77)
+    assert parse_thread_id("42") == (42, None)
+    assert parse_thread_id("@channel") == ("@channel", None)
+    for bad in ("abc", "1:x", "cb:123"):
+        with pytest.raises(ValueError, match="Telegram"):
+            parse_native_id(bad) if ":" in bad else parse_thread_id(bad)
+
+
+def test_inline_keyboard_refuses_values_over_64_bytes() -> None:
+    assert inline_keyboard([("Yes", "y"), ("No", "n")]) == [
+        [{"text": "Yes", "callback_data": "y"}],
+        [{"text": "No", "callback_data": "n"}],
+    ]
+    with pytest.raises(ValueError, match="64 bytes"):
+        inline_keyboard([("Long", "x" * 65)])

@@ -1,0 +1,163 @@
+"""Markdown -> Telegram HTML, and splitting after rendering."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from talkbridge.connectors.telegram.render import (
+    html_text,
+    render,
+    render_chunks,
+    render_markdown,
+    split_html,
+    utf16_len,
+)
+
+TELEGRAM_TAGS = {"b", "i", "s", "u", "a", "code", "pre", "blockquote"}
+
+
+class _Balance(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.stack.append(tag)
+        self.tags.add(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack.pop() != tag:
+            self.errors.append(f"unexpected </{tag}>")
+
+
+def balanced(chunk: str) -> bool:
+    parser = _Balance()
+    parser.feed(chunk)
+    parser.close()
+    return not parser.errors and not parser.stack
+
+
+def tags_in(chunk: str) -> set[str]:
+    parser = _Balance()
+    parser.feed(chunk)
+    return parser.tags
+
+
+def test_markdown_renders_to_telegram_tags_and_escapes_the_rest() -> None:
+    out = render_markdown(
+        "# Title\n\n**bold** _it_ ~~gone~~ `a<b>` [site](https://e.com/?a=1&b=2) 1 < 2 & <i>x</i>"
+    )
+    assert out == (
+        "<b>Title</b>\n\n<b>bold</b> <i>it</i> <s>gone</s> <code>a&lt;b&gt;</code> "
+        '<a href="https://e.com/?a=1&amp;b=2">site</a> 1 &lt; 2 &amp; &lt;i&gt;x&lt;/i&gt;'
+    )
+
+
+def test_code_blocks_lists_and_quotes() -> None:
+    out = render_markdown("- one\n- two\n\n> said\n\n```python\nif a < b:\n    pass\n```")
+    assert "• one\n• two" in out
+    assert "<blockquote>said</blockquote>" in out
+    assert '<pre><code class="language-python">if a &lt; b:\n    pass</code></pre>' in out
+    assert tags_in(out) <= TELEGRAM_TAGS
+
+
+def test_unsafe_links_are_not_links() -> None:
+    out = render_markdown("[x](javascript:alert(1))")
+    assert "<a" not in out and "javascript" in out
+
+
+def test_plain_markup_is_only_escaped() -> None:
+    assert render("**not bold** <b>", "plain") == "**not bold** &lt;b&gt;"
+
+
+def test_short_text_is_one_chunk() -> None:
+    assert split_html("<b>hi</b>") == ["<b>hi</b>"]
+
+
+def test_splits_on_paragraphs_first() -> None:
+    para = "Word " * 300  # 1,500 characters
+    rendered = render_markdown("\n\n".join([para.strip()] * 5))
+    chunks = split_html(rendered, 4096)
+    assert len(chunks) == 3
+    assert all(chunk.endswith("\n\n") for chunk in chunks[:-1])
+    assert "".join(chunks) == rendered
+
+
+def test_splits_on_sentences_when_a_paragraph_is_too_long() -> None:
+    text = "This is a sentence. " * 400  # one paragraph of 8,000 characters
+    chunks = split_html(render_markdown(text), 4096)
+    assert len(chunks) == 2
+    assert chunks[0].endswith(". ")
+
+
+def test_open_tags_are_closed_and_reopened_across_chunks() -> None:
+    rendered = '<b><a href="https://e.com">' + "link text " * 900 + "</a></b>"
+    chunks = split_html(rendered, 4096)
+    assert len(chunks) == 3
+    for chunk in chunks:
+        assert balanced(chunk), chunk[:80]
+        assert chunk.startswith('<b><a href="https://e.com">') and chunk.endswith("</a></b>")
+        assert utf16_len(chunk) <= 4096
+    assert "".join(html_text(c) for c in chunks) == html_text(rendered)
+
+
+def test_never_splits_a_surrogate_pair_and_counts_utf16() -> None:
+    emoji = "😀"  # two UTF-16 units
+    rendered = emoji * 3000  # 6,000 units, no spaces at all
+    chunks = split_html(rendered, 4096)
+    assert [utf16_len(c) for c in chunks] == [4096, 6000 - 4096]
+    assert all(set(c) == {emoji} for c in chunks)
+
+
+def test_never_cuts_inside_an_entity() -> None:
+    rendered = "&amp;" * 2000
+    for chunk in split_html(rendered, 4096):
+        assert re.fullmatch(r"(&amp;)+", chunk)
+
+
+def test_whitespace_only_chunks_are_dropped_when_sending() -> None:
+    assert render_chunks("   ", "plain") == []
+
+
+markdownish = st.lists(
+    st.sampled_from(
+        [
+            *"abc xyz.!?\n*_`~[]()#>-<&\"'",
+            *("😀", "é", "中", "\n\n", "**", "```", "> ", "- "),
+            *("https://e.com", "[l](https://x.y)"),
+        ]
+    ),
+    max_size=300,
+).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(markdownish, st.integers(min_value=60, max_value=300))
+def test_split_property(source: str, limit: int) -> None:
+    """Every chunk fits, is balanced HTML, and together they hold exactly the rendered text."""
+    rendered = render_markdown(source)
+    chunks = split_html(rendered, limit)
+    for chunk in chunks:
+        assert utf16_len(chunk) <= limit
+        assert balanced(chunk), chunk
+    assert "".join(html_text(chunk) for chunk in chunks) == html_text(rendered)
+    assert all(tags_in(chunk) <= TELEGRAM_TAGS for chunk in chunks)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["Sentence one. ", "**Bold part.** ", "😀 ", "\n\n", "`x` "]), max_size=800
+    )
+)
+def test_split_property_at_the_real_limit(parts: list[str]) -> None:
+    rendered = render_markdown("".join(parts))
+    chunks = split_html(rendered)
+    assert all(utf16_len(c) <= 4096 and balanced(c) for c in chunks)
+    assert "".join(html_text(c) for c in chunks) == html_text(rendered)

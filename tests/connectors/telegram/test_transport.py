@@ -1,0 +1,381 @@
+"""The Telegram transport with the real aiogram client against the local Bot API peer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.telegram.render import html_text, render_markdown, utf16_len
+from talkbridge.connectors.telegram.transport import TelegramConnector
+from talkbridge.errors import (
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+    UnauthorizedError,
+)
+from talkbridge.message import Attachment, OutboundMessage
+from talkbridge.store import SqliteStore
+from tests.connectors.telegram.conftest import TOKEN, Inbox, free_port
+from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
+
+Start = Callable[..., Any]
+
+
+# ---- inbound: polling ---------------------------------------------------------------------
+
+
+async def test_polling_delivers_a_private_message(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    peer.push_update(private_text(777, "hello there", first_name="Ada", message_id=5))
+    [message] = await running.inbox.wait_count(1)
+    assert message.id == "777:5"
+    assert message.text == "hello there"
+    assert message.channel_user_id == "777" and message.display_name == "Ada"
+    assert message.thread_id == "777" and message.thread_type == "private"
+    assert message.connection_id == "tg"
+    methods = [c.method for c in peer.calls]
+    assert methods.index("getme") < methods.index("getupdates")
+    polls = peer.calls_of("getUpdates", answered=None)
+    assert "callback_query" in polls[0].params["allowed_updates"]
+    assert await running.connector.check() == "@talkbridge_test_bot"
+
+
+async def test_the_bots_own_messages_are_not_delivered(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    own = private_text(777, "echo of my own reply")
+    own["message"]["from"] = peer.bot_user()
+    peer.push_update(own)
+    peer.push_update(private_text(777, "real"))
+    await running.inbox.wait_count(1)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])  # both confirmed
+    assert running.inbox.texts == ["real"]
+
+
+async def test_edited_message_arrives_as_an_edit(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    original = private_text(777, "helo", message_id=9)
+    peer.push_update(original)
+    edited = private_text(777, "hello", message_id=9)["message"]
+    edited["edit_date"] = edited["date"] + 30
+    peer.push_update({"edited_message": edited})
+    first, second = await running.inbox.wait_count(2)
+    assert second.edit_of == first.id == "777:9"
+    assert second.id == f"777:9:edit:{edited['edit_date']}" and second.text == "hello"
+
+
+async def test_callback_query_is_delivered_and_answered(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    peer.push_update(
+        {
+            "callback_query": {
+                "id": "cbq-1",
+                "from": {"id": 777, "is_bot": False, "first_name": "Ada"},
+                "chat_instance": "1",
+                "data": "yes",
+                "message": private_text(777, "Proceed?", message_id=3)["message"],
+            }
+        }
+    )
+    [click] = await running.inbox.wait_count(1)
+    assert click.text == "yes" and click.thread_id == "777" and click.id == "cb:cbq-1"
+    [answer] = peer.calls_of("answerCallbackQuery")
+    assert answer.params["callback_query_id"] == "cbq-1"
+
+
+async def test_restart_resumes_at_the_stored_offset(
+    peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
+) -> None:
+    first = await start()
+    ids = [peer.push_update(private_text(777, f"m{i}")) for i in range(2)]
+    await first.inbox.wait_count(2)
+    # The next poll confirms the batch; it is only made once the offset is stored.
+    await peer.wait_for(
+        lambda: any(
+            c.params.get("offset") == ids[-1] + 1
+            for c in peer.calls_of("getUpdates", answered=None)
+        )
+    )
+    assert await sqlite_store.get_state("telegram:tg:offset") == str(ids[-1] + 1)
+    await first.stop()
+    # Telegram never heard the confirmation (a crash right after the store write): it offers
+    # the delivered updates again, plus one that arrived while the bridge was down.
+    delivered = [private_text(777, f"m{i}") | {"update_id": ids[i]} for i in range(2)]
+    peer.updates[TOKEN] = delivered
+    peer.push_update(private_text(777, "while down"))
+    second = await start()
+    await second.inbox.wait_count(1)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])
+    assert second.inbox.texts == ["while down"]  # nothing replayed, nothing lost
+    assert first.inbox.texts == ["m0", "m1"]
+
+
+async def test_an_update_not_accepted_is_not_skipped(
+    peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
+) -> None:
+    failing = Inbox(fail_on={"777:2"})
+    first = await start(inbox=failing)
+    peer.push_update(private_text(777, "one", message_id=1))
+    peer.push_update(private_text(777, "two", message_id=2))
+    with pytest.raises(TransientError, match="not accepted") as caught:
+        await asyncio.wait_for(first.task, 10)
+    assert TOKEN not in str(caught.value)
+    await first.stop()
+    second = await start()
+    await second.inbox.wait_count(1)
+    assert failing.texts == ["one"] and second.inbox.texts == ["two"]
+
+
+async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    peer.push_update(private_text(777, "before"))
+    await running.inbox.wait_count(1)
+    # The poll in flight returns the next update; the ones after it fail.
+    peer.fail_next("getUpdates", 2, status=502)
+    peer.fail_next("getUpdates", drop=True)
+    peer.push_update(private_text(777, "during"))
+    await peer.wait_for(lambda: len(peer.calls_of("getUpdates", answered=0)) == 1)
+    peer.push_update(private_text(777, "after"))
+    await running.inbox.wait_count(3)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])
+    assert running.inbox.texts == ["before", "during", "after"]
+    assert len(peer.calls_of("getUpdates", answered=502)) == 2
+    degraded = [reason for kind, reason in running.status.reports if kind == "degraded"]
+    assert len(degraded) == 3 and "Bad Gateway" in degraded[0]
+    assert running.status.reports[-1][0] == "up"
+    assert all(TOKEN not in reason for reason in degraded)
+
+
+async def test_a_revoked_token_raises_unauthorized_without_the_token(
+    peer: TelegramBotAPIPeer, start: Start, make_connector: Callable[..., TelegramConnector]
+) -> None:
+    peer.revoke(TOKEN)
+    with pytest.raises(UnauthorizedError) as caught:
+        await start()
+    text = str(caught.value)
+    assert "401" in text and "revoked" in text
+    assert TOKEN not in text and TOKEN.split(":")[1] not in text
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    connector = make_connector()
+    with pytest.raises(UnauthorizedError):
+        await connector.check()
+    await connector.close()
+
+
+async def test_a_token_revoked_while_polling_stops_the_run(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    peer.revoke(TOKEN)
+    peer.push_update(private_text(777, "wake the poll"))  # the poll in flight still answers
+    with pytest.raises(UnauthorizedError):
+        await asyncio.wait_for(running.task, 10)
+    assert len(peer.calls_of("getUpdates", answered=401)) == 1  # no retry storm
+
+
+# ---- inbound: webhook ---------------------------------------------------------------------
+
+
+async def test_webhook_accepts_only_the_right_secret(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="s3cret-Token_1",
+        webhook_port=port,
+    )
+    [hook] = peer.calls_of("setWebhook")
+    assert hook.params["secret_token"] == "s3cret-Token_1"
+    assert running.connector.webhook_port == port
+    update = private_text(777, "via webhook", message_id=11)
+    assert await peer.post_to_webhook(update, secret="wrong") == 401
+    assert await peer.post_to_webhook(update, secret=None) == 401
+    assert running.inbox.messages == []
+    assert await peer.post_to_webhook(update) == 200
+    [message] = running.inbox.messages  # delivered before the POST was answered
+    assert message.text == "via webhook" and message.id == "777:11"
+    assert peer.calls_of("getUpdates", answered=None) == []
+
+
+async def test_webhook_asks_for_a_retry_when_the_update_is_not_accepted(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    port = free_port()
+    inbox = Inbox(fail_on={"777:12"})
+    await start(
+        inbox=inbox,
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="abc",
+        webhook_port=port,
+    )
+    update = private_text(777, "retry me", message_id=12) | {"update_id": 99}
+    assert await peer.post_to_webhook(update) == 500
+    assert await peer.post_to_webhook(update) == 200
+    assert await peer.post_to_webhook(update) == 200  # a redelivery is deduped by update_id
+    assert inbox.texts == ["retry me"]
+
+
+# ---- outbound -----------------------------------------------------------------------------
+
+
+async def test_send_renders_markdown_to_html(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    result = await running.connector.send(
+        OutboundMessage(thread_id="777", text="**hi** <there> & _you_")
+    )
+    [sent] = peer.sent_messages
+    assert sent["text"] == "<b>hi</b> &lt;there&gt; &amp; <i>you</i>"
+    assert sent["parse_mode"] == "HTML" and sent["chat_id"] == 777
+    assert result.message_ids == ("777:1",)
+
+
+async def test_forum_topic_reply_lands_in_its_topic(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    peer.push_update(group_text(-100123, 42, "question", topic_id=77, message_id=500))
+    [question] = await running.inbox.wait_count(1)
+    assert question.thread_id == "-100123:77"
+    await running.connector.send(
+        OutboundMessage(thread_id=question.thread_id, text="answer", reply_to=question.id)
+    )
+    [sent] = peer.sent_messages
+    assert sent["chat_id"] == -100123 and sent["message_thread_id"] == 77
+    assert sent["reply_parameters"]["message_id"] == 500
+
+
+async def test_a_long_reply_is_split_and_only_the_first_part_replies(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    text = "\n\n".join(f"Paragraph {i}. " + "Some **bold** words here. " * 40 for i in range(12))
+    result = await running.connector.send(
+        OutboundMessage(thread_id="777", text=text, reply_to="777:3")
+    )
+    sent = peer.sent_messages
+    assert len(sent) == len(result.message_ids) >= 3
+    assert all(utf16_len(s["text"]) <= 4096 for s in sent)
+    assert "reply_parameters" in sent[0] and all("reply_parameters" not in s for s in sent[1:])
+    assert "".join(html_text(s["text"]) for s in sent) == html_text(render_markdown(text))
+
+
+async def test_a_photo_goes_up_with_its_caption(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    picture = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+    result = await running.connector.send(
+        OutboundMessage(
+            thread_id="-100123:77",
+            text="**Look** at this",
+            attachments=(Attachment(kind="image", name="shot.png", data=picture),),
+        )
+    )
+    [call] = peer.calls_of("sendPhoto")
+    assert call.files["photo"].data == picture and call.files["photo"].filename == "shot.png"
+    assert call.params["caption"] == "<b>Look</b> at this" and call.params["parse_mode"] == "HTML"
+    assert call.params["message_thread_id"] == 77
+    assert peer.sent_messages == [] and len(result.message_ids) == 1
+
+
+async def test_an_inbound_photo_with_caption_downloads(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(max_download_bytes=1000)
+    small = peer.add_file(b"small image bytes", file_path="photos/file_1.jpg")
+    big = peer.add_file(b"x" * 2000, file_path="photos/file_2.jpg")
+    update = group_text(-100123, 42, "", message_id=8)
+    del update["message"]["text"]
+    update["message"]["caption"] = "broken button"
+    update["message"]["photo"] = [
+        {"file_id": small, "file_unique_id": "u1", "width": 9, "height": 9}
+    ]
+    peer.push_update(update)
+    [message] = await running.inbox.wait_count(1)
+    assert message.text == "broken button"
+    media = running.connector.feature("inbound_media")
+    assert await media.download(message.attachments[0]) == b"small image bytes"
+    too_big = Attachment(kind="image", ref=big)
+    with pytest.raises(PermanentError, match="1000-byte limit"):
+        await media.download(too_big)
+    with pytest.raises(PermanentError, match="invalid file_id"):
+        await media.download(Attachment(kind="image", ref="nope"))
+
+
+async def test_429_is_raised_with_its_retry_after(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    peer.fail_next("sendMessage", status=429, retry_after=7)
+    with pytest.raises(RateLimitedError) as caught:
+        await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
+    assert caught.value.retry_after == 7.0 and caught.value.scope == "thread"
+    assert TOKEN not in str(caught.value)
+    await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
+    assert [s["text"] for s in peer.sent_messages] == ["hi"]
+
+
+async def test_a_retry_after_a_failure_mid_split_does_not_repeat_parts(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    text = "\n\n".join("Paragraph. " * 300 for _ in range(3))
+    message = OutboundMessage(thread_id="777", text=text, idempotency_key="turn-1")
+    peer.fail_next("sendMessage", status=429, retry_after=1, after=1)
+    with pytest.raises(RateLimitedError):
+        await running.connector.send(message)
+    assert len(peer.sent_messages) == 1
+    result = await running.connector.send(message)
+    assert len(peer.sent_messages) == len(result.message_ids) == 3
+    assert len(set(result.message_ids)) == 3
+
+
+@pytest.mark.parametrize(
+    ("failure", "error"),
+    [
+        ({"status": 502}, TransientError),
+        ({"drop": True}, TransientError),
+        ({"status": 403}, PermanentError),
+        ({"status": 400, "description": "Bad Request: chat not found"}, NotFoundError),
+        ({"status": 400, "description": "Bad Request: can't parse entities"}, PermanentError),
+    ],
+)
+async def test_send_failures_are_translated(
+    peer: TelegramBotAPIPeer, start: Start, failure: dict[str, Any], error: type[Exception]
+) -> None:
+    running = await start()
+    peer.fail_next("sendMessage", **failure)
+    with pytest.raises(error) as caught:
+        await running.connector.send(OutboundMessage(thread_id="777", text="x"))
+    assert TOKEN not in str(caught.value)
+
+
+# ---- features -----------------------------------------------------------------------------
+
+
+async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
+    running = await start()
+    conn = running.connector
+    assert conn.feature("history") is None and conn.feature("directory") is None
+    await conn.feature("activity").typing("-100123:77")
+    [action] = peer.calls_of("sendChatAction")
+    assert action.params["action"] == "typing" and action.params["message_thread_id"] == 77
+
+    sent = await conn.feature("interactions").send_buttons("777", "Pick", [("Yes", "y")])
+    [message] = peer.sent_messages
+    assert message["reply_markup"] == {"inline_keyboard": [[{"text": "Yes", "callback_data": "y"}]]}
+    await conn.feature("edit").edit("777", sent.message_id, "**Picked**")
+    [edit] = peer.calls_of("editMessageText")
+    assert edit.params["text"] == "<b>Picked</b>" and edit.params["message_id"] == 1
+    await conn.feature("reactions").react("777", sent.message_id, "👍")
+    assert peer.reactions[(777, 1)] == [{"type": "emoji", "emoji": "👍"}]
+    await conn.feature("delete").delete("777", sent.message_id)
+    assert (777, 1) not in peer.messages
+    with pytest.raises(NotFoundError):
+        await conn.feature("delete").delete("777", sent.message_id)

@@ -1,0 +1,149 @@
+"""The channel-message kind: routing decisions on top of the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from talkbridge.hooks import (
+    ChannelMessageHooks,
+    Continue,
+    Drop,
+    Forward,
+    HookFilter,
+    HookRegistry,
+    Modify,
+    RouteToAgent,
+    RouteToSentinel,
+    Scope,
+)
+from talkbridge.message import NormalizedMessage
+
+from .support import WAIT, make_msg
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [RouteToAgent("billing"), RouteToSentinel(), Drop("spam"), Forward("slack-1", "C42")],
+)
+async def test_routing_decisions_end_the_chain(decision: object) -> None:
+    hooks = ChannelMessageHooks()
+    later: list[str] = []
+
+    async def decide(msg: NormalizedMessage) -> object:
+        return decision
+
+    async def never(msg: NormalizedMessage) -> None:
+        later.append(msg.id)
+
+    hooks.add(decide, name="decider", order=0)
+    hooks.add(never, name="never", order=1)
+    outcome = await hooks.decide(make_msg())
+    assert outcome.decision == decision and outcome.decided_by == "decider"
+    assert later == []
+
+
+async def test_modify_and_continue_let_later_hooks_decide() -> None:
+    hooks = ChannelMessageHooks()
+
+    async def tag(msg: NormalizedMessage) -> Modify:
+        return Modify(msg.model_copy(update={"text": "[vip] " + msg.text}))
+
+    async def shrug(msg: NormalizedMessage) -> Continue:
+        return Continue()
+
+    async def route(msg: NormalizedMessage) -> RouteToAgent | None:
+        return RouteToAgent("vip-desk") if msg.text.startswith("[vip]") else None
+
+    hooks.add(tag, name="tag", order=0)
+    hooks.add(shrug, name="shrug", order=1)
+    hooks.add(route, name="route", order=2)
+    outcome = await hooks.decide(make_msg("hi"))
+    assert outcome.decision == RouteToAgent("vip-desk") and outcome.decided_by == "route"
+    assert outcome.message.text == "[vip] hi" and outcome.modified_by == ("tag",)
+
+
+async def test_no_decision_leaves_routing_to_the_bridge() -> None:
+    hooks = ChannelMessageHooks()
+    assert (await hooks.decide(make_msg())).decision is None  # no hooks at all
+
+    async def nothing(msg: NormalizedMessage) -> None:
+        return None
+
+    hooks.add(nothing, name="nothing")
+    outcome = await hooks.decide(make_msg())
+    assert outcome.decision is None and outcome.decided_by is None
+
+
+async def test_fail_closed_failure_becomes_drop_and_bad_modify_is_unusable() -> None:
+    hooks = ChannelMessageHooks()
+
+    async def bad_modify(msg: NormalizedMessage) -> Modify:
+        return Modify("not a message")  # type: ignore[arg-type]
+
+    hooks.add(bad_modify, name="bad", on_error="fail-closed")
+    outcome = await hooks.decide(make_msg())
+    assert isinstance(outcome.decision, Drop)
+    assert "'bad'" in outcome.decision.reason and "NormalizedMessage" in outcome.decision.reason
+
+
+async def test_filters_read_the_message_and_edits_are_their_own_event_type() -> None:
+    hooks = ChannelMessageHooks()
+
+    async def edits_only(msg: NormalizedMessage) -> Drop:
+        return Drop("edit")
+
+    hooks.add(edits_only, name="edits", filter=HookFilter(event_types=frozenset({"message.edited"})))
+    assert hooks.has_listeners("message.edited") and not hooks.has_listeners("message")
+    assert (await hooks.decide(make_msg())).decision is None
+    assert (await hooks.decide(make_msg(edit_of="m0"))).decision == Drop("edit")
+
+
+async def test_thread_scope_uses_the_message_thread_key() -> None:
+    hooks = ChannelMessageHooks()
+    room = make_msg(thread_id="room-1")
+
+    async def quiet_room(msg: NormalizedMessage) -> Drop:
+        return Drop("muted")
+
+    hooks.add(quiet_room, name="mute", scope=Scope.thread(room.thread_key))
+    assert (await hooks.decide(room)).decision == Drop("muted")
+    assert (await hooks.decide(make_msg(thread_id="room-2"))).decision is None
+    assert (await hooks.decide(make_msg(thread_id="room-1", connection_id="b"))).decision is None
+
+
+async def test_prefetch_and_decide_use_the_prefetched_result() -> None:
+    hooks = ChannelMessageHooks()
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def screen(msg: NormalizedMessage) -> RouteToSentinel:
+        calls.append(msg.id)
+        gate.set()
+        return RouteToSentinel()
+
+    hooks.add(screen, name="screen", needs_thread_lock=False)
+    msg = make_msg()
+    prefetch = hooks.prefetch(msg)
+    await asyncio.wait_for(gate.wait(), WAIT)  # it started before decide was called
+    outcome = await hooks.decide(msg, prefetch=prefetch)
+    assert outcome.decision == RouteToSentinel() and calls == ["m1"]
+
+
+async def test_registry_decorator_forms() -> None:
+    hooks = HookRegistry()
+
+    @hooks.channel_message
+    async def first(msg: NormalizedMessage) -> None:
+        return None
+
+    @hooks.channel_message(order=-1, name="vip")
+    async def route_vip(msg: NormalizedMessage) -> RouteToAgent:
+        return RouteToAgent("vip")
+
+    outcome = await hooks.channel_message.decide(make_msg())
+    assert outcome.decided_by == "vip"
+    assert hooks.kind_of("first") == "channel-message"
+    hooks.unregister("vip")
+    assert (await hooks.channel_message.decide(make_msg())).decision is None

@@ -1,0 +1,269 @@
+"""TalkRouter: dedupe, per-thread order, per-connection send queues, failures on record."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from talkbridge.config import RouterConfig
+from talkbridge.errors import (
+    PermanentError,
+    RateLimitedError,
+    SendFailedError,
+    TransientError,
+    UnknownConnectionError,
+)
+from talkbridge.message import NormalizedMessage, OutboundMessage
+from talkbridge.router import TalkRouter
+from talkbridge.store import SqliteStore
+from tests.support.talk_connector import TalkConnector, make_message
+
+FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64)
+
+
+@pytest.fixture
+async def router(sqlite_store: SqliteStore) -> TalkRouter:
+    return TalkRouter(sqlite_store, FAST)
+
+
+async def test_unknown_connection_names_it_and_the_known_ones(router: TalkRouter) -> None:
+    router.attach(TalkConnector("alpha"))
+    router.attach(TalkConnector("beta"))
+    with pytest.raises(UnknownConnectionError, match=r"'gamma'.*alpha, beta"):
+        await router.send("gamma", OutboundMessage(thread_id="t", text="x"))
+    with pytest.raises(UnknownConnectionError):
+        router.talk("gamma")
+    with pytest.raises(UnknownConnectionError):
+        router.subscribe("gamma", lambda m: asyncio.sleep(0))
+
+
+async def test_talk_facade_sends_through_the_queue_and_subscribes(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    talk = router.talk("alpha")
+    seen: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        seen.append(m.text)
+
+    with talk.subscribe(handler):
+        await conn.inject(make_message("one", connection_id="alpha"))
+        await router.join()
+    await conn.inject(make_message("two", connection_id="alpha"))  # unsubscribed by now
+    await router.join()
+    assert seen == ["one"]
+    result = await talk.send(OutboundMessage(thread_id="t", text="out"))
+    assert result.message_ids == ("alpha-out-1",)
+    assert talk.feature("history") is None
+
+
+async def test_duplicates_are_dropped_even_across_a_restart(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        seen.append(m.id)
+
+    for _ in range(2):  # the second pass is a restarted process on the same database
+        store = SqliteStore(tmp_path / "db.sqlite")
+        await store.open()
+        router = TalkRouter(store, FAST)
+        conn = TalkConnector("alpha")
+        router.attach(conn)
+        router.subscribe_all(handler)
+        await conn.inject(make_message("x", connection_id="alpha", message_id="native-1"))
+        await conn.inject(make_message("x", connection_id="alpha", message_id="native-1"))
+        await router.join()
+        await router.close()
+        await store.close()
+    assert seen == ["native-1"]
+
+
+async def test_same_native_id_on_two_connections_is_two_messages(router: TalkRouter) -> None:
+    a, b = TalkConnector("a"), TalkConnector("b")
+    router.attach(a)
+    router.attach(b)
+    seen: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        seen.append(m.connection_id)
+
+    router.subscribe_all(handler)
+    await a.inject(make_message(connection_id="a", message_id="1"))
+    await b.inject(make_message(connection_id="b", message_id="1"))
+    await router.join()
+    assert sorted(seen) == ["a", "b"]
+
+
+async def test_accepted_but_unfinished_messages_are_recovered(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    router = TalkRouter(store, FAST)
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    gate = asyncio.Event()
+
+    async def stuck(m: NormalizedMessage) -> None:
+        await gate.wait()  # the process "dies" while handling
+
+    router.subscribe_all(stuck)
+    await conn.inject(make_message("lost?", connection_id="alpha", message_id="n1"))
+    await router.close()  # cancels the handler mid-flight: never completed
+    await store.close()
+
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    router = TalkRouter(store, FAST)
+    router.attach(TalkConnector("alpha"))
+    seen: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        seen.append(m.text)
+
+    router.subscribe_all(handler)
+    assert await router.recover() == 1
+    await router.join()
+    assert seen == ["lost?"]
+    assert await router.recover() == 0  # completed now
+    await router.close()
+    await store.close()
+
+
+async def test_thread_order_is_strict_while_threads_run_in_parallel(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    order: dict[str, list[int]] = {}
+    b_started = asyncio.Event()
+
+    async def handler(m: NormalizedMessage) -> None:
+        thread, n = m.thread_id, int(m.text)
+        if thread == "A" and n == 0:
+            # Thread A's first message cannot finish until thread B has run: only true parallelism
+            # across threads lets this complete.
+            await asyncio.wait_for(b_started.wait(), 5)
+        if thread == "B":
+            b_started.set()
+        for _ in range(n % 3):
+            await asyncio.sleep(0)  # interleave
+        order.setdefault(thread, []).append(n)
+
+    router.subscribe_all(handler)
+    for n in range(30):
+        for thread in ("A", "B", "C"):
+            await conn.inject(make_message(str(n), connection_id="alpha", thread_id=thread))
+    await router.join()
+    assert order == {t: list(range(30)) for t in ("A", "B", "C")}
+
+
+async def test_a_failing_subscriber_does_not_stop_the_others(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    seen: list[str] = []
+
+    async def broken(m: NormalizedMessage) -> None:
+        raise RuntimeError("boom")
+
+    async def fine(m: NormalizedMessage) -> None:
+        seen.append(m.text)
+
+    router.subscribe("alpha", broken)
+    router.subscribe_all(fine)
+    await conn.inject(make_message("still here", connection_id="alpha"))
+    await router.join()
+    assert seen == ["still here"]
+
+
+async def test_a_rate_limited_connection_does_not_delay_another(router: TalkRouter) -> None:
+    slow, fast = TalkConnector("slow"), TalkConnector("fast")
+    router.attach(slow)
+    router.attach(fast)
+    slow.script.append(RateLimitedError("429 from the platform", retry_after=0.3))
+    pending = asyncio.create_task(router.send("slow", OutboundMessage(thread_id="t", text="a")))
+    while slow.attempts == 0:
+        await asyncio.sleep(0)
+    assert router.outbound("slow").rate_limited
+    for i in range(20):
+        await router.send("fast", OutboundMessage(thread_id=f"t{i}", text="b"))
+    # All twenty went out while the slow connection was still told to wait.
+    assert router.outbound("slow").rate_limited and not pending.done()
+    assert len(fast.sent) == 20
+    result = await pending
+    assert result.message_ids == ("slow-out-1",) and slow.attempts == 2
+
+
+async def test_thread_scoped_rate_limit_delays_only_that_thread(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.append(RateLimitedError("group limit", retry_after=0.3, scope="thread"))
+    limited = asyncio.create_task(router.send("alpha", OutboundMessage(thread_id="g", text="1")))
+    while conn.attempts == 0:
+        await asyncio.sleep(0)
+    await router.send("alpha", OutboundMessage(thread_id="other", text="2"))
+    assert conn.texts() == ["2"] and not limited.done()
+    await limited
+    assert conn.texts() == ["2", "1"]
+
+
+async def test_transient_failures_are_retried(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.extend([TransientError("502 bad gateway"), TransientError("connection reset")])
+    result = await router.send("alpha", OutboundMessage(thread_id="t", text="hi"))
+    assert result.message_ids == ("alpha-out-1",) and conn.attempts == 3
+
+
+async def test_a_send_that_finally_fails_is_recorded_and_raised(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.extend([TransientError("502")] * FAST.send_attempts)
+    with pytest.raises(SendFailedError, match="502 after 5 attempts"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="lost?"))
+    conn.script.append(PermanentError("chat not found"))
+    with pytest.raises(SendFailedError, match="chat not found"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="also"))
+    assert conn.attempts == FAST.send_attempts + 1  # a permanent error is not retried
+    failures = await sqlite_store.failed_sends()
+    assert sorted(f.text for f in failures) == ["also", "lost?"]
+
+
+async def test_an_untranslated_connector_error_fails_without_retrying(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.append(ValueError("bug in connector"))
+    with pytest.raises(SendFailedError, match="unexpected connector error: ValueError"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="x"))
+    assert conn.attempts == 1
+
+
+async def test_idempotency_key_sends_once(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    first = await router.send("alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k"))
+    again = await router.send("alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k"))
+    assert first == again and len(conn.sent) == 1
+
+
+async def test_sends_to_one_thread_stay_in_order(router: TalkRouter) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.append(TransientError("first try fails"))
+    await asyncio.gather(
+        *(router.send("alpha", OutboundMessage(thread_id="t", text=str(i))) for i in range(10))
+    )
+    assert conn.texts() == [str(i) for i in range(10)]
+
+
+async def test_history_records_both_directions(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    msg = make_message("question", connection_id="alpha", thread_id="t")
+    await conn.inject(msg)
+    await router.join()
+    await router.send("alpha", OutboundMessage(thread_id="t", text="answer"))
+    entries = await sqlite_store.history(msg.thread_key)
+    assert [(e.role, e.text) for e in entries] == [("user", "question"), ("assistant", "answer")]

@@ -1,0 +1,233 @@
+"""What only the SQLite store promises: its file, its batching, its URL, its errors."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talkbridge.errors import ConfigError, StoreError
+from talkbridge.store import HistoryEntry, SqliteStore, open_store
+from talkbridge.store import sqlite as sqlite_module
+from talkbridge.store._writer import GroupCommitWriter
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    store = SqliteStore(tmp_path / "t.db")
+    await store.open()
+    yield store
+    await store.close()
+
+
+async def test_file_is_wal_normal_with_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "x.db"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        sync = await store._writer.submit(
+            lambda: store._ops._cur.execute("PRAGMA synchronous").fetchone()[0]
+        )
+        assert sync == 1  # NORMAL
+        with sqlite3.connect(path) as peek:
+            assert peek.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            version = peek.execute("PRAGMA user_version").fetchone()[0]
+            assert version == sqlite_module.SCHEMA_VERSION
+    finally:
+        await store.close()
+
+
+async def test_history_queries_use_the_thread_index(tmp_path: Path) -> None:
+    # Latest-N must not scan or sort the thread: cost independent of how long the thread is.
+    store = SqliteStore(tmp_path / "x.db")
+    await store.open()
+    await store.close()
+    with sqlite3.connect(tmp_path / "x.db") as peek:
+        for sql in (
+            sqlite_module._HISTORY_LATEST,
+            sqlite_module._HISTORY_AFTER,
+            sqlite_module._LAST_SEQ,
+        ):
+            plan = " ".join(
+                row[3] for row in peek.execute(f"EXPLAIN QUERY PLAN {sql}", (1,) * sql.count("?"))
+            )
+            assert "SEARCH history USING" in plan and "(thread_key=?" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+async def test_unopenable_path_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("I am a file, not a folder")
+    store = SqliteStore(tmp_path / "file" / "x.db")
+    with pytest.raises(StoreError, match=r"cannot open the sqlite store at .*file/x\.db"):
+        await store.open()
+    with pytest.raises(StoreError, match="not open"):
+        await store.get_state("k")
+
+
+async def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"definitely not sqlite" * 100)
+    with pytest.raises(StoreError, match=r"junk\.db.*not a database"):
+        await SqliteStore(path).open()
+    assert path.read_bytes() == b"definitely not sqlite" * 100  # and nothing was lost
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(StoreError, match="schema version 99, newer"):
+        await SqliteStore(path).open()
+
+
+async def test_closed_store_refuses_calls_and_can_reopen(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "x.db")
+    with pytest.raises(StoreError, match="not open"):
+        await store.set_state("k", "v")
+    await store.open()
+    await store.open()  # idempotent
+    await store.set_state("k", "v")
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError, match="not open"):
+        await store.get_state("k")
+    await store.open()
+    assert await store.get_state("k") == "v"
+    await store.close()
+
+
+async def test_close_finishes_what_was_queued(db: SqliteStore, tmp_path: Path) -> None:
+    writes = [asyncio.ensure_future(db.set_state(f"k{i}", "v")) for i in range(100)]
+    await asyncio.gather(*writes[:1])  # the rest are queued or in flight
+    await db.close()
+    assert all(w.done() and w.exception() is None for w in writes)
+    with sqlite3.connect(tmp_path / "t.db") as peek:
+        assert peek.execute("SELECT count(*) FROM state").fetchone()[0] == 100
+
+
+class _Gate:
+    """An operation that holds the writer thread until released, so later calls share a batch."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __call__(self) -> None:
+        self.release.wait(timeout=30)
+
+
+async def test_a_failing_op_is_isolated_within_its_batch(
+    db: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolated_batches: list[int] = []
+    original = GroupCommitWriter._run_isolated
+
+    def spy(self: GroupCommitWriter, batch: list[Any]) -> Any:
+        isolated_batches.append(len(batch))
+        return original(self, batch)
+
+    monkeypatch.setattr(GroupCommitWriter, "_run_isolated", spy)
+    gate = _Gate()
+    gated = db._writer.submit(gate)
+    ops, w = db._ops, db._writer
+    futures: list[asyncio.Future[Any]] = [
+        w.submit(ops.append_history, "k", "user", "m1", "s", "one", {}, None),
+        w.submit(ops.append_history, "k", "user", "m2", "s", "two", {}, None),
+        w.submit(ops.append_history, "bad\ud800", "user", "m", "s", "x", {}, None),
+        w.submit(ops.set_state, "bad\ud800", "x"),
+        w.submit(ops.append_history, "k", "user", "m3", "s", "three", {}, None),
+        w.submit(ops.set_state, "good", "yes"),
+    ]
+    cancelled = w.submit(ops.set_state, "cancelled", "still written")
+    cancelled.cancel()
+    gate.release.set()
+    await gated
+    results = await asyncio.gather(*futures, return_exceptions=True)
+
+    assert isinstance(results[2], UnicodeEncodeError)
+    assert isinstance(results[3], UnicodeEncodeError)
+    entries = [results[0], results[1], results[4]]
+    assert [e.seq for e in entries if isinstance(e, HistoryEntry)] == [1, 2, 3]
+    assert isolated_batches and max(isolated_batches) >= len(futures)
+    assert [e.text for e in await db.history("k")] == ["one", "two", "three"]
+    assert await db.get_state("good") == "yes"
+    assert await db.get_state("cancelled") == "still written"
+    assert (await db.append_history("k", "user", "m4", "s", "four")).seq == 4
+
+
+async def test_sqlite_errors_are_store_errors(db: SqliteStore) -> None:
+    def broken() -> None:
+        db._ops._cur.execute("SELECT * FROM no_such_table")
+
+    with pytest.raises(StoreError, match=r"t\.db.*no such table") as info:
+        await db._writer.submit(broken)
+    assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+    await db.set_state("after", "ok")  # the writer carries on
+    assert await db.get_state("after") == "ok"
+
+
+async def test_memory_store_works() -> None:
+    store = open_store("sqlite:///:memory:")
+    await store.open()
+    try:
+        assert (await store.append_history("k", "user", "m", "s", "x")).seq == 1
+        assert [e.text for e in await store.history("k")] == ["x"]
+    finally:
+        await store.close()
+
+
+async def test_bad_arguments_fail_before_reaching_the_store(db: SqliteStore) -> None:
+    with pytest.raises(ValueError, match="role must be one of"):
+        await db.append_history("k", "robot", "m", "s", "x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit"):
+        await db.history("k", limit=-1)
+    assert list(await db.history("k", limit=0)) == []
+    with pytest.raises(TypeError, match="JSON serializable"):
+        await db.append_history("k", "user", "m", "s", "x", {"bad": object()})
+    assert list(await db.history("k")) == []
+
+
+# -- open_store ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///talkbridge.db", Path("talkbridge.db")),
+        ("sqlite:///data/x.db", Path("data/x.db")),
+        ("sqlite:////var/lib/tb/x.db", Path("/var/lib/tb/x.db")),
+        ("  SQLite:///x.db ", Path("x.db")),
+        ("sqlite:///:memory:", ":memory:"),
+    ],
+)
+def test_open_store_sqlite_urls(url: str, path: Path | str) -> None:
+    store = open_store(url)
+    assert isinstance(store, SqliteStore)
+    assert store.path == path
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cret@127.0.0.1:6379/0", "rediss://u:s3cret@h/1"])
+def test_open_store_redis_is_not_available_yet(url: str) -> None:
+    with pytest.raises(ConfigError, match="redis store is not available yet") as info:
+        open_store(url, prefix="tb")
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("postgres://u:s3cret@h/db", "unsupported URL scheme 'postgres'"),
+        ("talkbridge.db", "scheme missing"),
+        ("sqlite://host/x.db", "has a host part"),
+        ("sqlite:///", "names no database file"),
+        ("sqlite:///x.db?mode=ro", "query parameters are not supported"),
+    ],
+)
+def test_open_store_rejects_other_urls(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        open_store(url)
+    assert "s3cret" not in str(info.value)

@@ -1,0 +1,293 @@
+"""The `Store` contract, run against every backend through the `store` fixture (see conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from talkbridge.message import Attachment, MessageRouting, NormalizedMessage, ReplyTo
+from talkbridge.store import FailedSend, Pairing, Store
+
+from .conftest import Reopen
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+def msg(message_id: str, *, connection_id: str = "web", thread_id: str = "t1") -> NormalizedMessage:
+    return NormalizedMessage(
+        id=message_id,
+        connection_id=connection_id,
+        channel="webchat",
+        channel_user_id="u1",
+        display_name="Ada",
+        thread_id=thread_id,
+        timestamp=T0,
+        text=f"text of {message_id}",
+    )
+
+
+def pairing(code: str, user: str = "u1", connection_id: str = "tg") -> Pairing:
+    return Pairing(
+        code=code,
+        connection_id=connection_id,
+        channel_user_id=user,
+        display_name=f"name of {user}",
+        created_at=T0,
+        approved=False,
+    )
+
+
+# -- inbound inbox ---------------------------------------------------------------------------
+
+
+async def test_accept_inbound_dedupes_per_connection(store: Store) -> None:
+    assert await store.accept_inbound(msg("m1")) is True
+    assert await store.accept_inbound(msg("m1")) is False
+    assert await store.accept_inbound(msg("m1", connection_id="other")) is True
+
+
+async def test_concurrent_duplicates_are_accepted_once(store: Store) -> None:
+    results = await asyncio.gather(*(store.accept_inbound(msg("same")) for _ in range(50)))
+    assert results.count(True) == 1
+
+
+async def test_pending_inbound_in_arrival_order_until_completed(store: Store) -> None:
+    rich = NormalizedMessage(
+        id="rich",
+        connection_id="tg",
+        channel="telegram",
+        channel_user_id="42",
+        display_name="Grace",
+        thread_id="-100",
+        thread_name="Ops",
+        thread_type="group",
+        timestamp=datetime(2024, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))),
+        text="see attached",
+        attachments=(Attachment(kind="image", name="a.png", size=3, ref="file-1", meta={"w": 1}),),
+        reply_to=ReplyTo(message_id="7", content="earlier", sender_name="Bob"),
+        routing=MessageRouting(agent="echo", trust="trusted", flags=("x",)),
+        edit_of="6",
+        raw_event={"not": "stored"},
+    )
+    for m in (msg("a"), rich, msg("c")):
+        assert await store.accept_inbound(m)
+    pending = await store.pending_inbound()
+    assert [m.id for m in pending] == ["a", "rich", "c"]
+    assert pending[1] == rich.model_copy(update={"raw_event": None})
+    assert pending[1].timestamp.utcoffset() == timedelta(0)
+
+    await store.complete_inbound("tg", "rich")
+    await store.complete_inbound("web", "unknown")  # completing what was never accepted: no-op
+    assert [m.id for m in await store.pending_inbound()] == ["a", "c"]
+    # A completed message is still known: a redelivery must not be processed again.
+    assert await store.accept_inbound(rich) is False
+
+
+async def test_pending_and_dedupe_survive_restart(store: Store, reopen: Reopen) -> None:
+    for m in (msg("a"), msg("b"), msg("c")):
+        await store.accept_inbound(m)
+    await store.complete_inbound("web", "b")
+
+    store = await reopen()
+
+    assert [m for m in await store.pending_inbound()] == [msg("a"), msg("c")]
+    assert await store.accept_inbound(msg("a")) is False
+    assert await store.accept_inbound(msg("b")) is False
+    assert await store.accept_inbound(msg("d")) is True
+    assert [m.id for m in await store.pending_inbound()] == ["a", "c", "d"]
+
+
+# -- history ---------------------------------------------------------------------------------
+
+
+async def test_append_history_returns_the_stored_entry(store: Store) -> None:
+    before = datetime.now(UTC)
+    entry = await store.append_history(
+        "web\x1ft1", "assistant", "out-1", "echo", "hello", {"turn": "x1", "n": [1, 2]}
+    )
+    assert (entry.seq, entry.thread_key, entry.role) == (1, "web\x1ft1", "assistant")
+    assert (entry.message_id, entry.sender, entry.text) == ("out-1", "echo", "hello")
+    assert entry.data == {"turn": "x1", "n": [1, 2]}
+    assert entry.created_at.utcoffset() == timedelta(0)
+    assert entry.created_at >= before - timedelta(seconds=1)
+    assert list(await store.history("web\x1ft1")) == [entry]
+
+
+async def test_history_order_limit_and_after_seq(store: Store) -> None:
+    for i in range(1, 6):
+        await store.append_history("k", "user" if i % 2 else "assistant", f"m{i}", "s", f"t{i}")
+    assert [e.seq for e in await store.history("k")] == [1, 2, 3, 4, 5]
+    latest = await store.history("k", limit=3)
+    assert [(e.seq, e.text) for e in latest] == [(3, "t3"), (4, "t4"), (5, "t5")]
+    assert [e.seq for e in await store.history("k", after_seq=1, limit=2)] == [2, 3]
+    assert [e.seq for e in await store.history("k", after_seq=3)] == [4, 5]
+    assert list(await store.history("k", after_seq=5)) == []
+    assert list(await store.history("other")) == []
+    assert all(e.data == {} for e in await store.history("k"))
+
+
+async def test_seq_is_per_thread(store: Store) -> None:
+    seqs = []
+    for key in ("a", "b", "a", "a", "b"):
+        seqs.append((key, (await store.append_history(key, "user", "m", "s", "x")).seq))
+    assert seqs == [("a", 1), ("b", 1), ("a", 2), ("a", 3), ("b", 2)]
+
+
+async def test_seq_continues_after_restart(store: Store, reopen: Reopen) -> None:
+    for _ in range(3):
+        await store.append_history("k", "user", "m", "s", "x")
+    store = await reopen()
+    assert (await store.append_history("k", "user", "m", "s", "after")).seq == 4
+    assert [e.seq for e in await store.history("k")] == [1, 2, 3, 4]
+
+
+async def test_concurrent_appends_get_gapless_unique_seqs(store: Store) -> None:
+    entries = await asyncio.gather(
+        *(store.append_history("busy", "user", f"m{i}", "s", str(i)) for i in range(200))
+    )
+    assert sorted(e.seq for e in entries) == list(range(1, 201))
+    stored = await store.history("busy", limit=200)
+    assert [e.seq for e in stored] == list(range(1, 201))
+    by_id = {e.message_id: e.seq for e in entries}
+    assert all(by_id[e.message_id] == e.seq for e in stored)
+
+
+# -- id map ----------------------------------------------------------------------------------
+
+
+async def test_id_map_both_ways(store: Store, reopen: Reopen) -> None:
+    await store.map_id("tg", "native-1", "msg-1")
+    await store.map_id("tg", "native-2", "msg-2")
+    assert await store.lookup_id("tg", "native-1") == "msg-1"
+    assert await store.lookup_native("tg", "msg-2") == "native-2"
+    assert await store.lookup_id("slack", "native-1") is None
+    assert await store.lookup_native("slack", "msg-1") is None
+    assert await store.lookup_id("tg", "nope") is None
+
+    await store.map_id("tg", "native-1", "msg-1b")  # a remap wins
+    assert await store.lookup_id("tg", "native-1") == "msg-1b"
+
+    store = await reopen()
+    assert await store.lookup_id("tg", "native-2") == "msg-2"
+    assert await store.lookup_native("tg", "msg-1b") == "native-1"
+
+
+# -- outbound --------------------------------------------------------------------------------
+
+
+async def test_sent_results_make_sends_idempotent(store: Store, reopen: Reopen) -> None:
+    assert await store.sent_result("tg", "key-1") is None
+    await store.record_sent("tg", "key-1", ["10", "11"])
+    assert await store.sent_result("tg", "key-1") == ["10", "11"]
+    assert await store.sent_result("slack", "key-1") is None
+    store = await reopen()
+    assert await store.sent_result("tg", "key-1") == ["10", "11"]
+
+
+async def test_failed_sends_newest_first(store: Store) -> None:
+    assert list(await store.failed_sends()) == []
+    failures = [
+        FailedSend("tg", f"chat{i}", f"text {i}", "429 forever", T0 + timedelta(minutes=i))
+        for i in range(3)
+    ]
+    for f in failures:
+        await store.record_failed_send(f)
+    assert list(await store.failed_sends()) == failures[::-1]
+    assert list(await store.failed_sends(limit=2)) == [failures[2], failures[1]]
+
+
+# -- trust and pairing -----------------------------------------------------------------------
+
+
+async def test_trust(store: Store, reopen: Reopen) -> None:
+    assert await store.is_trusted("tg", "u1") is False
+    await store.set_trusted("tg", "u1", True)
+    assert await store.is_trusted("tg", "u1") is True
+    assert await store.is_trusted("slack", "u1") is False
+    await store.set_trusted("tg", "u1", True)  # idempotent
+    await store.set_trusted("tg", "u2", True)
+    await store.set_trusted("tg", "u2", False)
+    assert await store.is_trusted("tg", "u2") is False
+    store = await reopen()
+    assert await store.is_trusted("tg", "u1") is True
+    assert await store.is_trusted("tg", "u2") is False
+
+
+async def test_trust_read_racing_a_write_is_not_kept(store: Store) -> None:
+    # The read is issued before the write, so it may answer False, but that stale answer must
+    # not stick in any cache.
+    await asyncio.gather(store.is_trusted("tg", "u1"), store.set_trusted("tg", "u1", True))
+    assert await store.is_trusted("tg", "u1") is True
+    await asyncio.gather(store.is_trusted("tg", "u1"), store.set_trusted("tg", "u1", False))
+    assert await store.is_trusted("tg", "u1") is False
+
+
+async def test_pending_pairing_is_reused_per_sender(store: Store) -> None:
+    first = await store.create_pairing(pairing("ABC123"))
+    assert first == pairing("ABC123")
+    again = await store.create_pairing(pairing("ZZZ999"))
+    assert again == pairing("ABC123")
+    other = await store.create_pairing(pairing("QQQ111", user="u2"))
+    assert other.code == "QQQ111"
+    assert [p.code for p in await store.pairings()] == ["ABC123", "QQQ111"]
+
+
+async def test_approve_pairing_trusts_the_sender(store: Store, reopen: Reopen) -> None:
+    await store.create_pairing(pairing("ABC123"))
+    assert await store.is_trusted("tg", "u1") is False  # may now be cached: approval must win
+    assert await store.approve_pairing("nope") is None
+
+    approved = await store.approve_pairing("abc123")  # codes match case-insensitively
+    assert approved is not None
+    assert approved.approved is True
+    assert (approved.code, approved.channel_user_id) == ("ABC123", "u1")
+    assert approved.created_at == T0
+    assert await store.is_trusted("tg", "u1") is True
+    assert list(await store.pairings()) == []
+    assert list(await store.pairings(include_approved=True)) == [approved]
+
+    # Once approved, a new pairing for the same sender is a new pending one.
+    fresh = await store.create_pairing(pairing("NEW777"))
+    assert fresh.code == "NEW777"
+    store = await reopen()
+    assert [p.code for p in await store.pairings()] == ["NEW777"]
+    assert await store.is_trusted("tg", "u1") is True
+
+
+# -- state -----------------------------------------------------------------------------------
+
+
+async def test_state_get_set_overwrite(store: Store, reopen: Reopen) -> None:
+    assert await store.get_state("tg:offset") is None
+    await store.set_state("tg:offset", "100")
+    await store.set_state("tg:offset", "101")
+    await store.set_state("imap:uid", "7")
+    assert await store.get_state("tg:offset") == "101"
+    store = await reopen()
+    assert await store.get_state("tg:offset") == "101"
+    assert await store.get_state("imap:uid") == "7"
+
+
+# -- failure isolation -----------------------------------------------------------------------
+
+
+async def test_a_failing_operation_does_not_fail_its_neighbours(store: Store) -> None:
+    # A lone surrogate cannot be encoded for storage, so this one call fails inside the store.
+    calls: list[Awaitable[object]] = [store.set_state(f"k{i}", str(i)) for i in range(20)]
+    calls.insert(10, store.set_state("bad\ud800", "x"))
+    calls.append(store.append_history("k", "user", "m", "s", "after"))
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(results[10], Exception)
+    assert not any(isinstance(r, BaseException) for i, r in enumerate(results) if i != 10)
+    assert [await store.get_state(f"k{i}") for i in range(20)] == [str(i) for i in range(20)]
+    assert [e.text for e in await store.history("k")] == ["after"]
+
+
+async def test_naive_datetimes_are_refused(store: Store) -> None:
+    naive = FailedSend("tg", "c", "t", "r", datetime(2024, 1, 1))
+    with pytest.raises(ValueError, match="timezone"):
+        await store.record_failed_send(naive)
+    assert list(await store.failed_sends()) == []

@@ -1,0 +1,91 @@
+from pathlib import Path
+
+import pytest
+
+from talkbridge.config import load_config, parse_config
+from talkbridge.errors import ConfigError
+
+
+def test_no_file_is_the_embedded_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config, _ = load_config(None)
+    assert config.store == "sqlite:///talkbridge.db"
+    assert (config.webchat.host, config.webchat.port) == ("127.0.0.1", 8765)
+    assert config.agents.default == "echo"
+    assert config.connections == ()
+
+
+def test_env_references_are_substituted_and_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TG_TOKEN", "123456:SECRET-TOKEN")
+    config, secrets = parse_config(
+        {"connections": [{"id": "bot", "channel": "telegram", "token": "${TG_TOKEN}"}]}
+    )
+    conn = config.connection("bot")
+    assert conn is not None
+    assert conn.token.get_secret_value() == "123456:SECRET-TOKEN"  # type: ignore[attr-defined]
+    assert "SECRET" not in repr(config)
+    assert secrets.redact("failed for 123456:SECRET-TOKEN!") == "failed for ***!"
+
+
+def test_missing_env_var_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.token: environment variable NOPE_X"):
+        parse_config({"connections": [{"id": "b", "channel": "telegram", "token": "${NOPE_X}"}]})
+
+
+def test_secret_from_file(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("99:FROM-FILE\n")
+    config, secrets = parse_config(
+        {"connections": [{"id": "b", "channel": "telegram", "token": {"file": str(secret)}}]}
+    )
+    assert "FROM-FILE" not in secrets.redact("x 99:FROM-FILE")
+    with pytest.raises(ConfigError, match="cannot read secret file"):
+        parse_config(
+            {"connections": [{"id": "b", "channel": "telegram", "token": {"file": "/nope/x"}}]}
+        )
+
+
+def test_errors_name_the_key_path_and_never_the_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PORT_SECRET", "not-a-port-hunter2")
+    with pytest.raises(ConfigError) as err:
+        parse_config({"webchat": {"port": "${PORT_SECRET}", "colour": 1}})
+    text = str(err.value)
+    assert "webchat.port" in text and "webchat.colour: unknown key" in text
+    assert "hunter2" not in text
+
+
+def test_unknown_channel_and_duplicate_ids() -> None:
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.channel: unknown channel 'icq'"):
+        parse_config({"connections": [{"id": "a", "channel": "icq"}]})
+    with pytest.raises(ConfigError, match="used twice"):
+        parse_config(
+            {
+                "connections": [
+                    {"id": "a", "channel": "telegram", "token": "1:x"},
+                    {"id": "a", "channel": "telegram", "token": "2:y"},
+                ]
+            }
+        )
+
+
+def test_bad_yaml_names_line(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text("webchat:\n  port: [1,\n")
+    with pytest.raises(ConfigError, match=r"talkbridge.yaml at line \d+"):
+        load_config(path)
+
+
+def test_trusted_patterns() -> None:
+    config, _ = parse_config(
+        {"connections": [{"id": "b", "channel": "telegram", "token": "1:x", "trusted": ["42", "9*"]}]}
+    )
+    conn = config.connection("b")
+    assert conn is not None
+    assert conn.trusts("42") and conn.trusts("900") and not conn.trusts("420")
+
+
+def test_hook_folders_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text("hooks: [hooks/channel-message]\n")
+    config, _ = load_config(path)
+    assert config.hook_folders() == [tmp_path / "hooks" / "channel-message"]

@@ -1,0 +1,119 @@
+"""ConnectionRegistry: supervision, backoff, states in plain words, credential checks."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from typing import Any
+
+from talkbridge.backoff import Backoff
+from talkbridge.config import ConnectionConfig, Secrets
+from talkbridge.connectors.base import ConnectionStatus
+from talkbridge.errors import TransientError, UnauthorizedError
+from talkbridge.registry import ConnectionRegistry, ConnectionState
+from talkbridge.store import SqliteStore
+from tests.support.talk_connector import TalkConnector
+
+FAST = lambda: Backoff(base=0.001, cap=0.01)  # noqa: E731
+
+
+class FlakyTransport(TalkConnector):
+    """Fails `failures` times, then stays up until cancelled."""
+
+    def __init__(self, cid: str, failures: list[BaseException]) -> None:
+        super().__init__(cid)
+        self.failures = failures
+        self.runs = 0
+        self.closed = False
+
+    async def run(self, status: ConnectionStatus) -> None:
+        self.runs += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        status.up()
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def check(self) -> str:
+        if self.failures:
+            raise self.failures[0]
+        return "@flaky_bot"
+
+
+async def test_transient_failures_reconnect_with_backoff(sqlite_store: SqliteStore) -> None:
+    registry = ConnectionRegistry(sqlite_store, backoff=FAST)
+    transport = FlakyTransport("bot", [TransientError("502 bad gateway"), OSError("reset")])
+    registry.add(transport)
+    await registry.start()
+    health = await registry.wait_for("bot", ConnectionState.UP)
+    assert transport.runs == 3 and health.restarts == 2
+    assert health.last_error == "OSError: reset"  # the last error stays visible after recovery
+    await registry.stop()
+    assert registry.health("bot").state is ConnectionState.STOPPED and transport.closed
+
+
+async def test_rejected_credentials_stop_without_a_retry_storm(sqlite_store: SqliteStore) -> None:
+    secrets = Secrets(["123:SECRET"])
+    registry = ConnectionRegistry(sqlite_store, secrets, backoff=FAST)
+    transport = FlakyTransport("bot", [UnauthorizedError("token 123:SECRET was revoked (401)")])
+    registry.add(transport)
+    await registry.start()
+    health = await registry.wait_for("bot", ConnectionState.DOWN)
+    assert transport.runs == 1
+    assert health.last_error == "token *** was revoked (401)"
+    assert registry.states()["bot"]["state"] == "down"
+    await registry.stop()
+
+
+async def test_pure_talk_connectors_are_up_at_once(sqlite_store: SqliteStore) -> None:
+    attached: list[str] = []
+    registry = ConnectionRegistry(sqlite_store, on_attach=lambda t: attached.append(t.connection_id))
+    registry.add(TalkConnector("plain"), ConnectionConfig(id="plain", channel="telegram"))
+    await registry.start()
+    assert registry.health("plain").state is ConnectionState.UP
+    assert attached == ["plain"]
+    await registry.stop()
+
+
+async def test_check_reports_each_connection(sqlite_store: SqliteStore) -> None:
+    registry = ConnectionRegistry(sqlite_store, Secrets(["s3cr3t-token"]))
+    registry.add(FlakyTransport("good", []))
+    registry.add(FlakyTransport("bad", [UnauthorizedError("s3cr3t-token rejected")]))
+    registry.add(TalkConnector("plain"))
+    reports = {r.connection_id: r for r in await registry.check()}
+    assert reports["good"].ok and reports["good"].detail == "@flaky_bot"
+    assert not reports["bad"].ok and reports["bad"].detail == "*** rejected"
+    assert reports["plain"].ok
+
+
+def test_backoff_is_capped_exponential_with_jitter() -> None:
+    backoff = Backoff(base=1, cap=8)
+    ceilings = []
+    for _ in range(6):
+        ceilings.append(backoff.ceiling())
+        delay = backoff.next()
+        assert ceilings[-1] / 2 <= delay <= ceilings[-1]
+    assert ceilings == [1, 2, 4, 8, 8, 8]
+    backoff.reset()
+    assert backoff.ceiling() == 1
+
+
+def test_sdk_is_imported_only_when_its_channel_is_configured() -> None:
+    probe = (
+        "import sys, asyncio\n"
+        "from talkbridge.config import parse_config\n"
+        "from talkbridge.bridge import Bridge\n"
+        "config, _ = parse_config({'store': 'sqlite:///:memory:'})\n"
+        "async def main():\n"
+        "    b = Bridge(config, with_webchat=False)\n"
+        "    await b.start(); await b.stop()\n"
+        "asyncio.run(main())\n"
+        "print('aiogram' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+

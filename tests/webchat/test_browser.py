@@ -1,0 +1,202 @@
+"""The page in a real browser: Playwright driving Debian's chromium (never `playwright install`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from talkbridge.message import OutboundMessage
+from tests.webchat.conftest import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    TIMEOUT,
+    TOKEN_A,
+    Webchat,
+    require_chromium,
+)
+
+pw = pytest.importorskip("playwright.async_api")
+expect = pw.expect
+MS = TIMEOUT * 1000
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    require_chromium()
+    async with pw.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+@pytest.fixture
+async def context(browser: Any) -> AsyncIterator[Any]:
+    context = await browser.new_context(viewport={"width": 1100, "height": 800})
+    context.set_default_timeout(MS)
+    yield context
+    await context.close()
+
+
+def page_url(webchat: Webchat, token: str = TOKEN_A) -> str:
+    return f"{webchat.http}/?token={quote(token)}"
+
+
+async def open_chat(context: Any, webchat: Webchat) -> Any:
+    page = await context.new_page()
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online", timeout=MS)
+    return page
+
+
+async def say(page: Any, text: str) -> None:
+    await page.get_by_role("textbox", name="Message").fill(text)
+    await page.get_by_role("textbox", name="Message").press("Enter")
+
+
+async def test_send_see_the_reply_stream_then_reload_keeps_history(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    webchat.echo.gate = asyncio.Event()
+    await say(page, "hello")
+
+    # The reply is shown while it is produced: the first half, in a streaming bubble.
+    await asyncio.wait_for(webchat.echo.streaming.wait(), TIMEOUT)
+    streaming = page.locator(".msg.streaming .bubble")
+    await expect(streaming).to_have_text("echo:")
+    webchat.echo.gate.set()
+    # The final message replaces the streaming bubble: one assistant bubble, whole text.
+    assistant = page.locator(".msg-assistant .bubble")
+    await expect(assistant).to_have_text(["echo: hello"])
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+    await expect(page.locator(".msg-user .bubble")).to_have_text(["hello"])
+    await expect(page.locator(".msg.pending")).to_have_count(0)
+    await expect(page.locator("#chat-title")).to_have_text("hello")
+
+    await page.reload()
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(page.locator(".msg .bubble")).to_have_text(["hello", "echo: hello"])
+    assert len(webchat.echo.turns) == 1  # the reload resent nothing
+
+
+async def test_a_second_tab_sees_new_messages(webchat: Webchat, context: Any) -> None:
+    first = await open_chat(context, webchat)
+    second = await open_chat(context, webchat)  # same browser profile: same session
+    await say(first, "from the first tab")
+    await expect(second.locator(".msg .bubble")).to_have_text(
+        ["from the first tab", "echo: from the first tab"]
+    )
+    await say(second, "and back")
+    await expect(first.locator(".msg .bubble")).to_have_text(
+        ["from the first tab", "echo: from the first tab", "and back", "echo: and back"]
+    )
+
+
+async def test_html_and_script_in_messages_show_as_text(webchat: Webchat, context: Any) -> None:
+    page = await open_chat(context, webchat)
+    attacks = [
+        "<img src=x onerror=window.__pwned=1>",
+        "<script>window.__pwned=1</script>",
+        "[click](javascript:window.__pwned=1) **bold** `<b>code</b>` https://example.com/x",
+    ]
+    for text in attacks:
+        await say(page, text)
+        await expect(page.locator(".msg-assistant .bubble").last).to_contain_text("echo:")
+    messages = page.locator("#messages")
+    await expect(messages.locator(".msg-user .bubble")).to_have_text(attacks)
+    await expect(messages.locator(".msg-assistant .bubble").nth(0)).to_have_text(
+        "echo: " + attacks[0]
+    )
+    await expect(messages.locator(".msg-assistant .bubble").nth(1)).to_have_text(
+        "echo: " + attacks[1]
+    )
+    assert await messages.locator("img, script, iframe, b").count() == 0
+    assert await page.evaluate("window.__pwned") is None
+    # The Markdown subset renders, but only http(s) links become links.
+    reply = messages.locator(".msg-assistant .bubble").nth(2)
+    await expect(reply.locator("strong")).to_have_text("bold")
+    await expect(reply.locator("code")).to_have_text("<b>code</b>")
+    await expect(reply.locator("a")).to_have_count(1)
+    assert await reply.locator("a").get_attribute("href") == "https://example.com/x"
+    await expect(reply).to_contain_text("[click](javascript:window.__pwned=1)")
+
+
+async def test_new_conversation_and_switching(webchat: Webchat, context: Any) -> None:
+    page = await open_chat(context, webchat)
+    await say(page, "first topic")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: first topic"])
+    await page.get_by_role("button", name="New conversation", exact=True).click()
+    conversations = page.locator(".conversation-list .conversation")
+    await expect(conversations).to_have_count(2)
+    await expect(page.locator(".msg")).to_have_count(0)
+    await say(page, "second topic")
+    await expect(page.locator(".msg .bubble")).to_have_text(["second topic", "echo: second topic"])
+    await expect(conversations.first).to_contain_text("second topic")
+    await expect(conversations.first).to_have_attribute("aria-current", "true")
+    await conversations.nth(1).click()
+    await expect(page.locator(".msg .bubble")).to_have_text(["first topic", "echo: first topic"])
+    assert len({m.thread_id for m in webchat.echo.turns}) == 2
+
+
+async def test_reconnects_by_itself_and_resumes(webchat: Webchat, context: Any) -> None:
+    page = await open_chat(context, webchat)
+    await say(page, "before")
+    await expect(page.locator(".msg .bubble")).to_have_text(["before", "echo: before"])
+    await webchat.connector.close_sockets()
+    thread_id = webchat.echo.turns[0].thread_id
+    await webchat.connector.send(OutboundMessage(thread_id=thread_id, text="said while away"))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["before", "echo: before", "said while away"]
+    )
+    await say(page, "after")
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["before", "echo: before", "said while away", "after", "echo: after"]
+    )
+
+
+async def test_a_wrong_token_gets_a_clear_page(webchat: Webchat, context: Any) -> None:
+    page = await context.new_page()
+    response = await page.goto(page_url(webchat, "not-the-token"))
+    assert response is not None and response.status == 401
+    await expect(page.get_by_role("heading")).to_have_text("This access token is not valid")
+    await expect(page.locator("body")).to_contain_text("talkbridge run")
+    response = await page.goto(f"{webchat.http}/")
+    assert response is not None and response.status == 401
+    await expect(page.get_by_role("heading")).to_have_text("This link has no access token")
+
+
+async def test_phone_sized_layout_opens_the_conversation_list(
+    webchat: Webchat, browser: Any
+) -> None:
+    context = await browser.new_context(
+        viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True
+    )
+    try:
+        page = await context.new_page()
+        await page.goto(page_url(webchat))
+        await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+        sidebar_button = page.get_by_role("button", name="Show conversations")
+        await expect(sidebar_button).to_be_visible()
+        await expect(
+            page.get_by_role("button", name="New conversation", exact=True)
+        ).not_to_be_in_viewport()
+        await sidebar_button.click()
+        await expect(
+            page.get_by_role("button", name="New conversation", exact=True)
+        ).to_be_in_viewport()
+        await page.get_by_role("button", name="Close the conversation list").click()
+        await say(page, "from a phone")
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: from a phone"])
+        width = await page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390  # nothing sticks out sideways
+    finally:
+        await context.close()

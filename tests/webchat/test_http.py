@@ -1,0 +1,85 @@
+"""The plain-HTTP side of the webchat port: the page, its assets, /healthz and the refusals."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+
+from talkbridge.webchat.routes import health_status, load_assets, tokens_match
+from tests.webchat.conftest import TOKEN_A, TOKEN_B, Webchat
+
+
+async def _get(url: str) -> tuple[int, dict[str, str], str]:
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        return resp.status, dict(resp.headers), await resp.text()
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [("", "has no access token"), ("?token=nope", "not valid"), ("?token=", "no access token")],
+)
+async def test_the_page_without_a_valid_token_is_a_clear_401(
+    webchat: Webchat, query: str, says: str
+) -> None:
+    status, headers, body = await _get(f"{webchat.http}/{query}")
+    assert status == 401
+    assert headers["Content-Type"].startswith("text/html")
+    assert says in body and "talkbridge run" in body
+    assert "nope" not in body  # nothing from the request is echoed back
+    assert TOKEN_A not in body
+
+
+@pytest.mark.parametrize("token", [TOKEN_A, TOKEN_B])
+async def test_the_page_with_a_valid_token(webchat: Webchat, token: str) -> None:
+    status, headers, body = await _get(f"{webchat.http}/?token={quote(token)}")
+    assert status == 200 and "<title>talkbridge</title>" in body
+    assert token not in body  # the page reads it from its URL; it is never baked in
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert headers["Referrer-Policy"] == "no-referrer" and headers["Cache-Control"] == "no-store"
+
+
+async def test_static_assets_are_served_without_a_token(webchat: Webchat) -> None:
+    for name, kind in [
+        ("app.js", "text/javascript"),
+        ("markdown.js", "text/javascript"),
+        ("style.css", "text/css"),
+        ("favicon.svg", "image/svg+xml"),
+    ]:
+        status, headers, body = await _get(f"{webchat.http}/static/{name}")
+        assert status == 200 and headers["Content-Type"].startswith(kind), name
+        assert body
+    # Only files of the package's table, never a path into the file system.
+    for path in ("/static/../connector.py", "/static/%2e%2e/connector.py", "/static/nope.js"):
+        status, _, _ = await _get(f"{webchat.http}{path}")
+        assert status == 404, path
+
+
+async def test_healthz_shows_states_and_no_secret(webchat: Webchat) -> None:
+    status, headers, body = await _get(f"{webchat.http}/healthz")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {
+        "status": "ok",
+        "connections": {"webchat": {"state": "up", "error": None}},
+    }
+    webchat.health["support-bot"] = {"state": "down", "error": "token rejected"}
+    _, _, body = await _get(f"{webchat.http}/healthz")
+    data = json.loads(body)
+    assert data["status"] == "degraded" and data["connections"]["support-bot"]["state"] == "down"
+    assert TOKEN_A not in body and TOKEN_B not in body
+
+
+async def test_unknown_paths_are_404(webchat: Webchat) -> None:
+    status, _, _ = await _get(f"{webchat.http}/admin")
+    assert status == 404
+
+
+def test_token_comparison_and_health_rules() -> None:
+    assert tokens_match("b", ["a", "b"]) and not tokens_match("c", ["a", "b"])
+    assert not tokens_match("", ["a"]) and not tokens_match("é", ["e"])
+    assert health_status({}) == "ok"
+    assert health_status({"a": {"state": "up"}, "b": {"state": "degraded"}}) == "degraded"
+    assert health_status({"a": "up"}) == "ok"
+    assert {"index.html", "app.js", "markdown.js", "style.css"} <= set(load_assets())

@@ -1,0 +1,97 @@
+"""The pure protocol and session rules, without sockets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from talkbridge.webchat.protocol import (
+    FrameError,
+    HistoryFrame,
+    SendFrame,
+    frame_size,
+    parse_frame,
+)
+from talkbridge.webchat.sessions import Sessions, split_thread
+
+
+def test_parse_send_ignores_unknown_fields_and_keeps_ref() -> None:
+    frame = parse_frame(
+        json.dumps(
+            {
+                "type": "send",
+                "thread_id": "a.b",
+                "client_id": "c-1",
+                "text": "hi",
+                "x": 1,
+                "ref": "r",
+            }
+        ),
+        4096,
+    )
+    assert isinstance(frame, SendFrame) and frame.ref == "r" and frame.text == "hi"
+
+
+def test_history_defaults_and_rejects_negative_seq() -> None:
+    frame = parse_frame('{"type": "history", "thread_id": "abc.def"}', 4096)
+    assert isinstance(frame, HistoryFrame) and frame.after_seq == 0
+    with pytest.raises(FrameError) as err:
+        parse_frame('{"type": "history", "thread_id": "abc.def", "after_seq": -1}', 4096)
+    assert err.value.code == "bad_frame" and "after_seq" in str(err.value)
+
+
+def test_size_is_counted_in_utf8_bytes() -> None:
+    text = json.dumps({"type": "ping", "ref": "é" * 30}, ensure_ascii=False)
+    assert frame_size(text) > len(text)
+    with pytest.raises(FrameError) as err:
+        parse_frame(text, frame_size(text) - 1)
+    assert err.value.code == "too_large"
+    parse_frame(text, frame_size(text))
+
+
+def test_error_frames_carry_the_ref_of_the_bad_frame() -> None:
+    with pytest.raises(FrameError) as err:
+        parse_frame('{"type": "send", "ref": "r9", "thread_id": "a.b"}', 4096)
+    frame = err.value.frame()
+    assert frame["type"] == "error" and frame["code"] == "bad_frame" and frame["ref"] == "r9"
+    assert "client_id: Field required" in frame["message"]
+
+
+@pytest.mark.parametrize(
+    "thread_id",
+    [
+        "",
+        "abc",
+        "0" * 32,
+        "0" * 32 + ".",
+        "0" * 31 + ".000000000000",
+        "G" * 32 + ".000000000000",
+        "0" * 32 + ".00000000000g",
+        "0" * 32 + ".000000000000.x",
+    ],
+)
+def test_split_thread_rejects_malformed_ids(thread_id: str) -> None:
+    assert split_thread(thread_id) is None
+
+
+def test_split_thread_accepts_issued_shape() -> None:
+    assert split_thread("a" * 32 + ".0123456789ab") == ("a" * 32, "0123456789ab")
+
+
+async def test_sessions_are_bound_to_their_token(sqlite_store: object) -> None:
+    sessions = Sessions(sqlite_store)  # type: ignore[arg-type]
+    session_id, created = await sessions.authenticate("token-one", None)
+    assert created and len(session_id) == 32
+    assert await sessions.authenticate("token-one", session_id) == (session_id, False)
+    with pytest.raises(FrameError) as err:
+        await sessions.authenticate("token-two", session_id)
+    assert err.value.code == "forbidden"
+    # A fresh process (empty cache) finds the conversations in the store.
+    again = Sessions(sqlite_store)  # type: ignore[arg-type]
+    [conv] = await again.conversations(session_id)
+    assert conv.title == "" and split_thread(conv.as_frame(session_id)["thread_id"])
+    renamed = await again.title_from(session_id, conv.id, "  a long\nfirst line " + "x" * 80)
+    assert renamed is not None and renamed.title.startswith("a long first line")
+    assert len(renamed.title) == 60 and renamed.title.endswith("…")
+    assert await again.title_from(session_id, conv.id, "second") is None

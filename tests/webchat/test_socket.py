@@ -1,0 +1,328 @@
+"""The webchat protocol over a real socket: auth, turns, dedupe, resume, limits, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from talkbridge.errors import NotFoundError
+from talkbridge.message import OutboundMessage
+from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, StartWebchat, Webchat
+
+
+async def test_auth_then_a_turn_streams_and_stores(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    ready = client.ready
+    assert ready["protocol"] == 1 and ready["new_session"] is True
+    assert len(ready["session_id"]) == 32  # 128 random bits, hex
+    assert ready["limits"]["max_frame_bytes"] == 4096
+    [conv] = ready["conversations"]
+    assert conv["thread_id"] == f"{ready['session_id']}.{conv['id']}"
+
+    frames = await client.turn("hello **there**", "c1")
+    kinds = [f["type"] for f in frames]
+    # The user's own message comes back with its seq (every tab shows it), then the ack.
+    assert kinds[:2] == ["message", "ack"], kinds
+    user, ack = frames[0], frames[1]
+    assert user["role"] == "user" and user["client_id"] == "c1" and user["seq"] == 1
+    assert ack == {
+        "type": "ack",
+        "thread_id": client.thread_id,
+        "client_id": "c1",
+        "id": f"{client.thread_id}:c1",
+        "seq": 1,
+        "duplicate": False,
+    }
+    assert "typing" in kinds
+    deltas = [f["text"] for f in frames if f["type"] == "delta"]
+    assert "".join(deltas) == "echo: hello **there**" and len(deltas) == 2
+    final = frames[-1]
+    assert final["seq"] == 2 and final["stream_id"] == "s1" and final["markup"] == "markdown"
+    assert final["text"] == "echo: hello **there**"
+
+    # The router sees one normalized message with the contract's ids.
+    [msg] = webchat.echo.turns
+    assert msg.channel == "webchat" and msg.connection_id == "webchat"
+    assert msg.id == f"{client.thread_id}:c1" and msg.thread_id == client.thread_id
+    assert msg.channel_user_id == client.session_id and msg.thread_type == "private"
+    entries = await webchat.store.history(msg.thread_key)
+    assert [(e.seq, e.role, e.text) for e in entries] == [
+        (1, "user", "hello **there**"),
+        (2, "assistant", "echo: hello **there**"),
+    ]
+    # The first message names the conversation, and every socket of the session hears it.
+    [renamed] = [f for f in frames if f["type"] == "conversation"]
+    assert renamed["conversation"]["title"] == "hello **there**"
+    await client.close()
+
+
+async def test_resending_a_client_id_never_makes_a_second_turn(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    await client.turn("only once", "same-id")
+    for _ in range(3):
+        await client.send(
+            {"type": "send", "thread_id": client.thread_id, "client_id": "same-id", "text": "x"}
+        )
+        ack = await client.expect("ack")
+        assert ack["seq"] == 1 and ack["duplicate"] is True
+    # The resend was answered by an ack only: no message, no delta, no second reply.
+    leftovers = await client.drain_until_pong()
+    assert [f["type"] for f in leftovers if f["type"] != "conversation"] == []
+    assert len(webchat.echo.turns) == 1
+    entries = await webchat.store.history(webchat.echo.turns[0].thread_key)
+    assert [e.text for e in entries] == ["only once", "echo: only once"]
+
+
+async def test_resend_from_a_new_socket_after_a_drop_is_deduplicated(webchat: Webchat) -> None:
+    first = await webchat.authed()
+    await first.send(
+        {"type": "send", "thread_id": first.thread_id, "client_id": "k1", "text": "hi"}
+    )
+    await webchat.echo.turned.wait()
+    first.ws.transport.abort()
+    again = await webchat.authed(session_id=first.session_id)
+    await again.send(
+        {"type": "send", "thread_id": first.thread_id, "client_id": "k1", "text": "hi"}
+    )
+    ack = await again.expect("ack")
+    assert ack["duplicate"] is True and ack["seq"] == 1
+    assert len(webchat.echo.turns) == 1
+
+
+async def test_resume_after_a_dropped_connection_loses_and_repeats_nothing(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.authed()
+    thread_id = client.thread_id
+    seen: dict[int, str] = {}
+    for i in range(2):
+        for frame in await client.turn(f"m{i}", f"c{i}"):
+            if frame["type"] == "message":
+                seen[frame["seq"]] = frame["text"]
+    assert sorted(seen) == [1, 2, 3, 4]
+
+    client.ws.transport.abort()  # the network drops; no close handshake
+    # While the page is away the bridge keeps talking to this thread.
+    for text in ("while away 1", "while away 2"):
+        await webchat.connector.send(OutboundMessage(thread_id=thread_id, text=text))
+
+    back = await webchat.authed(session_id=client.session_id)
+    assert back.ready["new_session"] is False and back.thread_id == thread_id
+    await back.send({"type": "history", "thread_id": thread_id, "after_seq": max(seen)})
+    batch = await back.expect("history")
+    assert batch["more"] is False
+    missed = [(m["seq"], m["text"]) for m in batch["messages"]]
+    assert missed == [(5, "while away 1"), (6, "while away 2")]
+    assert not set(seen) & {seq for seq, _ in missed}
+
+    # A page that lost everything (a reload) asks for the latest page and gets it all in order.
+    await back.send({"type": "history", "thread_id": thread_id, "after_seq": 0, "ref": "r"})
+    full = await back.expect("history", ref="r")
+    assert [m["seq"] for m in full["messages"]] == [1, 2, 3, 4, 5, 6]
+    assert full["earlier"] is False
+
+
+async def test_history_pages_say_when_more_remain(start_webchat: StartWebchat) -> None:
+    chat = await start_webchat(history_limit=3)
+    client = await chat.authed()
+    for i in range(7):
+        await chat.connector.send(OutboundMessage(thread_id=client.thread_id, text=f"n{i}"))
+    await client.send({"type": "history", "thread_id": client.thread_id, "after_seq": 0})
+    latest = await client.expect("history")
+    assert [m["seq"] for m in latest["messages"]] == [5, 6, 7] and latest["earlier"] is True
+    await client.send({"type": "history", "thread_id": client.thread_id, "after_seq": 1})
+    page = await client.expect("history")
+    assert [m["seq"] for m in page["messages"]] == [2, 3, 4] and page["more"] is True
+
+
+@pytest.mark.parametrize(
+    ("payload", "code", "says"),
+    [
+        ("x" * 5000, "too_large", "limit is 4096 bytes"),
+        ("{not json", "bad_frame", "not valid JSON"),
+        ("[1, 2]", "bad_frame", "JSON object"),
+        (json.dumps({"type": "shout"}), "bad_frame", "unknown frame type 'shout'"),
+        (json.dumps({"type": "send", "text": "hi"}), "bad_frame", "thread_id: Field required"),
+        (b"\x00\x01", "bad_frame", "not binary"),
+        (
+            json.dumps({"type": "send", "thread_id": "abc", "client_id": "c1", "text": "hi"}),
+            "bad_frame",
+            "thread_id must be",
+        ),
+        (
+            json.dumps(
+                {"type": "send", "thread_id": "x.y.z", "client_id": "no spaces", "text": "a"}
+            ),
+            "bad_frame",
+            "client_id",
+        ),
+    ],
+)
+async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
+    webchat: Webchat, payload: str | bytes, code: str, says: str
+) -> None:
+    client = await webchat.authed()
+    await client.send(payload)
+    error = await client.expect("error")
+    assert error["code"] == code and says in error["message"], error
+    # Still usable: a ping is answered and a real message makes a turn.
+    await client.send({"type": "ping", "ref": "p"})
+    assert (await client.expect("pong"))["ref"] == "p"
+    frames = await client.turn("still here", "after-error")
+    assert frames[-1]["text"] == "echo: still here"
+
+
+async def test_a_frame_far_over_the_limit_is_answered_and_an_absurd_one_closes(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.authed()
+    await client.send("y" * 40_000)  # ~10x the limit: we answer it, the library does not close
+    error = await client.expect("error")
+    assert error["code"] == "too_large" and "40000 bytes" in error["message"]
+    await client.send({"type": "ping"})
+    await client.expect("pong")
+    # Beyond 16x the limit (at least 1 MiB) the library refuses to buffer it: close 1009.
+    await client.send("z" * (1 << 20) + "z")
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_auth_must_come_first(webchat: Webchat) -> None:
+    client = await webchat.client()
+    await client.send({"type": "ping"})
+    error = await client.recv()
+    assert error["code"] == "unauthorized" and "first frame must be auth" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+@pytest.mark.parametrize("token", ["", "wrong-token", TOKEN_A + "x"])
+async def test_a_missing_or_wrong_token_is_refused_with_4401(webchat: Webchat, token: str) -> None:
+    client = await webchat.client()
+    await client.send({"type": "auth", "token": token})
+    error = await client.recv()
+    assert error["type"] == "error" and error["code"] == "unauthorized"
+    assert TOKEN_A not in json.dumps(error)
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_two_sessions_are_isolated(webchat: Webchat) -> None:
+    alice = await webchat.authed(TOKEN_A)
+    bob = await webchat.authed(TOKEN_A)  # same token, second browser: its own session
+    carol = await webchat.authed(TOKEN_B)
+    assert len({alice.session_id, bob.session_id, carol.session_id}) == 3
+
+    await alice.turn("alice's secret", "a1")
+    # Nothing of alice's conversation reached the others.
+    assert await bob.drain_until_pong() == []
+    assert await carol.drain_until_pong() == []
+
+    for intruder in (bob, carol):
+        await intruder.send(
+            {"type": "send", "thread_id": alice.thread_id, "client_id": "x1", "text": "hi"}
+        )
+        error = await intruder.expect("error")
+        assert error["code"] == "forbidden" and error["client_id"] == "x1"
+        await intruder.send({"type": "history", "thread_id": alice.thread_id, "after_seq": 0})
+        assert (await intruder.expect("error"))["code"] == "forbidden"
+    assert len(webchat.echo.turns) == 1
+
+    # A conversation id that does not exist in one's own session is not found.
+    fake = f"{bob.session_id}.000000000000"
+    await bob.send({"type": "history", "thread_id": fake, "after_seq": 0})
+    assert (await bob.expect("error"))["code"] == "not_found"
+
+
+async def test_a_session_id_presented_with_another_token_is_refused(webchat: Webchat) -> None:
+    alice = await webchat.authed(TOKEN_A)
+    await alice.turn("mine", "a1")
+    thief = await webchat.client()
+    await thief.send({"type": "auth", "token": TOKEN_B, "session_id": alice.session_id})
+    error = await thief.recv()
+    assert error["code"] == "forbidden" and "another token" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(thief.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+    # The rightful token joins the same session and sees its conversation.
+    again = await webchat.authed(TOKEN_A, alice.session_id)
+    assert again.session_id == alice.session_id and again.thread_id == alice.thread_id
+
+
+async def test_an_unknown_session_id_gets_a_fresh_session(webchat: Webchat) -> None:
+    client = await webchat.authed(TOKEN_A, "0" * 32)
+    assert client.session_id != "0" * 32 and client.ready["new_session"] is True
+
+
+async def test_every_socket_of_a_session_gets_every_message(webchat: Webchat) -> None:
+    tab1 = await webchat.authed()
+    tab2 = await webchat.authed(session_id=tab1.session_id)
+    phone = await webchat.authed(session_id=tab1.session_id)
+    await tab1.turn("from tab one", "t1")
+    for other in (tab2, phone):
+        user = await other.expect("message", role="user")
+        assert user["text"] == "from tab one" and user["client_id"] == "t1"
+        assert "".join([(await other.expect("delta"))["text"] for _ in range(2)])
+        reply = await other.expect("message", role="assistant")
+        assert reply["text"] == "echo: from tab one" and reply["seq"] == 2
+        assert (await other.expect("conversation"))["conversation"]["title"] == "from tab one"
+
+    # A new conversation started in one tab shows up in the others, and works.
+    await tab2.send({"type": "new_conversation", "ref": "n1"})
+    made = await tab2.expect("conversation", ref="n1")
+    new_thread = made["conversation"]["thread_id"]
+    assert new_thread != tab1.thread_id and new_thread.startswith(tab1.session_id + ".")
+    assert (await tab1.expect("conversation"))["conversation"]["thread_id"] == new_thread
+    frames = await tab1.turn("second topic", "t2", thread_id=new_thread)
+    assert frames[-1]["thread_id"] == new_thread and frames[-1]["seq"] == 2
+    assert (await phone.expect("message", role="assistant", thread_id=new_thread))["seq"] == 2
+
+    # Another tab that reconnects later lists both conversations.
+    later = await webchat.authed(session_id=tab1.session_id)
+    assert {c["thread_id"] for c in later.ready["conversations"]} == {tab1.thread_id, new_thread}
+
+
+async def test_floods_are_rate_limited_and_the_socket_survives(webchat: Webchat) -> None:
+    webchat.connector.frame_rate = 0.01  # effectively no refill during the test
+    webchat.connector.frame_burst = 3
+    client = await webchat.authed()
+    for i in range(5):
+        await client.send({"type": "ping", "ref": str(i)})
+    replies = [await client.recv() for _ in range(5)]
+    assert [r["type"] for r in replies] == ["pong", "pong", "pong", "error", "error"]
+    assert replies[3]["code"] == "rate_limited" and replies[3]["retry_after"] > 0
+
+
+async def test_send_to_a_foreign_thread_id_raises_not_found(webchat: Webchat) -> None:
+    with pytest.raises(NotFoundError):
+        await webchat.connector.send(OutboundMessage(thread_id="telegram-chat-1", text="hi"))
+
+
+async def test_history_feature_returns_normalized_messages(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    for i in range(3):
+        await client.turn(f"q{i}", f"h{i}")
+    history = webchat.connector.feature("history")
+    assert history is not None
+    fetched = await history.fetch(client.thread_id, limit=10)
+    assert [m.text for m in fetched] == ["q0", "echo: q0", "q1", "echo: q1", "q2", "echo: q2"]
+    before = await history.fetch(client.thread_id, limit=2, before=f"{client.thread_id}:h2")
+    assert [m.text for m in before] == ["q1", "echo: q1"]
+    early = await history.fetch(client.thread_id, limit=10, before=f"{client.thread_id}:h1")
+    assert [m.text for m in early] == ["q0", "echo: q0"]
+
+
+async def test_stopping_closes_sockets_as_going_away(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    webchat.task.cancel()
+    await asyncio.gather(webchat.task, return_exceptions=True)
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+    assert not webchat.connector.ready.is_set()
