@@ -21,12 +21,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from talkbridge.bridge import Bridge  # noqa: E402
-from talkbridge.config import BridgeConfig, ConnectionConfig  # noqa: E402
-from talkbridge.hooks import HookRegistry, Modify  # noqa: E402
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult  # noqa: E402
-from talkbridge.store import SqliteStore  # noqa: E402
-from talkbridge.talk import MessageHandler, Subscription  # noqa: E402
+from talkbridge.bridge import Bridge
+from talkbridge.config import BridgeConfig, ConnectionConfig
+from talkbridge.hooks import HookRegistry, Modify
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.store import SqliteStore
+from talkbridge.talk import MessageHandler, Subscription
 
 
 class BenchConnector:
@@ -120,7 +120,7 @@ async def pipeline(count: int, threads: int, history: int = 0) -> dict[str, floa
         )
         await bridge.start()
         if history:
-            key = f"bench\x1ft0"
+            key = "bench\x1ft0"
             for i in range(history):
                 await store.append_history(key, "user", f"h{i}", "u1", f"old message {i}")
         raws = [_raw(i, i % threads) for i in range(count)]
@@ -151,7 +151,8 @@ async def main() -> None:
         r = await pipeline(args.messages, threads)
         print(
             f"pipeline, {threads:>3} thread(s): {r['rate']:>8,.0f} msg/s  "
-            f"p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms  ratio to baseline {r['rate'] / base:.3f}"
+            f"p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms  "
+            f"ratio to baseline {r['rate'] / base:.3f}"
         )
     n = max(2_000, args.messages // 10)
     empty = await pipeline(n, 1)

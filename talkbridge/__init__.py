@@ -35,6 +35,7 @@ __all__ = [
     "RateLimitedError",
     "ReplyTo",
     "SendFailedError",
+    "SendResult",
     "Subscription",
     "Talk",
     "TalkbridgeError",

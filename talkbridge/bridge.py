@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
@@ -32,11 +32,11 @@ from talkbridge.hooks.channel_message import (
     RouteToAgent,
     RouteToSentinel,
 )
-from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage
+from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage, Trust
 from talkbridge.registry import ConnectionRegistry
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
-from talkbridge.talk import Talk
+from talkbridge.talk import Activity, Edit, Streaming, Talk
 
 log = logging.getLogger("talkbridge")
 
@@ -49,7 +49,7 @@ class Route:
     """Where one message goes: the outcome of the hooks plus the default trust routing."""
 
     agent: str | None
-    trust: str
+    trust: Trust
     routed_by: str | None
     message: NormalizedMessage
     drop_reason: str | None = None
@@ -71,14 +71,10 @@ class Bridge:
         self.config = config or BridgeConfig()
         self.secrets = secrets or Secrets()
         self.app_id = app_id
-        self.store: Store = store or open_store(
-            self.config.store, prefix=self.config.store_prefix
-        )
+        self.store: Store = store or open_store(self.config.store, prefix=self.config.store_prefix)
         self.hooks = hooks or HookRegistry(environment=self.config.environment)
         self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
-        self.registry = ConnectionRegistry(
-            self.store, self.secrets, on_attach=self.router.attach
-        )
+        self.registry = ConnectionRegistry(self.store, self.secrets, on_attach=self.router.attach)
         builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
         builtin.update(agents or {})
         self.runner = AgentRunner(
@@ -208,7 +204,7 @@ class Bridge:
         outcome = await self.hooks.channel_message.decide(message, prefetch=prefetch)
         message = outcome.message
         trusted = await self.is_trusted(message)
-        trust = "trusted" if trusted else "untrusted"
+        trust: Trust = "trusted" if trusted else "untrusted"
         decision = outcome.decision
         sentinel = self.config.agents.sentinel
         if isinstance(decision, Drop):
@@ -244,13 +240,15 @@ class Bridge:
             return
         agent = route.agent
         assert agent is not None
-        if route.trust != "trusted" and agent != self.config.agents.sentinel and not route.routed_by:
+        if (
+            route.trust != "trusted"
+            and agent != self.config.agents.sentinel
+            and not route.routed_by
+        ):
             agent = self.config.agents.sentinel  # never reached: the default routing guarantees it
         routed = route.message.model_copy(
             update={
-                "routing": MessageRouting(
-                    agent=agent, trust=route.trust, routed_by=route.routed_by  # type: ignore[arg-type]
-                )
+                "routing": MessageRouting(agent=agent, trust=route.trust, routed_by=route.routed_by)
             }
         )
         if routed.edit_of is not None:
@@ -263,8 +261,8 @@ class Bridge:
     async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
         """Run one turn, streaming deltas and typing to connections that show them."""
         cid = message.connection_id
-        streaming = self.router.feature(cid, "streaming")
-        activity = self.router.feature(cid, "activity")
+        streaming = cast(Streaming | None, self.router.feature(cid, "streaming"))
+        activity = cast(Activity | None, self.router.feature(cid, "activity"))
         typing_task = None
         if activity is not None:
             typing_task = asyncio.create_task(self._keep_typing(activity, message.thread_id))
@@ -281,7 +279,7 @@ class Bridge:
             if typing_task is not None:
                 typing_task.cancel()
 
-    async def _keep_typing(self, activity: Any, thread_id: str) -> None:
+    async def _keep_typing(self, activity: Activity, thread_id: str) -> None:
         while True:
             try:
                 await activity.typing(thread_id)
@@ -313,7 +311,7 @@ class Bridge:
         assert message.edit_of is not None
         cid = message.connection_id
         earlier_reply = await self.store.lookup_id(cid, message.edit_of)
-        editor = self.router.feature(cid, "edit")
+        editor = cast(Edit | None, self.router.feature(cid, "edit"))
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return

@@ -33,7 +33,9 @@ class _RedactingFilter(logging.Filter):
         message = record.getMessage()
         redacted = self._secrets.redact(message)
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = self._secrets.redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = self._secrets.redact(
+                logging.Formatter().formatException(record.exc_info)
+            )
         if redacted != message:
             record.msg, record.args = redacted, None
         return True
@@ -65,9 +67,7 @@ async def _run(args: argparse.Namespace) -> int:
     if args.port is not None:
         overrides["port"] = args.port
     if overrides:
-        config = config.model_copy(
-            update={"webchat": config.webchat.model_copy(update=overrides)}
-        )
+        config = config.model_copy(update={"webchat": config.webchat.model_copy(update=overrides)})
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets)
     stop = asyncio.Event()
@@ -88,8 +88,11 @@ async def _run(args: argparse.Namespace) -> int:
         await bridge.stop()
         return EXIT_RUNTIME
     ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
-    print(f"talkbridge is running (store: {_describe_store(config.store)}; "
-          f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:", flush=True)
+    print(
+        f"talkbridge is running (store: {_describe_store(config.store)}; "
+        f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:",
+        flush=True,
+    )
     print(url, flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     await stop.wait()
@@ -129,7 +132,9 @@ async def _check(args: argparse.Namespace) -> int:
     cwidth = max(len(r.channel) for r in reports)
     for report in reports:
         mark = "ok  " if report.ok else "FAIL"
-        print(f"{mark}  {report.connection_id:<{width}}  {report.channel:<{cwidth}}  {report.detail}")
+        print(
+            f"{mark}  {report.connection_id:<{width}}  {report.channel:<{cwidth}}  {report.detail}"
+        )
     return EXIT_OK if all(r.ok for r in reports) else EXIT_RUNTIME
 
 
@@ -139,7 +144,7 @@ async def _check(args: argparse.Namespace) -> int:
 async def _pair(args: argparse.Namespace) -> int:
     from talkbridge.store import open_store
 
-    config, secrets = _load(args.config)
+    config, _ = _load(args.config)
     store = open_store(config.store, prefix=config.store_prefix)
     await store.open()
     try:
@@ -199,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--config",
             "-c",
             default=os.environ.get("TALKBRIDGE_CONFIG"),
-            help="YAML config file (default: ./talkbridge.yaml if present, else the embedded default)",
+            help="YAML config file (default: ./talkbridge.yaml if present, else embedded defaults)",
         )
 
     run = sub.add_parser("run", help="run the bridge and its webchat")
@@ -210,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default=os.environ.get("TALKBRIDGE_LOG", "info"), help="debug|info|warning"
     )
 
-    check = sub.add_parser("check", help="validate the config and try every connection's credentials")
+    check = sub.add_parser(
+        "check", help="validate the config and try every connection's credentials"
+    )
     config_arg(check)
     check.add_argument("--timeout", type=float, default=15.0, help="seconds per connection")
 

@@ -163,7 +163,9 @@ def _substitute(value: Any, path: str, secrets: Secrets) -> Any:
             try:
                 secret = file.read_text(encoding="utf-8").strip()
             except OSError as exc:
-                raise ConfigError(f"{path}: cannot read secret file {file}: {exc.strerror}") from None
+                raise ConfigError(
+                    f"{path}: cannot read secret file {file}: {exc.strerror}"
+                ) from None
             secrets.add(secret)
             return secret
         return {k: _substitute(v, _join(path, str(k)), secrets) for k, v in value.items()}
@@ -195,7 +197,8 @@ def connection_model(channel: str) -> type[ConnectionConfig]:
     spec = channel_spec(channel)
     module_name, _, attr = spec.config.partition(":")
     model = getattr(importlib.import_module(module_name), attr)
-    assert issubclass(model, ConnectionConfig)
+    if not (isinstance(model, type) and issubclass(model, ConnectionConfig)):
+        raise TypeError(f"{spec.config} is not a ConnectionConfig model")
     return model
 
 
@@ -207,7 +210,9 @@ def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig,
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError("the config file must be a mapping of keys (store, webchat, connections…)")
+        raise ConfigError(
+            "the config file must be a mapping of keys (store, webchat, connections…)"
+        )
     data = _substitute(data, "", secrets)
     raw_connections = data.pop("connections", None) or []
     if not isinstance(raw_connections, list):

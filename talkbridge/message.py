@@ -33,7 +33,9 @@ KNOWN_CHANNELS: tuple[str, ...] = (
 def _check_channel(value: str) -> str:
     # Extensible: third-party connectors add channels, so any lowercase identifier is accepted.
     if not value or not value.replace("_", "").isalnum() or value.lower() != value:
-        raise ValueError(f"channel must be a lowercase identifier such as 'telegram', got {value!r}")
+        raise ValueError(
+            f"channel must be a lowercase identifier such as 'telegram', got {value!r}"
+        )
     return value
 
 

@@ -125,7 +125,15 @@ class Streaming(Protocol):
 
 
 Feature = (
-    History | InboundMedia | Activity | Directory | Interactions | Edit | Delete | Reactions | Streaming
+    History
+    | InboundMedia
+    | Activity
+    | Directory
+    | Interactions
+    | Edit
+    | Delete
+    | Reactions
+    | Streaming
 )
 
 
@@ -164,4 +172,3 @@ class Talk(FeatureSource, Protocol):
 
     def subscribe(self, handler: MessageHandler) -> Subscription: ...
     async def send(self, message: OutboundMessage) -> SendResult: ...
-

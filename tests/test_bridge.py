@@ -1,4 +1,4 @@
-"""The whole path, driven by a connector that speaks only `Talk`: inbound -> hooks -> agent -> reply."""
+"""The whole path, driven by a connector that speaks only `Talk`: inbound, hooks, agent, reply."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from talkbridge.hooks import (
     TurnStartedEvent,
 )
 from talkbridge.message import NormalizedMessage
-from talkbridge.store import SqliteStore
 from tests.support.talk_connector import TalkConnector, make_message
 
 
@@ -56,7 +55,9 @@ async def _bridge(
     conns = {}
     for cid in connectors:
         conns[cid] = TalkConnector(cid)
-        bridge.registry.add(conns[cid], ConnectionConfig(id=cid, channel="telegram", trusted=trusted))
+        bridge.registry.add(
+            conns[cid], ConnectionConfig(id=cid, channel="telegram", trusted=trusted)
+        )
     await bridge.start()
     return bridge, conns
 

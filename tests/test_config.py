@@ -35,7 +35,7 @@ def test_missing_env_var_is_named() -> None:
 def test_secret_from_file(tmp_path: Path) -> None:
     secret = tmp_path / "token"
     secret.write_text("99:FROM-FILE\n")
-    config, secrets = parse_config(
+    _, secrets = parse_config(
         {"connections": [{"id": "b", "channel": "telegram", "token": {"file": str(secret)}}]}
     )
     assert "FROM-FILE" not in secrets.redact("x 99:FROM-FILE")
@@ -77,7 +77,11 @@ def test_bad_yaml_names_line(tmp_path: Path) -> None:
 
 def test_trusted_patterns() -> None:
     config, _ = parse_config(
-        {"connections": [{"id": "b", "channel": "telegram", "token": "1:x", "trusted": ["42", "9*"]}]}
+        {
+            "connections": [
+                {"id": "b", "channel": "telegram", "token": "1:x", "trusted": ["42", "9*"]}
+            ]
+        }
     )
     conn = config.connection("b")
     assert conn is not None

@@ -25,7 +25,9 @@ def _msg(**overrides: object) -> NormalizedMessage:
         "thread_name": "Support",
         "timestamp": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
         "text": "hi",
-        "attachments": [Attachment(kind="image", name="a.png", mime_type="image/png", size=3, ref="f1")],
+        "attachments": [
+            Attachment(kind="image", name="a.png", mime_type="image/png", size=3, ref="f1")
+        ],
         "reply_to": ReplyTo(message_id="41", content="earlier", sender_name="Bob"),
         "routing": MessageRouting(agent="echo", trust="trusted", routed_by="kw"),
         "raw_event": {"update_id": 1},

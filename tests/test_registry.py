@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from typing import Any
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import ConnectionConfig, Secrets
@@ -70,7 +69,9 @@ async def test_rejected_credentials_stop_without_a_retry_storm(sqlite_store: Sql
 
 async def test_pure_talk_connectors_are_up_at_once(sqlite_store: SqliteStore) -> None:
     attached: list[str] = []
-    registry = ConnectionRegistry(sqlite_store, on_attach=lambda t: attached.append(t.connection_id))
+    registry = ConnectionRegistry(
+        sqlite_store, on_attach=lambda t: attached.append(t.connection_id)
+    )
     registry.add(TalkConnector("plain"), ConnectionConfig(id="plain", channel="telegram"))
     await registry.start()
     assert registry.health("plain").state is ConnectionState.UP
@@ -115,5 +116,3 @@ def test_sdk_is_imported_only_when_its_channel_is_configured() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
-
-

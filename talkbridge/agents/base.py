@@ -50,7 +50,9 @@ class Error(_Event):
     code: str = "agent_error"
 
 
-AgentMessage = Annotated[TextDelta | ToolCall | ToolResult | Result | Error, Field(discriminator="type")]
+AgentMessage = Annotated[
+    TextDelta | ToolCall | ToolResult | Result | Error, Field(discriminator="type")
+]
 TERMINAL_TYPES = frozenset({"result", "error"})
 
 

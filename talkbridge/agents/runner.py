@@ -154,9 +154,7 @@ class AgentRunner:
             await self._onion(agent_name)(ctx)
             final = ctx.final
             if final is None:
-                final = Error(
-                    message="the turn ended without a result", code="no_result"
-                )
+                final = Error(message="the turn ended without a result", code="no_result")
                 await emit(final)
             if isinstance(final, Error):
                 status, error = "error", final.message

@@ -159,6 +159,13 @@ class HookRegistry:
                 f"{kind} hook {name!r}: option(s) {', '.join(sorted(unknown))} do not apply; "
                 f"allowed: {allowed}"
             )
+        scope = options.get("scope")
+        if self._frozen and (scope is None or scope.kind == "global"):
+            raise RuntimeError(
+                f"cannot register {kind} hook {name!r}: hooks were frozen when the bridge started;"
+                " register before start (channel-message hooks may still use a thread/connection"
+                " scope)"
+            )
         owner = self._kinds.get(name)
         if owner is not None and (owner != kind or kind != "channel-message"):
             raise ValueError(f"a hook named {name!r} is already registered (kind {owner})")

@@ -167,7 +167,9 @@ class OutboundQueue:
                 continue
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # an untranslated error is a connector bug: never retry blindly
+            except (
+                Exception
+            ) as exc:  # an untranslated error is a connector bug: never retry blindly
                 reason = self._redact(f"{type(exc).__name__}: {exc}")
                 await self._fail(message, f"unexpected connector error: {reason}")
             if key is not None:
@@ -175,7 +177,9 @@ class OutboundQueue:
             return result
 
     async def _fail(self, message: OutboundMessage, reason: str) -> None:
-        log.error("%s: giving up on a send to %s: %s", self.connection_id, message.thread_id, reason)
+        log.error(
+            "%s: giving up on a send to %s: %s", self.connection_id, message.thread_id, reason
+        )
         await self._store.record_failed_send(
             FailedSend(
                 connection_id=self.connection_id,

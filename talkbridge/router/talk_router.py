@@ -181,9 +181,7 @@ class TalkRouter:
         try:
             await handler(message)
         except Exception:
-            log.exception(
-                "a subscriber failed on %s/%s", message.connection_id, message.id
-            )
+            log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
 
     async def join(self) -> None:
         """Wait until every accepted message has been handled and every queued send is done."""
@@ -202,7 +200,10 @@ class TalkRouter:
         if not getattr(connector, "keeps_history", False):
             await self._store.append_history(
                 thread_key(connection_id, message.thread_id),
-                "assistant", result.message_id, "bridge", message.text
+                "assistant",
+                result.message_id,
+                "bridge",
+                message.text,
             )
         return result
 

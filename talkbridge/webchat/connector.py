@@ -22,7 +22,6 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.errors import NotFoundError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
-from talkbridge.webchat.routes import HttpRoutes, tokens_match
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHORIZED,
@@ -40,6 +39,7 @@ from talkbridge.webchat.protocol import (
     message_frame,
     parse_frame,
 )
+from talkbridge.webchat.routes import HttpRoutes, tokens_match
 from talkbridge.webchat.sessions import Sessions, split_thread
 
 CONNECTION_ID = "webchat"
@@ -314,8 +314,8 @@ class WebchatConnector(BaseConnector):
             await self._publish(session_id, message_frame(thread_id, entry))
             await ws.send(dumps({**ack, "seq": entry.seq, "duplicate": False}))
             if renamed is not None:
-                frame = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
-                await self._publish(session_id, frame)
+                named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
+                await self._publish(session_id, named)
             await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id))
 
     def _inbound(self, entry: HistoryEntry, thread_id: str, session_id: str) -> NormalizedMessage:

@@ -94,7 +94,9 @@ async def test_filters_read_the_message_and_edits_are_their_own_event_type() -> 
     async def edits_only(msg: NormalizedMessage) -> Drop:
         return Drop("edit")
 
-    hooks.add(edits_only, name="edits", filter=HookFilter(event_types=frozenset({"message.edited"})))
+    hooks.add(
+        edits_only, name="edits", filter=HookFilter(event_types=frozenset({"message.edited"}))
+    )
     assert hooks.has_listeners("message.edited") and not hooks.has_listeners("message")
     assert (await hooks.decide(make_msg())).decision is None
     assert (await hooks.decide(make_msg(edit_of="m0"))).decision == Drop("edit")

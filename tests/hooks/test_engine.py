@@ -1,4 +1,4 @@
-"""The generic hook engine: ordering, block/modify, failures, filters, scopes, observers, prefetch."""
+"""The generic hook engine: order, block/modify, failures, filters, scopes, observers, prefetch."""
 
 from __future__ import annotations
 

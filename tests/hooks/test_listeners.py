@@ -84,7 +84,9 @@ async def test_after_run_builds_result_text_and_on_error_gets_phase() -> None:
     listeners = RunListeners()
     got: list[Any] = []
     listeners.add(lambda ctx, result: got.append(result), name="after", event="after_run")
-    listeners.add(lambda ctx, phase, exc: got.append((phase, str(exc))), name="err", event="on_error")
+    listeners.add(
+        lambda ctx, phase, exc: got.append((phase, str(exc))), name="err", event="on_error"
+    )
     ctx = make_ctx()
     ctx.events.append(Result(text="fine"))
     await listeners.after_run(ctx, status="completed")

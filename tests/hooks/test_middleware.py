@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from talkbridge.agents.base import Error, Result, TurnContext
+from talkbridge.hooks.engine import OnError
 from talkbridge.hooks.middleware import Next, compose
 
 from .support import make_ctx
@@ -20,11 +21,12 @@ class Mw:
         log: list[str],
         *,
         order: int = 0,
-        on_error: str = "fail-open",
+        on_error: OnError = "fail-open",
         raise_before: bool = False,
         raise_after: bool = False,
     ) -> None:
-        self.name, self.log, self.order, self.on_error = name, log, order, on_error
+        self.name, self.log, self.order = name, log, order
+        self.on_error: OnError = on_error
         self.raise_before, self.raise_after = raise_before, raise_after
 
     async def handle(self, ctx: TurnContext, next: Next) -> None:
@@ -47,7 +49,12 @@ def agent(log: list[str]) -> Any:
 
 async def test_lowest_order_outermost_ties_in_registration_order() -> None:
     log: list[str] = []
-    mws = [Mw("c", log, order=5), Mw("a", log, order=1), Mw("b1", log, order=3), Mw("b2", log, order=3)]
+    mws = [
+        Mw("c", log, order=5),
+        Mw("a", log, order=1),
+        Mw("b1", log, order=3),
+        Mw("b2", log, order=3),
+    ]
     turn = compose(mws, agent(log))
     await turn(make_ctx())
     assert log == ["a>", "b1>", "b2>", "c>", "agent(hello)", "<c", "<b2", "<b1", "<a"]
@@ -65,21 +72,27 @@ async def test_three_patterns_rewrite_postprocess_and_stop_early() -> None:
     log: list[str] = []
 
     class Rewrite:
-        order, on_error, name = 0, "fail-open", "rewrite"
+        order = 0
+        on_error: OnError = "fail-open"
+        name = "rewrite"
 
         async def handle(self, ctx: TurnContext, next: Next) -> None:
             ctx.input.prompt = ctx.input.prompt.replace("secret", "***")
             await next()
 
     class Post:
-        order, on_error, name = 1, "fail-open", "post"
+        order = 1
+        on_error: OnError = "fail-open"
+        name = "post"
 
         async def handle(self, ctx: TurnContext, next: Next) -> None:
             await next()
             ctx.state["post"] = f"saw {ctx.final!r}"
 
     class Canned:
-        order, on_error, name = 2, "fail-open", "canned"
+        order = 2
+        on_error: OnError = "fail-open"
+        name = "canned"
 
         async def handle(self, ctx: TurnContext, next: Next) -> None:
             if ctx.input.prompt.startswith("/help"):
@@ -139,7 +152,9 @@ async def test_calling_next_twice_never_runs_the_agent_twice() -> None:
     log: list[str] = []
 
     class Greedy:
-        order, on_error, name = 0, "fail-open", "greedy"
+        order = 0
+        on_error: OnError = "fail-open"
+        name = "greedy"
 
         async def handle(self, ctx: TurnContext, next: Next) -> None:
             await next()

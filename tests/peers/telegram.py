@@ -105,7 +105,8 @@ class TelegramBotAPIPeer:
         self.files: dict[str, tuple[str, bytes]] = {}  # file_id -> (file_path, bytes)
         self.messages: dict[tuple[int | str, int], dict[str, Any]] = {}
         self.reactions: dict[tuple[int | str, int], list[Any]] = {}
-        self._failures: dict[str, list[_Failure | None]] = {}  # None: let one call pass
+        # per method: (only for this token, or None for any; the failure, or None to let one pass)
+        self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
@@ -179,10 +180,12 @@ class TelegramBotAPIPeer:
         description: str | None = None,
         drop: bool = False,
         after: int = 0,
+        token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail: an error answer, or a dropped connection.
 
-        `after` lets that many calls succeed first (e.g. fail the second chunk of a split).
+        `after` lets that many calls succeed first (e.g. fail the second chunk of a split);
+        `token` limits the script to one bot (other bots' calls pass untouched).
         """
         if status == 429 and retry_after is None:
             retry_after = 1
@@ -194,8 +197,8 @@ class TelegramBotAPIPeer:
             403: "Forbidden: bot was blocked by the user",
         }.get(status, "Error")
         queue = self._failures.setdefault(method.lower(), [])
-        queue.extend(None for _ in range(after))
-        queue.extend(_Failure(status, text, retry_after, drop) for _ in range(times))
+        queue.extend((token, None) for _ in range(after))
+        queue.extend((token, _Failure(status, text, retry_after, drop)) for _ in range(times))
 
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
         """Make a file downloadable; returns its file_id."""
@@ -245,7 +248,7 @@ class TelegramBotAPIPeer:
         """Params of every successful sendMessage, in order."""
         return [c.params for c in self.calls_of("sendMessage")]
 
-    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
         """Wait until `condition()` holds (checked after every call and pushed update)."""
 
         async def wait() -> None:
@@ -278,6 +281,9 @@ class TelegramBotAPIPeer:
         for key, value in list(params.items()):
             if not isinstance(value, str):
                 continue
+            if value.startswith("attach://") and value[9:] in files:
+                files[key] = files[value[9:]]  # aiogram names the part; expose it by field
+                continue
             if key in JSON_FIELDS:
                 with contextlib.suppress(json.JSONDecodeError):
                     params[key] = json.loads(value)
@@ -294,8 +300,7 @@ class TelegramBotAPIPeer:
         try:
             if token not in self.bots or token in self._revoked:
                 return self._error(call, 401, "Unauthorized")
-            failures = self._failures.get(method)
-            failure = failures.pop(0) if failures else None
+            failure = self._scripted(method, token)
             if failure is not None:
                 if failure.drop:
                     call.status = 0
@@ -313,6 +318,14 @@ class TelegramBotAPIPeer:
             return web.json_response({"ok": True, "result": result})
         finally:
             self._notify()
+
+    def _scripted(self, method: str, token: str) -> _Failure | None:
+        queue = self._failures.get(method, [])
+        for index, (only, failure) in enumerate(queue):
+            if only is None or only == token:
+                del queue[index]
+                return failure
+        return None
 
     def _error(
         self,
@@ -355,6 +368,7 @@ class TelegramBotAPIPeer:
         queue = self.updates.setdefault(token, [])
         if offset > 0:  # confirming: everything below the offset is forgotten for good
             queue[:] = [u for u in queue if u["update_id"] >= offset]
+            self._notify()
         deadline = time.monotonic() + timeout
         while not queue and not self._stopping:
             remaining = deadline - time.monotonic()
@@ -440,7 +454,12 @@ class TelegramBotAPIPeer:
                 "file_size": len(upload.data),
             }
         if isinstance(ref, str) and ref.startswith("attach://"):
-            raise web.HTTPBadRequest(text="attach:// without a part")
+            raise web.HTTPBadRequest(
+                text=json.dumps(
+                    {"ok": False, "error_code": 400, "description": "Bad Request: no file part"}
+                ),
+                content_type="application/json",
+            )
         return {"file_id": str(ref), "file_unique_id": f"U{ref}"}
 
     async def _m_sendmessage(self, token: str, call: Call) -> Any:
@@ -526,7 +545,7 @@ class TelegramBotAPIPeer:
         key = (call.params.get("chat_id"), call.params.get("message_id"))
         if key not in self.messages:
             return self._error(call, 400, "Bad Request: message to react not found")
-        self.reactions[key] = call.params.get("reaction") or []  # type: ignore[index]
+        self.reactions[key] = call.params.get("reaction") or []
         return True
 
     async def _m_getfile(self, token: str, call: Call) -> Any:

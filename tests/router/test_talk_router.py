@@ -180,8 +180,7 @@ async def test_a_rate_limited_connection_does_not_delay_another(router: TalkRout
     router.attach(fast)
     slow.script.append(RateLimitedError("429 from the platform", retry_after=0.3))
     pending = asyncio.create_task(router.send("slow", OutboundMessage(thread_id="t", text="a")))
-    while slow.attempts == 0:
-        await asyncio.sleep(0)
+    await asyncio.wait_for(slow.attempted.wait(), 10)
     assert router.outbound("slow").rate_limited
     for i in range(20):
         await router.send("fast", OutboundMessage(thread_id=f"t{i}", text="b"))
@@ -197,8 +196,7 @@ async def test_thread_scoped_rate_limit_delays_only_that_thread(router: TalkRout
     router.attach(conn)
     conn.script.append(RateLimitedError("group limit", retry_after=0.3, scope="thread"))
     limited = asyncio.create_task(router.send("alpha", OutboundMessage(thread_id="g", text="1")))
-    while conn.attempts == 0:
-        await asyncio.sleep(0)
+    await asyncio.wait_for(conn.attempted.wait(), 10)
     await router.send("alpha", OutboundMessage(thread_id="other", text="2"))
     assert conn.texts() == ["2"] and not limited.done()
     await limited
@@ -241,8 +239,12 @@ async def test_an_untranslated_connector_error_fails_without_retrying(router: Ta
 async def test_idempotency_key_sends_once(router: TalkRouter) -> None:
     conn = TalkConnector("alpha")
     router.attach(conn)
-    first = await router.send("alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k"))
-    again = await router.send("alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k"))
+    first = await router.send(
+        "alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k")
+    )
+    again = await router.send(
+        "alpha", OutboundMessage(thread_id="t", text="x", idempotency_key="k")
+    )
     assert first == again and len(conn.sent) == 1
 
 

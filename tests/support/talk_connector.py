@@ -60,6 +60,7 @@ class TalkConnector:
         self.script: deque[BaseException | Callable[[], Any]] = deque()
         self.features: dict[str, Any] = {}
         self.sent_event = asyncio.Event()
+        self.attempted = asyncio.Event()
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     def subscribe(self, handler: MessageHandler) -> Subscription:
@@ -72,6 +73,7 @@ class TalkConnector:
 
     async def send(self, message: OutboundMessage) -> SendResult:
         self.attempts += 1
+        self.attempted.set()
         if self.script:
             step = self.script.popleft()
             if isinstance(step, BaseException):

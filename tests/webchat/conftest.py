@@ -195,7 +195,7 @@ class Client:
         """Send a message and collect everything up to the final assistant message."""
         thread = thread_id or self.thread_id
         await self.send({"type": "send", "thread_id": thread, "client_id": client_id, "text": text})
-        frames = []
+        frames: list[dict[str, Any]] = []
         while True:
             frame = await self.recv()
             frames.append(frame)
@@ -205,7 +205,7 @@ class Client:
     async def drain_until_pong(self) -> list[dict[str, Any]]:
         """Everything the server sent before answering a ping: proves nothing else is pending."""
         await self.send({"type": "ping", "ref": "drain"})
-        frames = []
+        frames: list[dict[str, Any]] = []
         while True:
             frame = await self.recv()
             if frame["type"] == "pong" and frame.get("ref") == "drain":

@@ -10,6 +10,7 @@ from urllib.parse import quote
 import pytest
 
 from talkbridge.message import OutboundMessage
+from tests.conftest import require
 from tests.webchat.conftest import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -19,13 +20,18 @@ from tests.webchat.conftest import (
     require_chromium,
 )
 
-pw = pytest.importorskip("playwright.async_api")
-expect = pw.expect
+pw: Any
+try:
+    from playwright import async_api as pw
+except ImportError:  # pragma: no cover - the dev extra brings it
+    pw = None
+expect: Any = pw.expect if pw is not None else None
 MS = TIMEOUT * 1000
 
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
+    require(pw is not None, "playwright is not installed (pip install -e '.[dev]')")
     require_chromium()
     async with pw.async_playwright() as playwright:
         browser = await playwright.chromium.launch(
@@ -41,8 +47,11 @@ async def browser() -> AsyncIterator[Any]:
 async def context(browser: Any) -> AsyncIterator[Any]:
     context = await browser.new_context(viewport={"width": 1100, "height": 800})
     context.set_default_timeout(MS)
+    errors: list[Any] = []
+    context.on("page", lambda page: page.on("pageerror", lambda exc: errors.append(exc)))
     yield context
     await context.close()
+    assert errors == [], f"the page raised: {errors}"
 
 
 def page_url(webchat: Webchat, token: str = TOKEN_A) -> str:
@@ -200,3 +209,43 @@ async def test_phone_sized_layout_opens_the_conversation_list(
         assert width <= 390  # nothing sticks out sideways
     finally:
         await context.close()
+
+
+async def test_markdown_subset_builds_only_safe_nodes(webchat: Webchat, context: Any) -> None:
+    page = await open_chat(context, webchat)
+    source = "\n".join(
+        [
+            "# Title",
+            "- one **two** *three*",
+            "- [data](data:text/html,<script>x</script>) [ok](http://example.com/?a=1&b=<i>)",
+            "",
+            "3. third",
+            "4. fourth",
+            "",
+            "```html",
+            "<script>window.__pwned=1</script>",
+            "```",
+            "> <img src=x onerror=window.__pwned=1>",
+        ]
+    )
+    html = await page.evaluate(
+        """async (source) => {
+            const { renderMarkdown } = await import('/static/markdown.js');
+            const box = document.createElement('div');
+            box.append(renderMarkdown(source));
+            document.body.append(box);
+            return box.innerHTML;
+        }""",
+        source,
+    )
+    assert "<ul><li>one <strong>two</strong> <em>three</em></li>" in html
+    assert '<ol start="3"><li>third</li><li>fourth</li></ol>' in html
+    assert (
+        '<pre><code data-lang="html">&lt;script&gt;window.__pwned=1&lt;/script&gt;</code></pre>'
+        in html
+    )
+    assert "<blockquote>&lt;img src=x onerror=window.__pwned=1&gt;</blockquote>" in html
+    assert 'href="http://example.com/?a=1&amp;b=%3Ci%3E"' in html
+    assert "data:" not in html.split("href=")[-1] and html.count("<a ") == 1
+    assert "<script" not in html and "<img" not in html
+    assert await page.evaluate("window.__pwned") is None

@@ -74,6 +74,7 @@ def _trim_newlines(out: list[str]) -> None:
 
 def _render_blocks(tokens: Sequence[Token], out: list[str]) -> None:
     lists: list[list[int]] = []  # per open list: [next number] or [] for bullets
+    quotes = 0  # Telegram cannot nest blockquotes: only the outermost one is a tag
     for token in tokens:
         kind = token.type
         if kind == "inline":
@@ -105,10 +106,20 @@ def _render_blocks(tokens: Sequence[Token], out: list[str]) -> None:
             else:
                 out.append(f"{indent}• ")
         elif kind == "blockquote_open":
-            out.append("<blockquote>")
+            quotes += 1
+            if quotes == 1:
+                out.append("<blockquote>")
         elif kind == "blockquote_close":
-            _trim_newlines(out)
-            out.append("</blockquote>\n\n")
+            quotes -= 1
+            if quotes == 0:
+                _trim_newlines(out)
+                if out and out[-1] == "<blockquote>":
+                    out.pop()  # an empty quote
+                else:
+                    out.append("</blockquote>")
+                out.append("\n\n")
+        elif kind in ("fence", "code_block") and not token.content.strip("\n"):
+            continue  # an empty code block renders to nothing visible
         elif kind in ("fence", "code_block"):
             code = escape(token.content.rstrip("\n"))
             language = token.info.strip().split(" ")[0] if kind == "fence" else ""

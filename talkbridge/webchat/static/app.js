@@ -262,18 +262,22 @@ function onAck(frame) {
 
 function onMessage(frame) {
   const t = thread(frame.thread_id);
+  let changed = false;
   if (frame.client_id) {
     const before = state.outbox.length;
     state.outbox = state.outbox.filter((m) => m.client_id !== frame.client_id);
-    if (before !== state.outbox.length) saveOutbox();
+    if (before !== state.outbox.length) {
+      saveOutbox();
+      changed = true;
+    }
   }
-  if (frame.stream_id) t.streams.delete(frame.stream_id);
+  if (frame.stream_id) changed = t.streams.delete(frame.stream_id) || changed;
   if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
-  if (t.messages.has(frame.seq)) return;
-  t.messages.set(frame.seq, frame);
+  const fresh = !t.messages.has(frame.seq);
+  if (fresh) t.messages.set(frame.seq, frame);
   if (frame.thread_id === state.active) {
-    renderThread({ follow: frame.role === "user" });
-  } else if (frame.role !== "user") {
+    if (fresh || changed) renderThread({ follow: frame.role === "user" });
+  } else if (fresh && frame.role !== "user") {
     t.unread += 1;
     renderConversations();
   }
@@ -496,6 +500,8 @@ function renderThread({ follow = false } = {}) {
   for (const [streamId, stream] of t.streams) {
     const node = messageNode("assistant", renderMarkdown(stream.text), "", "streaming");
     node.dataset.stream = streamId;
+    // Announced once, as the final message; not piece by piece while it streams.
+    node.setAttribute("aria-hidden", "true");
     nodes.push(node);
   }
   for (const item of state.outbox) {

@@ -47,7 +47,7 @@ class Status:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def wait(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    async def wait(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
         async def wait() -> None:
             while not condition():
                 await self._changed.wait()
@@ -74,7 +74,7 @@ class Inbox:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
 
-    async def wait_count(self, count: int, timeout: float = 10.0) -> list[NormalizedMessage]:  # noqa: ASYNC109
+    async def wait_count(self, count: int, timeout: float = 10.0) -> list[NormalizedMessage]:
         async def wait() -> None:
             while len(self.messages) < count:
                 await self._changed.wait()

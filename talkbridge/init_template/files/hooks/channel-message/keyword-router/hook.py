@@ -9,16 +9,17 @@ Every inbound message passes through `on_message`; what it returns decides what 
   Forward(connection_id)    pass the message on to another connection
 """
 
-from talkbridge.hooks import Drop, Modify, RouteToSentinel
+from talkbridge.hooks import Decision, Drop, HookDeps, Modify, RouteToSentinel
+from talkbridge.message import NormalizedMessage
 
 TOPICS = {"refund": "billing", "invoice": "billing", "password": "account"}
 
 
 class KeywordRouter:
-    def __init__(self, deps):
+    def __init__(self, deps: HookDeps) -> None:
         self.log = deps.logger
 
-    async def on_message(self, msg):
+    async def on_message(self, msg: NormalizedMessage) -> Decision | None:
         text = msg.text.lower()
         if "spam" in text:
             return Drop("looks like spam")
@@ -31,5 +32,5 @@ class KeywordRouter:
         return None
 
 
-def create_hook(deps):
+def create_hook(deps: HookDeps) -> KeywordRouter:
     return KeywordRouter(deps)

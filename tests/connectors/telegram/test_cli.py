@@ -1,0 +1,81 @@
+"""`talkbridge check` and `talkbridge run --config` with a Telegram connection on the peer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from tests.connectors.telegram.conftest import TOKEN
+from tests.peers.telegram import TelegramBotAPIPeer, private_text
+
+
+def write_config(tmp_path: Path, peer: TelegramBotAPIPeer) -> Path:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text(
+        f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: support-bot
+    channel: telegram
+    token: ${{TELEGRAM_TOKEN}}
+    api_base: {peer.base_url}
+    poll_timeout: 5
+    trusted: ["777"]
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+async def talkbridge(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "talkbridge",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "TELEGRAM_TOKEN": TOKEN},
+    )
+
+
+async def test_check_reports_the_bot_username_or_the_failure(
+    peer: TelegramBotAPIPeer, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, peer)
+    process = await talkbridge("check", "--config", str(config))
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert "@talkbridge_test_bot" in out.decode()
+
+    peer.revoke(TOKEN)
+    process = await talkbridge("check", "--config", str(config))
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    text = out.decode() + err.decode()
+    assert "revoked" in text and TOKEN not in text and TOKEN.split(":")[1] not in text
+
+
+async def test_run_answers_a_telegram_message_end_to_end(
+    peer: TelegramBotAPIPeer, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, peer)
+    process = await talkbridge("run", "--config", str(config), "--port", "0")
+    try:
+        assert process.stdout is not None
+        while b"Press Ctrl-C" not in await asyncio.wait_for(process.stdout.readline(), 60):
+            pass
+        await peer.wait_for(lambda: bool(peer.calls_of("getUpdates", answered=None)), 30)
+        peer.push_update(private_text(777, "hello bridge", message_id=5))
+        await peer.wait_for(lambda: len(peer.sent_messages) == 1, 30)
+        [reply] = peer.sent_messages
+        assert reply["text"] == "hello bridge" and reply["chat_id"] == 777
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert TOKEN not in err.decode()

@@ -1,0 +1,307 @@
+"""Loading hook folders: each kind, layouts, and precise errors for broken folders."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talkbridge.agents.base import Result, TurnContext
+from talkbridge.errors import HookLoadError
+from talkbridge.hooks import (
+    KINDS,
+    Drop,
+    HookDeps,
+    HookRegistry,
+    Modify,
+    RouteToAgent,
+    load_hook_folders,
+    load_hooks,
+)
+
+from .support import make_ctx, make_msg
+
+TEMPLATE = Path(__file__).parents[2] / "talkbridge/init_template/files/hooks/channel-message"
+
+
+def write_hook(folder: Path, code: str, spec: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hook.py").write_text(textwrap.dedent(code), encoding="utf-8")
+    if spec is not None:
+        (folder / "hook.yaml").write_text(textwrap.dedent(spec), encoding="utf-8")
+    return folder
+
+
+def deps(registry: HookRegistry, **context: Any) -> HookDeps:
+    return HookDeps(
+        app_id="test",
+        logger=logging.getLogger("test.hooks"),
+        router=None,
+        agent_runner=None,
+        context=dict(context),
+        hooks=registry,
+    )
+
+
+ROUTER = """
+from talkbridge.hooks import RouteToAgent
+
+class Router:
+    def __init__(self, agent):
+        self.agent = agent
+
+    async def on_message(self, msg):
+        return RouteToAgent(self.agent)
+
+def create_hook(deps):
+    return Router(deps.context["agent"])
+"""
+
+
+async def test_declarative_channel_message_in_nested_layout(tmp_path: Path) -> None:
+    root = tmp_path / "hooks" / "channel-message"
+    write_hook(root / "b-router", ROUTER, "order: 5\nfilter: {channels: [telegram]}\n")
+    write_hook(
+        root / "a-dropper",
+        """
+        from talkbridge.hooks import Drop
+        async def drop(msg):
+            return Drop("closed") if "closed" in msg.text else None
+        def create_hook(deps):
+            return drop
+        """,
+    )
+    registry = HookRegistry()
+    loaded = load_hooks([root], deps(registry, agent="billing"), registry)
+    assert [(h.kind, h.name) for h in loaded] == [
+        ("channel-message", "a-dropper"),
+        ("channel-message", "b-router"),
+    ]
+    decide = registry.channel_message.decide
+    assert (await decide(make_msg("we are closed"))).decision == Drop("closed")
+    assert (await decide(make_msg("hi"))).decision is None  # b-router filters on telegram
+    routed = await decide(make_msg("hi", channel="telegram"))
+    assert routed.decision == RouteToAgent("billing") and routed.decided_by == "b-router"
+
+
+async def test_folder_named_after_its_kind_is_itself_a_hook(tmp_path: Path) -> None:
+    folder = write_hook(tmp_path / "channel-message", ROUTER)
+    registry = HookRegistry()
+    load_hooks([folder], deps(registry, agent="x"), registry)
+    assert registry.kind_of("channel-message") == "channel-message"
+
+
+def test_imperative_channel_message_hook_is_registered_and_returned(tmp_path: Path) -> None:
+    folder = write_hook(
+        tmp_path / "channel-message" / "mirror",
+        """
+        class Mirror:
+            def __init__(self, log):
+                self.log = log
+            def register(self):
+                self.log.append("register")
+            def register_connection(self, connection_id):
+                self.log.append(connection_id)
+
+        def create_hook(deps):
+            return Mirror(deps.context["log"])
+        """,
+    )
+    log: list[str] = []
+    registry = HookRegistry()
+    objects = load_hook_folders([folder], deps(registry, log=log), registry)
+    assert log == ["register"]
+    assert len(objects) == 1
+    objects[0].register_connection("telegram-1")
+    registry.register_connection("slack-1")
+    assert log == ["register", "telegram-1", "slack-1"]
+
+
+async def test_other_kinds_load(tmp_path: Path) -> None:
+    record: list[Any] = []
+    write_hook(
+        tmp_path / "turn-middleware" / "shout",
+        """
+        class Shout:
+            async def handle(self, ctx, next):
+                ctx.input.prompt = ctx.input.prompt.upper()
+                await next()
+        def create_hook(deps):
+            return Shout()
+        """,
+        "order: 3\non_error: fail-closed\n",
+    )
+    write_hook(
+        tmp_path / "agent-turn-started",
+        "def create_hook(deps):\n"
+        "    return lambda event: deps.context['record'].append(event.type)\n",
+    )
+    write_hook(
+        tmp_path / "watchers" / "done",
+        """
+        class Done:
+            def on_turn_finished(self, event):
+                self.record.append(event.status)
+        def create_hook(deps):
+            d = Done(); d.record = deps.context["record"]; return d
+        """,
+        "kind: agent-turn-finished\n",
+    )
+    write_hook(
+        tmp_path / "run-listener",
+        """
+        class Audit:
+            def before_run(self, ctx):
+                ctx.state["audited"] = True
+        def create_hook(deps):
+            return Audit()
+        """,
+    )
+    write_hook(
+        tmp_path / "chat",
+        "def create_hook(deps):\n    return lambda messages: messages.append('extra')\n",
+    )
+    write_hook(
+        tmp_path / "reply",
+        """
+        class Canned:
+            def on_reply(self, messages):
+                return "canned"
+        def create_hook(deps):
+            return Canned()
+        """,
+    )
+    registry = HookRegistry()
+    folders = [
+        tmp_path / name
+        for name in (
+            "turn-middleware",
+            "agent-turn-started",
+            "watchers",
+            "run-listener",
+            "chat",
+            "reply",
+        )
+    ]
+    loaded = load_hooks(folders, deps(registry, record=record), registry)
+    assert {h.kind for h in loaded} == set(KINDS) - {"channel-message"}
+    assert registry.names()["done"] == "agent-turn-finished"
+
+    prompts: list[str] = []
+
+    async def agent(ctx: TurnContext) -> None:
+        prompts.append(ctx.input.prompt)
+        await ctx.emit(Result(text="ok"))
+
+    ctx = make_ctx("quiet")
+    await registry.compose_turn(agent)(ctx)
+    assert prompts == ["QUIET"]
+    assert (
+        registry.middlewares()[0].order == 3 and registry.middlewares()[0].on_error == "fail-closed"
+    )
+    registry.lifecycle.started(ctx)
+    registry.lifecycle.finished(ctx, "completed")
+    await registry.drain()
+    assert sorted(record) == ["agent-turn-started", "completed"]
+    await registry.listeners.before_run(ctx)
+    assert ctx.state["audited"] is True
+    assert await registry.chat.run_chat(["m"]) == ["m", "extra"]
+    assert (await registry.chat.run_reply([], "agent")).reply == "canned"
+
+
+def test_the_bundled_example_hook_loads(tmp_path: Path) -> None:
+    registry = HookRegistry()
+    loaded = load_hooks([TEMPLATE], deps(registry), registry)
+    assert [(h.kind, h.name) for h in loaded] == [("channel-message", "keyword-router")]
+
+
+async def test_bundled_example_modifies_refund_messages() -> None:
+    registry = HookRegistry()
+    load_hooks([TEMPLATE], deps(registry), registry)
+    outcome = await registry.channel_message.decide(make_msg("I want a refund"))
+    assert outcome.message.text == "[billing] I want a refund" and outcome.decision is None
+    assert isinstance(Modify, type)
+
+
+def test_syntax_error_names_file_line_and_message(tmp_path: Path) -> None:
+    folder = write_hook(tmp_path / "channel-message", "x = 1\n\ndef create_hook(deps)\n    pass\n")
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError) as info:
+        load_hooks([folder], deps(registry), registry)
+    text = str(info.value)
+    assert str(folder) in text and "hook.py, line 3" in text and "expected ':'" in text
+
+
+def test_import_error_names_the_module_and_line(tmp_path: Path) -> None:
+    folder = write_hook(tmp_path / "chat", "import json\nimport not_a_real_module_xyz\n")
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError, match=r"hook.py line 2: ModuleNotFoundError.*not_a_real"):
+        load_hooks([folder], deps(registry), registry)
+
+
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        ("def make(deps):\n    return None\n", "does not define create_hook"),
+        (
+            "def create_hook(deps):\n    raise KeyError('api_key')\n",
+            "create_hook raised at hook.py line 2",
+        ),
+        ("def create_hook(deps):\n    return None\n", "returned None"),
+        ("async def create_hook(deps):\n    return 1\n", "plain function (not async)"),
+        ("def create_hook(deps):\n    return 42\n", "neither a ChannelMessageHook"),
+    ],
+)
+def test_broken_hook_modules(tmp_path: Path, code: str, words: str) -> None:
+    folder = write_hook(tmp_path / "channel-message" / "broken", code)
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError) as info:
+        load_hooks([folder], deps(registry), registry)
+    assert str(folder) in str(info.value) and words in str(info.value)
+
+
+def test_wrong_interface_for_middleware(tmp_path: Path) -> None:
+    folder = write_hook(
+        tmp_path / "turn-middleware" / "nope", "def create_hook(deps):\n    return object()\n"
+    )
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError, match=r"nope \(turn-middleware\).*handle\(ctx, next\)"):
+        load_hooks([folder], deps(registry), registry)
+
+
+def test_unknown_kind_names_folder_and_lists_kinds(tmp_path: Path) -> None:
+    registry = HookRegistry()
+    bogus = write_hook(
+        tmp_path / "x", "def create_hook(deps):\n    return print\n", "kind: bogus\n"
+    )
+    with pytest.raises(HookLoadError) as info:
+        load_hooks([bogus], deps(registry), registry)
+    assert str(bogus) in str(info.value) and "'bogus'" in str(info.value)
+    assert all(kind in str(info.value) for kind in KINDS)
+    unnamed = write_hook(tmp_path / "misc" / "thing", "def create_hook(deps):\n    return print\n")
+    with pytest.raises(HookLoadError, match=r"cannot tell its kind.*channel-message"):
+        load_hooks([unnamed], deps(registry), registry)
+
+
+def test_bad_yaml_keys_missing_and_empty_folders(tmp_path: Path) -> None:
+    registry = HookRegistry()
+    folder = write_hook(tmp_path / "chat", ROUTER, "kind: chat\nordr: 3\n")
+    with pytest.raises(HookLoadError, match=r"hook.yaml: ordr: unknown key"):
+        load_hooks([folder], deps(registry), registry)
+    with pytest.raises(HookLoadError, match="does not exist"):
+        load_hooks([tmp_path / "nowhere"], deps(registry), registry)
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(HookLoadError, match=r"no hook\.py"):
+        load_hooks([tmp_path / "empty"], deps(registry), registry)
+
+
+def test_failure_rolls_back_hooks_loaded_by_the_same_call(tmp_path: Path) -> None:
+    good = write_hook(tmp_path / "channel-message" / "good", ROUTER)
+    bad = write_hook(tmp_path / "reply", "def create_hook(deps):\n    return 1\n")
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError, match="reply"):
+        load_hooks([good, bad], deps(registry, agent="x"), registry)
+    assert registry.names() == {} and not registry.channel_message.has_listeners()
