@@ -10,6 +10,8 @@ from talkbridge.agents.base import Result, TextDelta, TurnContext
 
 _PIECES = re.compile(r"\S+\s*|\s+")
 MAX_DELTAS = 16
+MIN_DELTA = 12
+"""Characters per delta at least: short answers come in one piece, long ones word by word."""
 
 
 class EchoAgent:
@@ -22,10 +24,24 @@ class EchoAgent:
             text = f"{text}\n\n(received: {names})" if text else f"(received: {names})"
         if not text:
             text = "(empty message)"
-        pieces = _PIECES.findall(text)
-        if len(pieces) > MAX_DELTAS:  # stream in at most MAX_DELTAS steps, whatever the length
-            size = -(-len(pieces) // MAX_DELTAS)
-            pieces = ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
-        for piece in pieces:
+        for piece in _pieces(text):
             yield TextDelta(text=piece)
         yield Result(text=text)
+
+
+def _pieces(text: str) -> list[str]:
+    """Split at word boundaries into at most MAX_DELTAS pieces of at least MIN_DELTA chars."""
+    if len(text) < 2 * MIN_DELTA:
+        return [text]
+    words = _PIECES.findall(text)
+    target = max(MIN_DELTA, -(-len(text) // MAX_DELTAS))
+    pieces: list[str] = []
+    current = ""
+    for word in words:
+        current += word
+        if len(current) >= target:
+            pieces.append(current)
+            current = ""
+    if current:
+        pieces.append(current)
+    return pieces

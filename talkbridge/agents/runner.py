@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import itertools
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,6 +33,14 @@ from talkbridge.store.base import HistoryEntry, Store
 log = logging.getLogger("talkbridge.agents")
 
 TurnStatus = Literal["completed", "interrupted", "stopped", "error"]
+
+_TURN_PREFIX = secrets.token_hex(6)
+_turn_numbers = itertools.count(1)
+
+
+def new_turn_id() -> str:
+    """Unique across processes (random prefix) without a syscall per turn, unlike uuid4."""
+    return f"{_TURN_PREFIX}-{next(_turn_numbers):x}"
 EventSink = Callable[[TurnContext, Any], Awaitable[None]]
 
 
@@ -115,7 +124,7 @@ class AgentRunner:
         agent = self.agent(agent_name)
         session = TurnSession(
             session_id=message.thread_key,
-            turn_id=uuid.uuid4().hex,
+            turn_id=new_turn_id(),
             agent_name=agent.name if agent_name == agent.name else agent_name,
             connection_id=message.connection_id,
             thread_id=message.thread_id,

@@ -30,7 +30,7 @@ INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
         r"\byou\s+are\s+now\s+(a|an|in)\b",
         r"\b(system|developer)\s*(prompt|message)\s*:",
         r"\bjailbreak\b|\bDAN\s+mode\b|\bdeveloper\s+mode\b",
-        r"<\s*/?\s*(system|assistant|im_start|im_end)\s*>",
+        r"<\|?\s*/?\s*(system|assistant|im_start|im_end)\s*\|?>",
         r"\bact\s+as\s+(an?\s+)?(admin|administrator|root|system)\b",
     )
 )

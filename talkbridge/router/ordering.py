@@ -33,7 +33,9 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._queues: dict[K, deque[T]] = {}
         self._waiting: deque[K] = deque()
         self._active = 0
-        self._space = asyncio.Semaphore(max_pending)
+        self._max_pending = max_pending
+        self._queued = 0
+        self._space_waiters: deque[asyncio.Future[None]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -45,7 +47,11 @@ class KeyedSerialExecutor(Generic[K, T]):
 
     async def submit(self, key: K, item: T) -> None:
         """Queue `item` behind everything already queued for `key`; waits only when full."""
-        await self._space.acquire()
+        while self._queued >= self._max_pending:
+            waiter = asyncio.get_running_loop().create_future()
+            self._space_waiters.append(waiter)
+            await waiter
+        self._queued += 1
         queue = self._queues.get(key)
         if queue is not None:
             queue.append(item)
@@ -76,13 +82,12 @@ class KeyedSerialExecutor(Generic[K, T]):
                     log.exception("%s: handler failed for %r", self._name, key)
                 finally:
                     queue.popleft()
-                    self._space.release()
+                    self._release(1)
         finally:
             if not queue:
                 del self._queues[key]
             else:  # cancelled with work left: drop our claim so join() can still finish
-                for _ in queue:
-                    self._space.release()
+                self._release(len(queue))
                 del self._queues[key]
             self._active -= 1
             while self._waiting and self._active < self._max_active:
@@ -91,6 +96,14 @@ class KeyedSerialExecutor(Generic[K, T]):
                     self._start(waiting_key)
             if not self._queues:
                 self._idle.set()
+
+    def _release(self, count: int) -> None:
+        self._queued -= count
+        while self._space_waiters and self._queued < self._max_pending:
+            waiter = self._space_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
 
     async def join(self) -> None:
         """Wait until every queued item has been handled."""

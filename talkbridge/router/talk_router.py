@@ -7,6 +7,7 @@ Outbound, each connection has its own `OutboundQueue`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,7 +63,9 @@ class TalkRouter:
         self._all_handlers: list[MessageHandler] = []
         self._arrival: list[ArrivalListener] = []
         self._recovered: set[tuple[str, str]] = set()
-        self._inbound: KeyedSerialExecutor[str, NormalizedMessage] = KeyedSerialExecutor(
+        self._inbound: KeyedSerialExecutor[
+            str, tuple[NormalizedMessage, asyncio.Future[bool] | None]
+        ] = KeyedSerialExecutor(
             self._dispatch,
             max_active=self._config.max_concurrent_threads,
             name="inbound",
@@ -137,21 +140,21 @@ class TalkRouter:
     # -- inbound --------------------------------------------------------------------------------
 
     async def _accept(self, message: NormalizedMessage, keeps_history: bool) -> None:
-        if not await self._store.accept_inbound(message):
-            log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
-            return
-        if not keeps_history:
-            await self._store.append_history(
-                message.thread_key,
-                "user",
-                message.id,
-                message.display_name or message.channel_user_id,
-                message.text,
-                {"edit_of": message.edit_of} if message.edit_of else None,
+        # The thread slot is taken before the store answers, so messages delivered concurrently
+        # keep their arrival order; `deliver` returns once the store has the message.
+        verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        await self._inbound.submit(message.thread_key, (message, verdict))
+        try:
+            accepted = await self._store.accept_inbound(
+                message, record_history=not keeps_history
             )
-        for listener in self._arrival:
-            listener(message)
-        await self._inbound.submit(message.thread_key, message)
+        except BaseException as exc:
+            verdict.set_exception(exc)
+            raise
+        verdict.set_result(accepted)
+        if accepted:
+            for listener in self._arrival:
+                listener(message)
 
     async def recover(self) -> int:
         """Re-dispatch messages accepted before a crash but never completed."""
@@ -160,10 +163,20 @@ class TalkRouter:
             self._recovered.add((message.connection_id, message.id))
             for listener in self._arrival:
                 listener(message)
-            await self._inbound.submit(message.thread_key, message)
+            await self._inbound.submit(message.thread_key, (message, None))
         return len(pending)
 
-    async def _dispatch(self, _thread_key: str, message: NormalizedMessage) -> None:
+    async def _dispatch(
+        self, _thread_key: str, item: tuple[NormalizedMessage, asyncio.Future[bool] | None]
+    ) -> None:
+        message, accepted = item
+        if accepted is not None:
+            try:
+                if not await accepted:
+                    log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
+                    return
+            except BaseException:  # the store refused it: `deliver` raised to the connector already
+                return
         for handler in self._handlers.get(message.connection_id, ()):
             await self._call(handler, message)
         for handler in self._all_handlers:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -28,8 +29,27 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_Item = tuple[Callable[..., Any] | None, tuple[Any, ...], "asyncio.Future[Any]"]
-_Result = tuple["asyncio.Future[Any]", BaseException | None, Any]
+log = logging.getLogger("talkbridge.store")
+
+
+class BulkOp:
+    """An operation whose queued calls of one batch run together: `run` takes every call's
+    arguments (in queue order) and returns one result per call."""
+
+    def __init__(self, name: str, phase: int, run: Callable[[list[tuple[Any, ...]]], list[Any]]):
+        self.name = name
+        self.phase = phase
+        self.run = run
+
+    def __call__(self, *args: Any) -> Any:  # one call alone (the isolated slow path)
+        return self.run([args])[0]
+
+    def __repr__(self) -> str:
+        return f"BulkOp({self.name})"
+
+
+_Item = tuple[Callable[..., Any] | None, tuple[Any, ...], "asyncio.Future[Any] | None"]
+_Result = tuple["asyncio.Future[Any] | None", BaseException | None, Any]
 
 MAX_BATCH = 4096
 """Upper bound of operations per transaction, so one huge backlog does not delay every reply."""
@@ -37,6 +57,10 @@ MAX_BATCH = 4096
 
 def _deliver(results: list[_Result]) -> None:
     for fut, exc, value in results:
+        if fut is None:  # submitted without waiting: nobody to tell but the log
+            if exc is not None:
+                log.error("a store write failed: %s", exc)
+            continue
         if fut.done():  # the caller was cancelled; the operation ran anyway
             continue
         if exc is None:
@@ -106,10 +130,18 @@ class GroupCommitWriter:
         self._queue.put((fn, args, fut))
         return fut
 
+    def submit_nowait(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue `fn(*args)` without waiting for it; it runs before anything queued later."""
+        if not self._accepting:
+            raise self._not_running()
+        self._queue.put((fn, args, None))
+
     # -- writer thread ----------------------------------------------------------------------
 
     def _post(self, results: list[_Result]) -> None:
         assert self._loop is not None
+        if not any(fut is not None or exc is not None for fut, exc, _ in results):
+            return  # only fire-and-forget writes that succeeded: no need to wake the loop
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
             self._loop.call_soon_threadsafe(_deliver, results)
 
@@ -153,12 +185,32 @@ class GroupCommitWriter:
         assert conn is not None
         try:
             conn.execute("BEGIN")
-            results: list[_Result] = [(fut, None, fn(*args)) for fn, args, fut in batch]  # type: ignore[misc]
+            results = self._run_grouped(batch)
             conn.execute("COMMIT")
             return results
         except Exception:
             self._abort()
         return self._run_isolated(batch)
+
+    @staticmethod
+    def _run_grouped(batch: list[_Item]) -> list[_Result]:
+        bulk: dict[BulkOp, list[_Item]] = {}
+        others: list[_Item] = []
+        for item in batch:
+            fn = item[0]
+            if isinstance(fn, BulkOp):
+                bulk.setdefault(fn, []).append(item)
+            else:
+                others.append(item)
+        results: list[_Result] = []
+        for op in sorted(bulk, key=lambda o: o.phase):
+            items = bulk[op]
+            values = op.run([args for _, args, _ in items])
+            results.extend(
+                (fut, None, value) for (_, _, fut), value in zip(items, values, strict=True)
+            )
+        results.extend((fut, None, fn(*args)) for fn, args, fut in others)  # type: ignore[misc]
+        return results
 
     def _abort(self) -> None:
         assert self._conn is not None

@@ -56,8 +56,13 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
     # -- inbound inbox: dedupe by (connection, native id), at-least-once processing ------------
-    async def accept_inbound(self, message: NormalizedMessage) -> bool:
+    async def accept_inbound(
+        self, message: NormalizedMessage, *, record_history: bool = False
+    ) -> bool:
         """Record an arriving message; False when (connection_id, id) was seen before.
+
+        With `record_history`, a new message is also appended to its thread's history (role
+        "user", sender its display name) in the same atomic step.
 
         An accepted message stays pending until `complete_inbound`, so a crash in between is
         recovered by `pending_inbound` at the next start. Edits (`edit_of` set) are keyed by
@@ -65,7 +70,11 @@ class Store(Protocol):
         """
         ...
 
-    async def complete_inbound(self, connection_id: str, message_id: str) -> None: ...
+    async def complete_inbound(self, connection_id: str, message_id: str) -> None:
+        """May return before the write is durable (a crash then only replays the message);
+        it is applied before any operation issued after it. Likewise `map_id`, `record_sent`."""
+        ...
+
     async def pending_inbound(self) -> Sequence[NormalizedMessage]:
         """Accepted but not completed messages, in arrival order."""
         ...

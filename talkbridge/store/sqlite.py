@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
-from talkbridge.store._writer import GroupCommitWriter
+from talkbridge.store._writer import BulkOp, GroupCommitWriter
 from talkbridge.store.base import FailedSend, HistoryEntry, Pairing, Role
 
 MEMORY = ":memory:"
@@ -101,15 +101,11 @@ _ROLES = frozenset(get_args(Role))
 _CACHE_MAX = 100_000
 """Entries kept in the per-thread seq cache and the trust cache before they are dropped."""
 
-_ACCEPT = "INSERT OR IGNORE INTO inbound (connection_id, message_id, body) VALUES (?, ?, ?)"
-_COMPLETE = (
-    "UPDATE inbound SET body = NULL WHERE connection_id = ? AND message_id = ? AND body IS NOT NULL"
-)
+_ACCEPT_HEAD = "INSERT INTO inbound (connection_id, message_id, body)"
 _PENDING = "SELECT body FROM inbound WHERE body IS NOT NULL ORDER BY id"
 _LAST_SEQ = "SELECT seq FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT 1"
-_APPEND = (
+_APPEND_HEAD = (
     "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at, data)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _HISTORY_COLS = "seq, role, message_id, sender, text, created_at, data"
 _HISTORY_LATEST = (
@@ -118,15 +114,13 @@ _HISTORY_LATEST = (
 _HISTORY_AFTER = (
     f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? AND seq > ? ORDER BY seq LIMIT ?"
 )
-_MAP_ID = "INSERT OR REPLACE INTO id_map (connection_id, native_id, message_id) VALUES (?, ?, ?)"
+_MAP_ID_HEAD = "INSERT OR REPLACE INTO id_map (connection_id, native_id, message_id)"
 _LOOKUP_ID = "SELECT message_id FROM id_map WHERE connection_id = ? AND native_id = ?"
 _LOOKUP_NATIVE = (
     "SELECT native_id FROM id_map WHERE connection_id = ? AND message_id = ? ORDER BY rowid LIMIT 1"
 )
 _SENT_RESULT = "SELECT message_ids FROM sent WHERE connection_id = ? AND idempotency_key = ?"
-_RECORD_SENT = (
-    "INSERT OR REPLACE INTO sent (connection_id, idempotency_key, message_ids) VALUES (?, ?, ?)"
-)
+_RECORD_SENT_HEAD = "INSERT OR REPLACE INTO sent (connection_id, idempotency_key, message_ids)"
 _RECORD_FAILED = (
     "INSERT INTO failed_sends (connection_id, thread_id, text, reason, failed_at)"
     " VALUES (?, ?, ?, ?, ?)"
@@ -157,6 +151,29 @@ _SET_STATE = (
     "INSERT INTO state (key, value) VALUES (?, ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
+
+
+_CHUNK_PARAMS = 30_000
+"""Bound parameters per statement: SQLite allows 32,766."""
+
+HistoryRow = tuple[str, Role, str, str, str, dict[str, Any], str | None]
+"""thread_key, role, message_id, sender, text, data, data_json"""
+
+
+def _chunks(rows: list[tuple[Any, ...]], width: int) -> list[list[tuple[Any, ...]]]:
+    size = max(1, _CHUNK_PARAMS // width)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def _values(count: int, width: int) -> str:
+    row = "(" + ",".join("?" * width) + ")"
+    return ",".join([row] * count)
+
+
+def _insert_many(cur: sqlite3.Cursor, head: str, rows: list[tuple[Any, ...]], width: int) -> None:
+    """One multi-row INSERT per chunk: one GIL hand-off instead of one per row."""
+    for chunk in _chunks(rows, width):
+        cur.execute(f"{head} VALUES {_values(len(chunk), width)}", [v for r in chunk for v in r])
 
 
 def _iso(value: datetime, what: str) -> str:
@@ -225,45 +242,68 @@ class _SqliteOps:
     def reset_caches(self) -> None:
         self._next_seq.clear()
 
-    # -- inbound ----------------------------------------------------------------------------
+    # -- inbound and history (bulk: every call of a batch in a few statements) ------------------
 
-    def accept_inbound(self, connection_id: str, message_id: str, body: str) -> bool:
+    def write_messages(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """Accepts (`("accept", cid, mid, body, history_row | None)`) and history appends
+        (`("append", history_row)`), in queue order, so a thread's seqs follow arrival."""
         cur = self._cur
-        cur.execute(_ACCEPT, (connection_id, message_id, body))
-        return cur.rowcount == 1
+        wanted = list({(c[1], c[2]) for c in calls if c[0] == "accept"})
+        existing: set[tuple[str, str]] = set()
+        for chunk in _chunks(wanted, 2):
+            sql = (
+                "SELECT connection_id, message_id FROM inbound"
+                f" WHERE (connection_id, message_id) IN (VALUES {_values(len(chunk), 2)})"
+            )
+            existing.update(cur.execute(sql, [v for r in chunk for v in r]).fetchall())
+        inbound_rows: list[tuple[Any, ...]] = []
+        history_rows: list[tuple[Any, ...]] = []
+        results: list[Any] = []
+        now = datetime.now(UTC)
+        stamp = now.isoformat()
+        for call in calls:
+            if call[0] == "accept":
+                _, cid, mid, body, row = call
+                if (cid, mid) in existing:
+                    results.append(False)
+                    continue
+                existing.add((cid, mid))
+                inbound_rows.append((cid, mid, body))
+                results.append(True)
+                if row is not None:
+                    self._history_row(row, now, stamp, history_rows)
+            else:
+                results.append(self._history_row(call[1], now, stamp, history_rows))
+        _insert_many(cur, _ACCEPT_HEAD, inbound_rows, 3)
+        _insert_many(cur, _APPEND_HEAD, history_rows, 8)
+        return results
 
-    def complete_inbound(self, connection_id: str, message_id: str) -> None:
-        self._cur.execute(_COMPLETE, (connection_id, message_id))
+    def _history_row(
+        self, row: HistoryRow, now: datetime, stamp: str, out: list[tuple[Any, ...]]
+    ) -> HistoryEntry:
+        thread_key, role, message_id, sender, text, data, data_json = row
+        seq = self._next_seq.get(thread_key)
+        if seq is None:
+            last = self._cur.execute(_LAST_SEQ, (thread_key,)).fetchone()
+            seq = last[0] + 1 if last else 1
+            if len(self._next_seq) >= _CACHE_MAX:
+                self._next_seq.clear()
+        self._next_seq[thread_key] = seq + 1
+        out.append((thread_key, seq, role, message_id, sender, text, stamp, data_json))
+        return HistoryEntry(seq, thread_key, role, message_id, sender, text, now, data)
+
+    def complete_many(self, calls: list[tuple[Any, ...]]) -> list[None]:
+        for chunk in _chunks(calls, 2):
+            self._cur.execute(
+                "UPDATE inbound SET body = NULL WHERE body IS NOT NULL AND"
+                f" (connection_id, message_id) IN (VALUES {_values(len(chunk), 2)})",
+                [v for r in chunk for v in r],
+            )
+        return [None] * len(calls)
 
     def pending_inbound(self) -> list[NormalizedMessage]:
         rows = self._cur.execute(_PENDING).fetchall()
         return [NormalizedMessage.model_validate_json(body) for (body,) in rows]
-
-    # -- history ----------------------------------------------------------------------------
-
-    def append_history(
-        self,
-        thread_key: str,
-        role: Role,
-        message_id: str,
-        sender: str,
-        text: str,
-        data: dict[str, Any],
-        data_json: str | None,
-    ) -> HistoryEntry:
-        cur = self._cur
-        seq = self._next_seq.get(thread_key)
-        if seq is None:
-            row = cur.execute(_LAST_SEQ, (thread_key,)).fetchone()
-            seq = row[0] + 1 if row else 1
-            if len(self._next_seq) >= _CACHE_MAX:
-                self._next_seq.clear()
-        now = datetime.now(UTC)
-        cur.execute(
-            _APPEND, (thread_key, seq, role, message_id, sender, text, now.isoformat(), data_json)
-        )
-        self._next_seq[thread_key] = seq + 1
-        return HistoryEntry(seq, thread_key, role, message_id, sender, text, now, data)
 
     def history(self, thread_key: str, limit: int, after_seq: int) -> list[HistoryEntry]:
         if after_seq:
@@ -281,8 +321,9 @@ class _SqliteOps:
 
     # -- id map -----------------------------------------------------------------------------
 
-    def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
-        self._cur.execute(_MAP_ID, (connection_id, native_id, message_id))
+    def map_many(self, calls: list[tuple[Any, ...]]) -> list[None]:
+        _insert_many(self._cur, _MAP_ID_HEAD, calls, 3)  # in order: a later remap wins
+        return [None] * len(calls)
 
     def lookup(self, sql: str, *params: str) -> Any:
         row = self._cur.execute(sql, params).fetchone()
@@ -290,8 +331,9 @@ class _SqliteOps:
 
     # -- outbound ---------------------------------------------------------------------------
 
-    def record_sent(self, connection_id: str, key: str, ids_json: str) -> None:
-        self._cur.execute(_RECORD_SENT, (connection_id, key, ids_json))
+    def record_sent_many(self, calls: list[tuple[Any, ...]]) -> list[None]:
+        _insert_many(self._cur, _RECORD_SENT_HEAD, calls, 3)
+        return [None] * len(calls)
 
     def record_failed_send(self, f: FailedSend, failed_at: str) -> None:
         self._cur.execute(
@@ -360,6 +402,20 @@ class _SqliteOps:
         self._cur.execute(_SET_STATE, (key, value))
 
 
+def _history_row(
+    thread_key: str,
+    role: Role,
+    message_id: str,
+    sender: str,
+    text: str,
+    data: dict[str, Any] | None,
+) -> HistoryRow:
+    if role not in _ROLES:
+        raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+    data = dict(data) if data else {}
+    return (thread_key, role, message_id, sender, text, data, json.dumps(data) if data else None)
+
+
 class SqliteStore:
     """The `Store` on one SQLite file (or ":memory:", which lives only while the store is open).
 
@@ -368,7 +424,11 @@ class SqliteStore:
 
     def __init__(self, path: str | Path) -> None:
         self._path: Path | str = MEMORY if str(path) == MEMORY else Path(path)
-        self._ops = _SqliteOps(self._path)
+        self._ops = ops = _SqliteOps(self._path)
+        self._messages = BulkOp("messages", 0, ops.write_messages)
+        self._map = BulkOp("map_id", 1, ops.map_many)
+        self._sent = BulkOp("record_sent", 2, ops.record_sent_many)
+        self._complete = BulkOp("complete_inbound", 3, ops.complete_many)
         self._writer = self._new_writer()
         self._trust: dict[tuple[str, str], bool] = {}
         self._trust_gen = 0
@@ -410,13 +470,28 @@ class SqliteStore:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    async def accept_inbound(self, message: NormalizedMessage) -> bool:
+    async def accept_inbound(
+        self, message: NormalizedMessage, *, record_history: bool = False
+    ) -> bool:
+        row = (
+            _history_row(
+                message.thread_key,
+                "user",
+                message.id,
+                message.display_name or message.channel_user_id,
+                message.text,
+                {"edit_of": message.edit_of} if message.edit_of else None,
+            )
+            if record_history
+            else None
+        )
+        body = message.model_dump_json()
         return await self._writer.submit(
-            self._ops.accept_inbound, message.connection_id, message.id, message.model_dump_json()
+            self._messages, "accept", message.connection_id, message.id, body, row
         )
 
     async def complete_inbound(self, connection_id: str, message_id: str) -> None:
-        await self._writer.submit(self._ops.complete_inbound, connection_id, message_id)
+        self._writer.submit_nowait(self._complete, connection_id, message_id)
 
     async def pending_inbound(self) -> Sequence[NormalizedMessage]:
         return await self._writer.submit(self._ops.pending_inbound)
@@ -432,13 +507,8 @@ class SqliteStore:
         text: str,
         data: dict[str, Any] | None = None,
     ) -> HistoryEntry:
-        if role not in _ROLES:
-            raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
-        data = dict(data) if data else {}
-        data_json = json.dumps(data) if data else None
-        return await self._writer.submit(
-            self._ops.append_history, thread_key, role, message_id, sender, text, data, data_json
-        )
+        row = _history_row(thread_key, role, message_id, sender, text, data)
+        return await self._writer.submit(self._messages, "append", row)
 
     async def history(
         self, thread_key: str, *, limit: int = 50, after_seq: int = 0
@@ -452,7 +522,7 @@ class SqliteStore:
     # -- id map -----------------------------------------------------------------------------
 
     async def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
-        await self._writer.submit(self._ops.map_id, connection_id, native_id, message_id)
+        self._writer.submit_nowait(self._map, connection_id, native_id, message_id)
 
     async def lookup_id(self, connection_id: str, native_id: str) -> str | None:
         found: str | None = await self._writer.submit(
@@ -481,7 +551,7 @@ class SqliteStore:
         self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
     ) -> None:
         ids_json = json.dumps(list(message_ids))
-        await self._writer.submit(self._ops.record_sent, connection_id, idempotency_key, ids_json)
+        self._writer.submit_nowait(self._sent, connection_id, idempotency_key, ids_json)
 
     async def record_failed_send(self, failure: FailedSend) -> None:
         failed_at = _iso(failure.failed_at, "FailedSend.failed_at")

@@ -297,6 +297,7 @@ class TelegramBotAPIPeer:
         params, files = await self._params(request)
         call = Call(token, method, params, files)
         self.calls.append(call)
+        self._notify()  # waiters see a long poll begin, not only end
         try:
             if token not in self.bots or token in self._revoked:
                 return self._error(call, 401, "Unauthorized")

@@ -135,11 +135,11 @@ async def test_a_failing_op_is_isolated_within_its_batch(
     gated = db._writer.submit(gate)
     ops, w = db._ops, db._writer
     futures: list[asyncio.Future[Any]] = [
-        w.submit(ops.append_history, "k", "user", "m1", "s", "one", {}, None),
-        w.submit(ops.append_history, "k", "user", "m2", "s", "two", {}, None),
-        w.submit(ops.append_history, "bad\ud800", "user", "m", "s", "x", {}, None),
+        w.submit(db._messages, "append", ("k", "user", "m1", "s", "one", {}, None)),
+        w.submit(db._messages, "append", ("k", "user", "m2", "s", "two", {}, None)),
+        w.submit(db._messages, "append", ("bad\ud800", "user", "m", "s", "x", {}, None)),
         w.submit(ops.set_state, "bad\ud800", "x"),
-        w.submit(ops.append_history, "k", "user", "m3", "s", "three", {}, None),
+        w.submit(db._messages, "append", ("k", "user", "m3", "s", "three", {}, None)),
         w.submit(ops.set_state, "good", "yes"),
     ]
     cancelled = w.submit(ops.set_state, "cancelled", "still written")

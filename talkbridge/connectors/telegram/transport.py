@@ -165,7 +165,11 @@ class TelegramConnector(BaseConnector):
         uid = data.get("update_id")
         if isinstance(uid, int) and uid in self._recent:
             return
-        message = decode_update(data, connection_id=self.connection_id, bot_id=self.bot_id)
+        try:
+            message = decode_update(data, connection_id=self.connection_id, bot_id=self.bot_id)
+        except ValueError as exc:  # one poison update must not stall the connection forever
+            self._log.error("skipping update %s that cannot be read: %s", uid, exc)
+            message = None
         if message is not None:
             query = data.get("callback_query")
             if isinstance(query, dict) and query.get("id"):

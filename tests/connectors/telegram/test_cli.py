@@ -45,18 +45,26 @@ async def talkbridge(*args: str) -> asyncio.subprocess.Process:
 async def test_check_reports_the_bot_username_or_the_failure(
     peer: TelegramBotAPIPeer, tmp_path: Path
 ) -> None:
+    revoked = "999999:REVOKED-token"
+    peer.add_bot(revoked)
+    peer.revoke(revoked)
     config = write_config(tmp_path, peer)
+    with config.open("a", encoding="utf-8") as file:
+        file.write(
+            f"  - id: old-bot\n    channel: telegram\n    token: {revoked}\n"
+            f"    api_base: {peer.base_url}\n"
+        )
     process = await talkbridge("check", "--config", str(config))
     out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, err.decode()
-    assert "@talkbridge_test_bot" in out.decode()
-
-    peer.revoke(TOKEN)
-    process = await talkbridge("check", "--config", str(config))
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 1
+    assert process.returncode == 1  # one connection failed
+    lines = out.decode().splitlines()
+    [good] = [line for line in lines if "support-bot" in line]
+    [bad] = [line for line in lines if "old-bot" in line]
+    assert good.startswith("ok") and "@talkbridge_test_bot" in good
+    assert bad.startswith("FAIL") and "revoked" in bad
     text = out.decode() + err.decode()
-    assert "revoked" in text and TOKEN not in text and TOKEN.split(":")[1] not in text
+    for token in (TOKEN, revoked):
+        assert token not in text and token.split(":")[1] not in text
 
 
 async def test_run_answers_a_telegram_message_end_to_end(

@@ -1,0 +1,464 @@
+"""Webchat clients through the full bridge, as a ratio to a bare `websockets` echo server.
+
+Bridge path, per message: websocket frame -> webchat connector (auth'd session, SQLite history +
+id map) -> router (dedupe, per-thread order) -> the starter keyword-router channel-message hook
+-> echo agent turn (typing, streamed deltas) -> router send queue -> final `message` frame.
+Baseline: a bare `websockets` server that sends every frame straight back.
+
+Both servers run the same way, by default each as its own subprocess (`talkbridge run --config
+<tmp yaml>` and this file with `--serve-echo`), so the clients' CPU is not the server's; the
+SQLite store lives in a temporary directory. Each client sends one message at a time and waits
+for the final reply (`--pipeline K`: K in flight). Latency is send -> final assistant `message`
+(acks, typing and deltas are read but not timed); throughput is messages / timed-phase seconds.
+Targets (issue 3): bridge >= 0.5x the baseline's messages/s and p99 < 3x the baseline's p99.
+
+    .venv/bin/python benchmarks/webchat.py [--clients 100] [--messages-per-client 50]
+        [--warmup 5] [--pipeline 1] [--in-process] [--profile-bridge FILE]
+
+The webchat allows 20 frames/s per socket with bursts of 60 (docs/webchat-protocol.md), so the
+default (5 + 50 frames per socket) fits the burst. Longer runs meet the limiter: a client then
+waits `retry_after` and resends its unacknowledged frames with the same client ids, as the page
+does; the count of such events is reported, and their waits are in the latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+TOKEN_ENV = "TALKBRIDGE_BENCH_TOKEN"
+FILLER = "hello there, this is a benchmark message of a typical chat length"
+"""Eleven words after the client id: about a dozen streamed deltas per reply."""
+REPLY_TIMEOUT = 30.0
+START_TIMEOUT = 30.0
+TARGET_THROUGHPUT, TARGET_P99 = 0.5, 3.0
+
+Kind = Literal["bridge", "echo"]
+
+
+# ---- servers ---------------------------------------------------------------------------------
+
+
+async def _echo(ws: ServerConnection) -> None:
+    with suppress(ConnectionClosed):
+        async for frame in ws:
+            await ws.send(frame)
+
+
+async def serve_echo() -> None:
+    """The baseline server: print its URL, echo every frame until SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with serve(_echo, "127.0.0.1", 0, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        print(f"ws://127.0.0.1:{port}/", flush=True)
+        await stop.wait()
+
+
+@dataclass
+class Server:
+    """A running server under test: where clients connect, and how to read its CPU time."""
+
+    kind: Kind
+    url: str
+    cpu: Callable[[], float | None]
+    where: str
+
+
+def _proc_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc); None where unavailable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bench_config(tmp: Path) -> Path:
+    """A config on loopback, port 0, fixed token (from the environment), SQLite in `tmp`."""
+    from talkbridge.init_template import write_starter
+
+    write_starter(tmp)  # brings the starter keyword-router hook, which every message passes
+    config = tmp / "bench.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp / 'bench.db'}\n"
+        "webchat:\n"
+        "  host: 127.0.0.1\n"
+        "  port: 0\n"
+        f'  tokens: ["${{{TOKEN_ENV}}}"]\n'
+        "agents:\n"
+        "  default: echo\n"
+        "hooks:\n"
+        "  - hooks/channel-message/keyword-router\n",
+        encoding="utf-8",
+    )
+    return config
+
+
+async def _subprocess(
+    stack: AsyncExitStack, argv: list[str], log: Path, is_url: Callable[[str], bool]
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start `argv`, wait for the line it prints with its URL; stop it (SIGTERM) on exit."""
+    errors = log.open("wb")
+    stack.callback(errors.close)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=errors, stdin=asyncio.subprocess.DEVNULL
+    )
+
+    async def stop() -> None:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    stack.push_async_callback(stop)
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(START_TIMEOUT):
+            while line := (await proc.stdout.readline()).decode():
+                if is_url(line.strip()):
+                    return proc, line.strip()
+    except TimeoutError:
+        pass
+    tail = log.read_text(errors="replace")[-2000:]
+    raise RuntimeError(f"{argv[1:4]} did not print its URL; its stderr ends:\n{tail}")
+
+
+async def start_servers(
+    stack: AsyncExitStack, tmp: Path, *, in_process: bool, profile: str | None
+) -> tuple[Server, Server]:
+    token = os.urandom(18).hex()
+    os.environ[TOKEN_ENV] = token
+    config = _bench_config(tmp)
+    if in_process:
+        from talkbridge.bridge import Bridge
+        from talkbridge.config import load_config
+
+        own = os.getpid()
+        echo_server = await stack.enter_async_context(
+            serve(_echo, "127.0.0.1", 0, compression=None)
+        )
+        port = next(iter(echo_server.sockets)).getsockname()[1]
+        echo = Server("echo", f"ws://127.0.0.1:{port}/", lambda: _proc_cpu(own), "in-process")
+        bridge = Bridge(*load_config(config))
+        await bridge.start()
+        stack.push_async_callback(bridge.stop)
+        http = await bridge.webchat_url()
+        url = http.replace("http://", "ws://", 1) + "ws"
+        return echo, Server("bridge", url, lambda: _proc_cpu(own), "in-process")
+
+    py = sys.executable
+    eproc, eurl = await _subprocess(
+        stack,
+        [py, str(Path(__file__).resolve()), "--serve-echo"],
+        tmp / "echo.log",
+        lambda s: s.startswith("ws://"),
+    )
+    echo = Server("echo", eurl, lambda: _proc_cpu(eproc.pid), f"subprocess {eproc.pid}")
+    run = ["-m", "talkbridge", "run", "--config", str(config), "--log-level", "warning"]
+    if profile:
+        run = ["-m", "pyinstrument", "-r", "text", "-o", profile, *run]
+    bproc, http = await _subprocess(
+        stack, [py, *run], tmp / "bridge.log", lambda s: s.startswith("http://")
+    )
+    url = http.split("?", 1)[0].replace("http://", "ws://", 1) + "ws"
+    bridge = Server("bridge", url, lambda: _proc_cpu(bproc.pid), f"subprocess {bproc.pid}")
+    return echo, bridge
+
+
+# ---- clients ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Client:
+    """One chat user: one socket, one thread; a reader resolves each message's future."""
+
+    kind: Kind
+    name: str
+    ws: ClientConnection
+    thread_id: str
+    pending: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    unacked: dict[str, str] = field(default_factory=dict)
+    frames: Counter[str] = field(default_factory=Counter)
+    rate_limited: int = 0
+    reader: asyncio.Task[None] | None = None
+    _resending: bool = False
+
+    async def send(self, client_id: str, text: str) -> asyncio.Future[float]:
+        """Send one message; the future resolves with the arrival time of its final reply."""
+        future = asyncio.get_running_loop().create_future()
+        self.pending[client_id] = future
+        frame = json.dumps(
+            {"type": "send", "thread_id": self.thread_id, "client_id": client_id, "text": text}
+        )
+        if self.kind == "bridge":
+            self.unacked[client_id] = frame
+        await self.ws.send(frame)
+        return future
+
+    async def read(self) -> None:
+        try:
+            async for raw in self.ws:
+                now = time.perf_counter()
+                frame = json.loads(raw)
+                kind = frame.get("type", "?")
+                self.frames[kind] += 1
+                if self.kind == "echo":
+                    self._resolve(frame["client_id"], now)
+                elif kind == "message" and frame.get("role") == "assistant":
+                    self._resolve(frame["text"].split(" ", 1)[0], now)  # texts start with the id
+                elif kind == "ack":
+                    self.unacked.pop(frame["client_id"], None)
+                elif kind == "error":
+                    self._on_error(frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(RuntimeError(f"{self.name}: the socket closed"))
+
+    def _resolve(self, client_id: str, now: float) -> None:
+        future = self.pending.pop(client_id, None)
+        if future is not None and not future.done():
+            future.set_result(now)
+
+    def _on_error(self, frame: dict[str, Any]) -> None:
+        if frame.get("code") == "rate_limited":
+            self.rate_limited += 1
+            if not self._resending:
+                self._resending = True
+                asyncio.get_running_loop().call_later(
+                    float(frame.get("retry_after") or 0.05),
+                    lambda: asyncio.ensure_future(self._resend()),
+                )
+            return
+        error = RuntimeError(f"{self.name}: {frame.get('code')}: {frame.get('message')}")
+        client_id = frame.get("client_id")
+        futures = [self.pending.pop(client_id)] if client_id in self.pending else []
+        if client_id is None:  # not about one message: nothing in flight can be trusted
+            futures, self.pending = list(self.pending.values()), {}
+        for future in futures:
+            if not future.done():
+                future.set_exception(error)
+
+    async def _resend(self) -> None:
+        """After `retry_after`: resend what is unacknowledged (the same ids never repeat a turn)."""
+        self._resending = False
+        with suppress(ConnectionClosed):
+            for frame in list(self.unacked.values()):
+                await self.ws.send(frame)
+
+
+async def open_client(server: Server, index: int) -> Client:
+    ws = await connect(server.url, compression=None, open_timeout=START_TIMEOUT)
+    thread_id = f"{'0' * 32}.{index:012x}"  # the baseline's stand-in, same length as a real one
+    if server.kind == "bridge":
+        await ws.send(json.dumps({"type": "auth", "token": os.environ[TOKEN_ENV]}))
+        ready = json.loads(await asyncio.wait_for(ws.recv(), START_TIMEOUT))
+        if ready.get("type") != "ready":
+            raise RuntimeError(f"auth refused: {ready}")
+        if ready["conversations"]:
+            thread_id = ready["conversations"][0]["thread_id"]
+        else:
+            await ws.send(json.dumps({"type": "new_conversation"}))
+            made = json.loads(await asyncio.wait_for(ws.recv(), START_TIMEOUT))
+            thread_id = made["conversation"]["thread_id"]
+    client = Client(server.kind, f"client {index}", ws, thread_id)
+    client.reader = asyncio.create_task(client.read())
+    return client
+
+
+async def run_phase(
+    clients: list[Client], count: int, pipeline: int, tag: str, latencies: list[float] | None
+) -> None:
+    """Every client sends `count` messages, `pipeline` in flight, each waited for."""
+
+    async def worker(client: Client, ids: list[str]) -> None:
+        for client_id in ids:
+            started = time.perf_counter()
+            future = await client.send(client_id, f"{client_id} {FILLER}")
+            arrived = await asyncio.wait_for(future, REPLY_TIMEOUT)
+            if latencies is not None:
+                latencies.append(arrived - started)
+
+    jobs: list[Awaitable[None]] = []
+    for n, client in enumerate(clients):
+        ids = [f"c{n}-{tag}{i}" for i in range(count)]
+        jobs.extend(worker(client, ids[k::pipeline]) for k in range(min(pipeline, count)))
+    await asyncio.gather(*jobs)
+
+
+@dataclass
+class Result:
+    rate: float
+    p50: float
+    p99: float
+    server_cpu: float | None
+    client_cpu: float
+    frames_per_message: float
+    rate_limited: int
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, int(len(ordered) * 0.99) - 1)]
+
+
+async def measure(server: Server, args: argparse.Namespace) -> Result:
+    clients: list[Client] = []
+    gate = asyncio.Semaphore(20)  # handshakes at a time: a burst of 100 only measures the backlog
+
+    async def opened(index: int) -> None:
+        async with gate:
+            clients.append(await open_client(server, index))
+
+    try:
+        await asyncio.gather(*(opened(i) for i in range(args.clients)))
+        clients.sort(key=lambda c: int(c.name.rpartition(" ")[2]))
+        if args.warmup:
+            await run_phase(clients, args.warmup, args.pipeline, "w", None)
+        for client in clients:
+            client.frames.clear()
+        latencies: list[float] = []
+        cpu0, server0 = time.process_time(), server.cpu()
+        started = time.perf_counter()
+        await run_phase(clients, args.messages_per_client, args.pipeline, "m", latencies)
+        elapsed = time.perf_counter() - started
+        cpu1, server1 = time.process_time(), server.cpu()
+    finally:
+        await asyncio.gather(*(c.ws.close() for c in clients), return_exceptions=True)
+        for client in clients:
+            if client.reader is not None:
+                client.reader.cancel()
+    total = len(latencies)
+    frames = sum(sum(c.frames.values()) for c in clients)
+    return Result(
+        rate=total / elapsed,
+        p50=statistics.median(latencies) * 1000,
+        p99=_p99(latencies) * 1000,
+        server_cpu=(
+            (server1 - server0) / elapsed if server0 is not None and server1 is not None else None
+        ),
+        client_cpu=(cpu1 - cpu0) / elapsed,
+        frames_per_message=frames / total,
+        rate_limited=sum(c.rate_limited for c in clients),
+    )
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def _line(label: str, r: Result, in_process: bool) -> str:
+    if in_process:
+        cpu = f"process CPU {r.client_cpu:.0%}"
+    else:
+        server = f"{r.server_cpu:.0%}" if r.server_cpu is not None else "n/a"
+        cpu = f"server CPU {server}, client CPU {r.client_cpu:.0%}"
+    return (
+        f"{label:<8} {r.rate:>8,.0f} msg/s  p50 {r.p50:7.2f} ms  p99 {r.p99:7.2f} ms  "
+        f"({r.frames_per_message:.1f} frames in per message; {cpu})"
+    )
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+async def main(args: argparse.Namespace) -> int:
+    where = (
+        "in this process (client and servers share one CPU: latencies include client work)"
+        if args.in_process
+        else "each in its own subprocess, clients in this one"
+    )
+    print(
+        f"webchat benchmark: {args.clients} clients x {args.messages_per_client} messages "
+        f"(+{args.warmup} warmup), {args.pipeline} in flight per client; servers {where}; "
+        f"loopback; {os.cpu_count()} CPU(s)",
+        flush=True,
+    )
+    async with asyncio.timeout(args.timeout), AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
+        echo, bridge = await start_servers(
+            stack, tmp, in_process=args.in_process, profile=args.profile_bridge
+        )
+        base = await measure(echo, args)
+        print(_line("baseline", base, args.in_process) + "  [bare websockets echo]", flush=True)
+        full = await measure(bridge, args)
+        print(
+            _line("bridge", full, args.in_process)
+            + "  [webchat -> router -> hook -> echo agent -> reply, SQLite]",
+            flush=True,
+        )
+    throughput, p99 = full.rate / base.rate, full.p99 / base.p99
+    print(
+        f"ratios: throughput {throughput:.2f}x (target >= {TARGET_THROUGHPUT}x: "
+        f"{_verdict(throughput >= TARGET_THROUGHPUT)}), p99 {p99:.2f}x "
+        f"(target < {TARGET_P99}x: {_verdict(p99 < TARGET_P99)})"
+    )
+    if full.rate_limited:
+        print(
+            f"note: {full.rate_limited} frames were rate-limited (20/s per socket, bursts of 60) "
+            "and resent after retry_after; their waits are in the bridge's latencies"
+        )
+    if not args.in_process and (base.client_cpu > 0.9 or full.client_cpu > 0.9):
+        print("note: the client process was near one full CPU: that run is partly client-bound")
+    if args.profile_bridge:
+        print(f"bridge profile (pyinstrument): {args.profile_bridge}")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--messages-per-client", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed messages per client first")
+    parser.add_argument("--pipeline", type=int, default=1, help="messages in flight per client")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run both servers in this process"
+    )
+    parser.add_argument(
+        "--profile-bridge", metavar="FILE", help="run the bridge under pyinstrument, text to FILE"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
+    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("clients", "messages_per_client", "pipeline"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be 0 or more")
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.serve_echo:
+        asyncio.run(serve_echo())
+    else:
+        raise SystemExit(asyncio.run(main(arguments)))
