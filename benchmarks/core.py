@@ -28,7 +28,6 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store import SqliteStore
 from talkbridge.talk import MessageHandler, Subscription
 
-
 BATCH = 100
 
 

@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+
+HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent.parent))  # talkbridge from this checkout, as core.py does
 
 TOKEN_ENV = "TALKBRIDGE_BENCH_TOKEN"
 FILLER = "hello there, this is a benchmark message of a typical chat length"
@@ -83,7 +84,6 @@ class Server:
     kind: Kind
     url: str
     cpu: Callable[[], float | None]
-    where: str
 
 
 def _proc_cpu(pid: int) -> float | None:
@@ -145,8 +145,11 @@ async def _subprocess(
                     return proc, line.strip()
     except TimeoutError:
         pass
-    tail = log.read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"{argv[1:4]} did not print its URL; its stderr ends:\n{tail}")
+    raise RuntimeError(f"{argv[1:4]} did not print its URL; its stderr ends:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:]
 
 
 async def start_servers(
@@ -164,22 +167,22 @@ async def start_servers(
             serve(_echo, "127.0.0.1", 0, compression=None)
         )
         port = next(iter(echo_server.sockets)).getsockname()[1]
-        echo = Server("echo", f"ws://127.0.0.1:{port}/", lambda: _proc_cpu(own), "in-process")
-        bridge = Bridge(*load_config(config))
-        await bridge.start()
-        stack.push_async_callback(bridge.stop)
-        http = await bridge.webchat_url()
+        echo = Server("echo", f"ws://127.0.0.1:{port}/", lambda: _proc_cpu(own))
+        app = Bridge(*load_config(config))
+        await app.start()
+        stack.push_async_callback(app.stop)
+        http = await app.webchat_url()
         url = http.replace("http://", "ws://", 1) + "ws"
-        return echo, Server("bridge", url, lambda: _proc_cpu(own), "in-process")
+        return echo, Server("bridge", url, lambda: _proc_cpu(own))
 
     py = sys.executable
     eproc, eurl = await _subprocess(
         stack,
-        [py, str(Path(__file__).resolve()), "--serve-echo"],
+        [py, str(HERE), "--serve-echo"],
         tmp / "echo.log",
         lambda s: s.startswith("ws://"),
     )
-    echo = Server("echo", eurl, lambda: _proc_cpu(eproc.pid), f"subprocess {eproc.pid}")
+    echo = Server("echo", eurl, lambda: _proc_cpu(eproc.pid))
     run = ["-m", "talkbridge", "run", "--config", str(config), "--log-level", "warning"]
     if profile:
         run = ["-m", "pyinstrument", "-r", "text", "-o", profile, *run]
@@ -187,7 +190,7 @@ async def start_servers(
         stack, [py, *run], tmp / "bridge.log", lambda s: s.startswith("http://")
     )
     url = http.split("?", 1)[0].replace("http://", "ws://", 1) + "ws"
-    bridge = Server("bridge", url, lambda: _proc_cpu(bproc.pid), f"subprocess {bproc.pid}")
+    bridge = Server("bridge", url, lambda: _proc_cpu(bproc.pid))
     return echo, bridge
 
 
@@ -208,6 +211,7 @@ class Client:
     rate_limited: int = 0
     reader: asyncio.Task[None] | None = None
     _resending: bool = False
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def send(self, client_id: str, text: str) -> asyncio.Future[float]:
         """Send one message; the future resolves with the arrival time of its final reply."""
@@ -253,10 +257,10 @@ class Client:
             self.rate_limited += 1
             if not self._resending:
                 self._resending = True
-                asyncio.get_running_loop().call_later(
-                    float(frame.get("retry_after") or 0.05),
-                    lambda: asyncio.ensure_future(self._resend()),
-                )
+                delay = float(frame.get("retry_after") or 0.05)
+                task = asyncio.create_task(self._resend(delay))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             return
         error = RuntimeError(f"{self.name}: {frame.get('code')}: {frame.get('message')}")
         client_id = frame.get("client_id")
@@ -267,8 +271,9 @@ class Client:
             if not future.done():
                 future.set_exception(error)
 
-    async def _resend(self) -> None:
+    async def _resend(self, delay: float) -> None:
         """After `retry_after`: resend what is unacknowledged (the same ids never repeat a turn)."""
+        await asyncio.sleep(delay)  # the server's own figure: waiting is the point here
         self._resending = False
         with suppress(ConnectionClosed):
             for frame in list(self.unacked.values()):
@@ -316,21 +321,43 @@ async def run_phase(
 
 @dataclass
 class Result:
-    rate: float
-    p50: float
-    p99: float
+    """One timed phase; rounds combine by pooling latencies and summing seconds."""
+
+    latencies: list[float]
+    elapsed: float
     server_cpu: float | None
     client_cpu: float
-    frames_per_message: float
+    frames: Counter[str]
     rate_limited: int
 
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.elapsed
 
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, int(len(ordered) * 0.99) - 1)]
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies) * 1000
+
+    @property
+    def p99(self) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000
+
+    @staticmethod
+    def pool(results: list[Result]) -> Result:
+        cpus = [r.server_cpu for r in results]
+        return Result(
+            latencies=[x for r in results for x in r.latencies],
+            elapsed=sum(r.elapsed for r in results),
+            server_cpu=None if None in cpus else sum(c or 0.0 for c in cpus),
+            client_cpu=sum(r.client_cpu for r in results),
+            frames=sum((r.frames for r in results), Counter()),
+            rate_limited=sum(r.rate_limited for r in results),
+        )
 
 
 async def measure(server: Server, args: argparse.Namespace) -> Result:
+    """Open the clients, run the warmup, time the measured phase, close the clients."""
     clients: list[Client] = []
     gate = asyncio.Semaphore(20)  # handshakes at a time: a burst of 100 only measures the backlog
 
@@ -345,6 +372,7 @@ async def measure(server: Server, args: argparse.Namespace) -> Result:
             await run_phase(clients, args.warmup, args.pipeline, "w", None)
         for client in clients:
             client.frames.clear()
+            client.rate_limited = 0
         latencies: list[float] = []
         cpu0, server0 = time.process_time(), server.cpu()
         started = time.perf_counter()
@@ -356,17 +384,12 @@ async def measure(server: Server, args: argparse.Namespace) -> Result:
         for client in clients:
             if client.reader is not None:
                 client.reader.cancel()
-    total = len(latencies)
-    frames = sum(sum(c.frames.values()) for c in clients)
     return Result(
-        rate=total / elapsed,
-        p50=statistics.median(latencies) * 1000,
-        p99=_p99(latencies) * 1000,
-        server_cpu=(
-            (server1 - server0) / elapsed if server0 is not None and server1 is not None else None
-        ),
-        client_cpu=(cpu1 - cpu0) / elapsed,
-        frames_per_message=frames / total,
+        latencies=latencies,
+        elapsed=elapsed,
+        server_cpu=server1 - server0 if server0 is not None and server1 is not None else None,
+        client_cpu=cpu1 - cpu0,
+        frames=sum((c.frames for c in clients), Counter()),
         rate_limited=sum(c.rate_limited for c in clients),
     )
 
@@ -376,14 +399,19 @@ async def measure(server: Server, args: argparse.Namespace) -> Result:
 
 def _line(label: str, r: Result, in_process: bool) -> str:
     if in_process:
-        cpu = f"process CPU {r.client_cpu:.0%}"
+        cpu = f"process CPU {r.client_cpu / r.elapsed:.0%}"
     else:
-        server = f"{r.server_cpu:.0%}" if r.server_cpu is not None else "n/a"
-        cpu = f"server CPU {server}, client CPU {r.client_cpu:.0%}"
+        server = f"{r.server_cpu / r.elapsed:.0%}" if r.server_cpu is not None else "n/a"
+        cpu = f"server CPU {server}, client CPU {r.client_cpu / r.elapsed:.0%}"
     return (
-        f"{label:<8} {r.rate:>8,.0f} msg/s  p50 {r.p50:7.2f} ms  p99 {r.p99:7.2f} ms  "
-        f"({r.frames_per_message:.1f} frames in per message; {cpu})"
+        f"  {label:<8} {r.rate:>8,.0f} msg/s  p50 {r.p50:7.2f} ms  p99 {r.p99:7.2f} ms  "
+        f"({r.frames.total() / len(r.latencies):.1f} frames in per message; {cpu} of one core)"
     )
+
+
+def _frames(r: Result) -> str:
+    count = len(r.latencies)
+    return ", ".join(f"{kind} {n / count:.2f}" for kind, n in r.frames.most_common())
 
 
 def _verdict(ok: bool) -> str:
@@ -392,29 +420,37 @@ def _verdict(ok: bool) -> str:
 
 async def main(args: argparse.Namespace) -> int:
     where = (
-        "in this process (client and servers share one CPU: latencies include client work)"
+        "in this process (clients and servers share one CPU: latencies include client work)"
         if args.in_process
         else "each in its own subprocess, clients in this one"
     )
     print(
         f"webchat benchmark: {args.clients} clients x {args.messages_per_client} messages "
-        f"(+{args.warmup} warmup), {args.pipeline} in flight per client; servers {where}; "
-        f"loopback; {os.cpu_count()} CPU(s)",
+        f"(+{args.warmup} warmup), {args.pipeline} in flight per client, {args.rounds} round(s); "
+        f"servers {where}; loopback; {os.cpu_count()} CPU(s)",
         flush=True,
     )
+    bases: list[Result] = []
+    fulls: list[Result] = []
     async with asyncio.timeout(args.timeout), AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-bench-")))
         echo, bridge = await start_servers(
             stack, tmp, in_process=args.in_process, profile=args.profile_bridge
         )
-        base = await measure(echo, args)
-        print(_line("baseline", base, args.in_process) + "  [bare websockets echo]", flush=True)
-        full = await measure(bridge, args)
-        print(
-            _line("bridge", full, args.in_process)
-            + "  [webchat -> router -> hook -> echo agent -> reply, SQLite]",
-            flush=True,
-        )
+        for n in range(args.rounds):  # alternate, so drift in the machine's load hits both
+            print(f"round {n + 1}:", flush=True)
+            bases.append(await measure(echo, args))
+            print(_line("baseline", bases[-1], args.in_process), flush=True)
+            fulls.append(await measure(bridge, args))
+            print(_line("bridge", fulls[-1], args.in_process), flush=True)
+    base, full = Result.pool(bases), Result.pool(fulls)
+    print(f"all rounds ({len(base.latencies):,} messages each):")
+    print(_line("baseline", base, args.in_process) + "  [bare websockets echo]")
+    print(
+        _line("bridge", full, args.in_process)
+        + "  [webchat -> router -> hook -> echo agent -> reply, SQLite]"
+    )
+    print(f"bridge frames in per message: {_frames(full)}")
     throughput, p99 = full.rate / base.rate, full.p99 / base.p99
     print(
         f"ratios: throughput {throughput:.2f}x (target >= {TARGET_THROUGHPUT}x: "
@@ -426,10 +462,10 @@ async def main(args: argparse.Namespace) -> int:
             f"note: {full.rate_limited} frames were rate-limited (20/s per socket, bursts of 60) "
             "and resent after retry_after; their waits are in the bridge's latencies"
         )
-    if not args.in_process and (base.client_cpu > 0.9 or full.client_cpu > 0.9):
-        print("note: the client process was near one full CPU: that run is partly client-bound")
+    if not args.in_process and max(r.client_cpu / r.elapsed for r in (base, full)) > 0.9:
+        print("note: the client process was near one full core: that run is partly client-bound")
     if args.profile_bridge:
-        print(f"bridge profile (pyinstrument): {args.profile_bridge}")
+        print(f"bridge profile (pyinstrument, whole bridge lifetime): {args.profile_bridge}")
     return 0
 
 
@@ -440,6 +476,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5, help="untimed messages per client first")
     parser.add_argument("--pipeline", type=int, default=1, help="messages in flight per client")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating baseline/bridge measurements, pooled"
+    )
+    parser.add_argument(
         "--in-process", action="store_true", help="run both servers in this process"
     )
     parser.add_argument(
@@ -448,7 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("clients", "messages_per_client", "pipeline"):
+    for name in ("clients", "messages_per_client", "pipeline", "rounds"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.warmup < 0:

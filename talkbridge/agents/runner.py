@@ -9,8 +9,8 @@ The onion is composed once per agent (middleware chains are frozen at start), no
 from __future__ import annotations
 
 import asyncio
-import logging
 import itertools
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +41,8 @@ _turn_numbers = itertools.count(1)
 def new_turn_id() -> str:
     """Unique across processes (random prefix) without a syscall per turn, unlike uuid4."""
     return f"{_TURN_PREFIX}-{next(_turn_numbers):x}"
+
+
 EventSink = Callable[[TurnContext, Any], Awaitable[None]]
 
 

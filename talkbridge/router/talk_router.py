@@ -145,9 +145,7 @@ class TalkRouter:
         verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         await self._inbound.submit(message.thread_key, (message, verdict))
         try:
-            accepted = await self._store.accept_inbound(
-                message, record_history=not keeps_history
-            )
+            accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
         except BaseException as exc:
             verdict.set_exception(exc)
             raise

@@ -1,4 +1,4 @@
-"""The persistence contract: one interface, a SQLite implementation (embedded) and Redis (scale-out).
+"""The persistence contract: one interface; SQLite (embedded) and Redis (scale-out) implement it.
 
 Every method is a coroutine and must never block the event loop. Keys that name a conversation use
 `thread_key` = `connection_id + "\\x1f" + thread_id` (see `NormalizedMessage.thread_key`).
@@ -115,7 +115,7 @@ class Store(Protocol):
         self, connection_id: str, channel_user_id: str, trusted: bool
     ) -> None: ...
     async def create_pairing(self, pairing: Pairing) -> Pairing:
-        """Store a pending pairing; if this sender already has a pending one, return that instead."""
+        """Store a pending pairing; if this sender already has a pending one, return that."""
         ...
 
     async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]: ...

@@ -566,17 +566,18 @@ class SqliteStore:
     # -- trust and pairing ------------------------------------------------------------------
 
     async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool:
+        # Only "trusted" is cached: an approval made by another process (`talkbridge pair
+        # approve` while the bridge runs) must be seen at the sender's next message.
         key = (connection_id, channel_user_id)
-        cached = self._trust.get(key)
-        if cached is not None:
-            return cached
+        if key in self._trust:
+            return True
         gen = self._trust_gen
         row = await self._writer.submit(self._ops.lookup, _IS_TRUSTED, *key)
         trusted = row is not None
-        if gen == self._trust_gen:
+        if trusted and gen == self._trust_gen:
             if len(self._trust) >= _CACHE_MAX:
                 self._trust.clear()
-            self._trust[key] = trusted
+            self._trust[key] = True
         return trusted
 
     def _invalidate_trust(self, key: tuple[str, str] | None = None) -> None:

@@ -231,3 +231,20 @@ def test_open_store_rejects_other_urls(url: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         open_store(url)
     assert "s3cret" not in str(info.value)
+
+
+async def test_an_approval_by_another_process_is_seen_at_once(tmp_path: Path) -> None:
+    from talkbridge.message import utcnow
+    from talkbridge.store import Pairing
+
+    bridge_side, cli_side = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "s.db")
+    await bridge_side.open()
+    await cli_side.open()
+    try:
+        await bridge_side.create_pairing(Pairing("AAAA-BBBB", "c", "u", "U", utcnow(), False))
+        assert not await bridge_side.is_trusted("c", "u")
+        assert await cli_side.approve_pairing("AAAA-BBBB") is not None
+        assert await bridge_side.is_trusted("c", "u")
+    finally:
+        await bridge_side.close()
+        await cli_side.close()
