@@ -209,7 +209,7 @@ class TalkRouter:
         connector = self._known(connection_id)
         result = await self._outbound[connection_id].send(message, check_sent=check_sent)
         if not getattr(connector, "keeps_history", False):
-            await self._store.append_history(
+            self._store.queue_history(
                 thread_key(connection_id, message.thread_id),
                 "assistant",
                 result.message_id,

@@ -90,6 +90,19 @@ class Store(Protocol):
         data: dict[str, Any] | None = None,
     ) -> HistoryEntry: ...
 
+    def queue_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """`append_history` without waiting for the entry: queued now, applied before any
+        operation issued later (for callers that do not need the seq)."""
+        ...
+
     async def history(
         self, thread_key: str, *, limit: int = 50, after_seq: int = 0
     ) -> Sequence[HistoryEntry]:

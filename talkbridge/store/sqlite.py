@@ -510,6 +510,18 @@ class SqliteStore:
         row = _history_row(thread_key, role, message_id, sender, text, data)
         return await self._writer.submit(self._messages, "append", row)
 
+    def queue_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        row = _history_row(thread_key, role, message_id, sender, text, data)
+        self._writer.submit_nowait(self._messages, "append", row)
+
     async def history(
         self, thread_key: str, *, limit: int = 50, after_seq: int = 0
     ) -> Sequence[HistoryEntry]:

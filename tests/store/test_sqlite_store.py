@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,8 @@ from talkbridge.store._writer import GroupCommitWriter
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    store = SqliteStore(tmp_path / "t.db")
-    await store.open()
-    yield store
-    await store.close()
+def db(sqlite_store: SqliteStore) -> SqliteStore:
+    return sqlite_store
 
 
 async def test_file_is_wal_normal_with_schema_version(tmp_path: Path) -> None:
@@ -106,7 +102,7 @@ async def test_close_finishes_what_was_queued(db: SqliteStore, tmp_path: Path) -
     await asyncio.gather(*writes[:1])  # the rest are queued or in flight
     await db.close()
     assert all(w.done() and w.exception() is None for w in writes)
-    with sqlite3.connect(tmp_path / "t.db") as peek:
+    with sqlite3.connect(tmp_path / "talkbridge.db") as peek:
         assert peek.execute("SELECT count(*) FROM state").fetchone()[0] == 100
 
 
@@ -163,7 +159,7 @@ async def test_sqlite_errors_are_store_errors(db: SqliteStore) -> None:
     def broken() -> None:
         db._ops._cur.execute("SELECT * FROM no_such_table")
 
-    with pytest.raises(StoreError, match=r"t\.db.*no such table") as info:
+    with pytest.raises(StoreError, match=r"talkbridge\.db.*no such table") as info:
         await db._writer.submit(broken)
     assert isinstance(info.value.__cause__, sqlite3.OperationalError)
     await db.set_state("after", "ok")  # the writer carries on

@@ -291,3 +291,15 @@ async def test_naive_datetimes_are_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="timezone"):
         await store.record_failed_send(naive)
     assert list(await store.failed_sends()) == []
+
+
+async def test_queued_history_is_seen_by_later_reads_in_order(store: Store) -> None:
+    await store.append_history("q", "user", "n1", "ann", "question")
+    store.queue_history("q", "assistant", "n2", "bridge", "answer")
+    store.queue_history("q", "user", "n3", "ann", "thanks")
+    entries = await store.history("q")
+    assert [(e.seq, e.role, e.text) for e in entries] == [
+        (1, "user", "question"),
+        (2, "assistant", "answer"),
+        (3, "user", "thanks"),
+    ]
