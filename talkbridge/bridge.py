@@ -181,12 +181,8 @@ class Bridge:
         """The address to open once the webchat listens; with the token if we generated it."""
         async with asyncio.timeout(timeout):
             await self.webchat.ready.wait()
-        host = self.config.webchat.host
-        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        if ":" in shown and not shown.startswith("["):
-            shown = f"[{shown}]"
-        url = f"http://{shown}:{self.webchat.port}/"
-        return f"{url}?token={self.webchat_token}" if self.webchat_token else url
+        url: str = self.webchat.url(self.webchat_token)
+        return url
 
     # -- the message path -----------------------------------------------------------------------
 

@@ -110,3 +110,19 @@ async def test_a_revoked_token_marks_the_connection_down_with_a_clear_reason(
     assert health.last_error is not None and "revoked" in health.last_error
     assert TOKEN_A not in health.last_error
     assert len(peer.calls_of("getMe", answered=401)) == 1  # no retry storm
+
+
+async def test_an_edited_message_updates_the_reply_instead_of_a_new_turn(
+    peer: TelegramBotAPIPeer, bridge: Callable[..., Any]
+) -> None:
+    await bridge({"id": "support", "token": TOKEN_A, "trusted": ["777"]})
+    original = private_text(777, "helo", message_id=9)
+    peer.push_update(original, token=TOKEN_A)
+    await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
+    edited = private_text(777, "hello", message_id=9)["message"]
+    edited["edit_date"] = edited["date"] + 30
+    peer.push_update({"edited_message": edited}, token=TOKEN_A)
+    await peer.wait_for(lambda: len(peer.calls_of("editMessageText")) == 1)
+    [edit] = [c.params for c in peer.calls_of("editMessageText")]
+    assert edit["text"] == "hello" and edit["chat_id"] == 777
+    assert len(sent_by(peer, TOKEN_A)) == 1  # no second reply
