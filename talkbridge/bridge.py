@@ -32,6 +32,7 @@ from talkbridge.hooks.channel_message import (
     RouteToAgent,
     RouteToSentinel,
 )
+from talkbridge.hooks.listeners import FileUpload, ThreadCreated
 from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage, Trust
 from talkbridge.registry import ConnectionRegistry
 from talkbridge.router import TalkRouter
@@ -247,12 +248,32 @@ class Bridge:
                 "routing": MessageRouting(agent=agent, trust=route.trust, routed_by=route.routed_by)
             }
         )
+        await self._notify_listeners(routed)
         if routed.edit_of is not None:
             await self._handle_edit(routed, agent)
             return
         outcome = await self.answer(routed, agent)
         if outcome is not None and outcome.text:
             await self._reply(routed, outcome)
+
+    async def _notify_listeners(self, message: NormalizedMessage) -> None:
+        """`on_file_upload` and `on_thread_create` run listeners; free when nobody listens."""
+        listeners = self.hooks.listeners
+        if message.attachments and listeners.has_listeners("on_file_upload"):
+            for attachment in message.attachments:
+                await listeners.on_file_upload(
+                    FileUpload(message.connection_id, message.thread_id, attachment)
+                )
+        if listeners.has_listeners("on_thread_create"):
+            # Messages of one thread are handled in order, so this check cannot race itself.
+            key = f"thread-seen:{message.thread_key}"
+            if await self.store.get_state(key) is None:
+                await self.store.set_state(key, message.id)
+                await listeners.on_thread_create(
+                    ThreadCreated(
+                        message.connection_id, message.thread_id, message.channel, implicit=True
+                    )
+                )
 
     async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
         """Run one turn, streaming deltas and typing to connections that show them."""

@@ -357,3 +357,53 @@ async def test_untrusted_text_reaches_a_non_sentinel_agent_only_when_a_hook_rout
     assert sorted(default.prompts) == sorted(expected_main)
     routed_ids = {u for (u, _, a) in senders if a == "route"}
     assert {u for u, _ in routed.prompts} <= routed_ids
+
+
+async def test_tool_calls_pass_the_permission_listener_and_files_and_threads_are_announced(
+    tmp_path: Path,
+) -> None:
+    from talkbridge.agents import ToolCall, ToolResult
+    from talkbridge.hooks.listeners import FileUpload, ThreadCreated
+    from talkbridge.message import Attachment
+
+    hooks = HookRegistry()
+    ran: list[str] = []
+    uploads: list[FileUpload] = []
+    threads: list[ThreadCreated] = []
+
+    class Guard:
+        async def before_tool_call(self, ctx: TurnContext, call: ToolCall) -> None:
+            if call.name == "delete_everything" and ctx.message.channel_user_id != "alice":
+                raise PermissionError("only alice may delete")
+
+        async def on_file_upload(self, upload: FileUpload) -> None:
+            uploads.append(upload)
+
+        async def on_thread_create(self, thread: ThreadCreated) -> None:
+            threads.append(thread)
+
+    class Tooly:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            yield ToolCall(call_id="1", name=ctx.input.prompt)
+            ran.append(f"{ctx.message.channel_user_id}:{ctx.input.prompt}")  # the tool "runs"
+            yield ToolResult(call_id="1", output="done")
+            yield Result(text="ok")
+
+    hooks.register("run-listener", Guard(), name="guard")
+    bridge, conns = await _bridge(
+        tmp_path, hooks=hooks, agents={"echo": Tooly()}, trusted=("alice", "bob")
+    )
+    conn = conns["test"]
+    picture = Attachment(kind="image", name="cat.png", ref="f1")
+    await conn.inject(make_message("delete_everything", user="bob", thread_id="a"))
+    await conn.inject(make_message("delete_everything", user="alice", thread_id="a"))
+    await conn.inject(make_message("lookup", user="bob", thread_id="b", attachments=(picture,)))
+    await conn.wait_sent(3)
+    await bridge.router.join()
+    await bridge.stop()
+    assert ran == ["alice:delete_everything", "bob:lookup"]  # bob's delete never ran
+    assert conn.texts()[0] == "the request was refused"
+    assert [u.attachment.name for u in uploads] == ["cat.png"]
+    assert sorted(t.thread_id for t in threads) == ["a", "b"]

@@ -22,6 +22,7 @@ from talkbridge.agents.base import (
     Result,
     TextDelta,
     ToolCall,
+    ToolResult,
     TurnContext,
     TurnInput,
     TurnSession,
@@ -101,9 +102,19 @@ class AgentRunner:
             async def innermost(ctx: TurnContext) -> None:
                 ctx.state["agent_ran"] = True
                 stream = agent.stream(ctx)
+                calls: dict[str, ToolCall] = {}
                 try:
                     async for event in stream:
+                        if isinstance(event, ToolCall):
+                            # The agent is suspended at this yield: a refusal here means the tool
+                            # never runs (the generator is closed, not resumed).
+                            await self._before_tool(ctx, event)
+                            calls[event.call_id] = event
                         await ctx.emit(event)
+                        if isinstance(event, ToolResult) and event.call_id in calls:
+                            await self.hooks.listeners.after_tool_call(
+                                ctx, calls.pop(event.call_id), event
+                            )
                         if isinstance(event, Result | Error):
                             break
                 finally:
@@ -193,6 +204,10 @@ class AgentRunner:
         await hooks.listeners.after_run(ctx, status=status, text=text)
         hooks.lifecycle.finished(ctx, status, error=error)
         return TurnOutcome(session, status, text, events, error, ctx)
+
+    async def _before_tool(self, ctx: TurnContext, call: ToolCall) -> None:
+        """Per-user tool permissions: a `before_tool_call` listener that raises denies the call."""
+        await self.hooks.listeners.before_tool_call(ctx, call, environment=self._environment)
 
     def _sanitize(self, exc: BaseException) -> str:
         if self._environment == "development":
