@@ -90,12 +90,34 @@ class KeyedSerialExecutor(Generic[K, T]):
                 self._release(len(queue))
                 del self._queues[key]
             self._active -= 1
-            while self._waiting and self._active < self._max_active:
-                waiting_key = self._waiting.popleft()
-                if waiting_key in self._queues:
-                    self._start(waiting_key)
-            if not self._queues:
-                self._idle.set()
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        while self._waiting and self._active < self._max_active:
+            waiting_key = self._waiting.popleft()
+            if waiting_key in self._queues:
+                self._start(waiting_key)
+        if not self._queues:
+            self._idle.set()
+
+    def try_claim(self, key: K) -> bool:
+        """Claim an idle `key` so the caller handles one item in its own task (no worker task,
+        no hand-off); items submitted meanwhile wait behind it. Pair with `release_claim`."""
+        if key in self._queues or self._active >= self._max_active:
+            return False
+        self._queues[key] = deque()
+        self._active += 1
+        self._idle.clear()
+        return True
+
+    def release_claim(self, key: K) -> None:
+        queue = self._queues[key]
+        self._active -= 1
+        if queue:  # items arrived while the caller worked: a worker takes them over
+            self._start(key)
+        else:
+            del self._queues[key]
+            self._start_waiting()
 
     def _release(self, count: int) -> None:
         self._queued -= count

@@ -99,7 +99,14 @@ class OutboundQueue:
         """Queue a send; `check_sent=False` skips the idempotency lookup for a key the caller
         knows is new (it is still recorded, so a later retry of the same key finds it)."""
         job = _Job(message, check_sent)
-        await self._executor.submit(message.thread_id, job)
+        thread_id = message.thread_id
+        if self._executor.try_claim(thread_id):  # nothing ahead of us: send from this task
+            try:
+                await self._deliver(thread_id, job)
+            finally:
+                self._executor.release_claim(thread_id)
+        else:
+            await self._executor.submit(thread_id, job)
         return await job.future
 
     async def join(self) -> None:
