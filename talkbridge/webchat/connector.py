@@ -22,6 +22,7 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.errors import NotFoundError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
+from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHORIZED,
@@ -96,6 +97,7 @@ class WebchatConnector(BaseConnector):
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
         self._undelivered: dict[str, NormalizedMessage] = {}
+        self._streams = DeltaCoalescer(self._publish_delta, DELTA_WINDOW)
         self.port: int | None = None
         """The bound port once `ready` is set (useful with `port: 0`)."""
         self.ready = asyncio.Event()
@@ -398,6 +400,8 @@ class WebchatConnector(BaseConnector):
         if isinstance(stream_id, str):
             data["stream_id"] = stream_id
         sender = message.meta.get("agent")
+        if isinstance(stream_id, str):
+            await self._streams.finish(stream_id)  # every piece before the final message
         entry = await self.context.store.append_history(
             _thread_key(message.thread_id),
             "assistant",
@@ -410,9 +414,17 @@ class WebchatConnector(BaseConnector):
         return SendResult(message_ids=(message_id,))
 
     async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
-        """Streaming: `text` is the next piece of the reply, appended by the page (not stored)."""
+        """Streaming: `text` is the next piece of the reply, appended by the page (not stored).
+
+        Pieces that come faster than `DELTA_WINDOW` are merged into one frame: a model emitting
+        a token at a time would otherwise cost every tab a frame per token.
+        """
+        if text and split_thread(thread_id) is not None:
+            await self._streams.add(thread_id, stream_id, text)
+
+    async def _publish_delta(self, thread_id: str, stream_id: str, text: str) -> None:
         parts = split_thread(thread_id)
-        if parts is not None and text:
+        if parts is not None:
             frame = {"type": "delta", "thread_id": thread_id, "stream_id": stream_id, "text": text}
             await self._publish(parts[0], frame)
 
