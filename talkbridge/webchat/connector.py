@@ -22,7 +22,6 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.errors import NotFoundError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
-from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHORIZED,
@@ -42,6 +41,7 @@ from talkbridge.webchat.protocol import (
 )
 from talkbridge.webchat.routes import HttpRoutes, tokens_match
 from talkbridge.webchat.sessions import Sessions, split_thread
+from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
 CONNECTION_ID = "webchat"
 USER_DISPLAY_NAME = "Webchat user"
