@@ -59,6 +59,11 @@ class ConnectionConfig(_Model):
             for pattern in self.trusted
         )
 
+    def trusts_message(self, message: Any) -> bool:
+        """Whether the sender of `message` is trusted by config; channels with more to go on
+        than the sender id (Discord roles) override this."""
+        return self.trusts(message.channel_user_id)
+
     def secret_values(self) -> list[str]:
         found: list[str] = []
         _collect_secrets(self, found)
@@ -270,5 +275,12 @@ def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ConfigError(f"{file}{where}: {problem}") from None
+        lines = text.splitlines()
+        bad_line = lines[mark.line] if mark is not None and mark.line < len(lines) else ""
+        hint = (
+            ' (inside {...} a ${NAME} reference must be quoted: "${NAME}")'
+            if "${" in bad_line
+            else ""
+        )
+        raise ConfigError(f"{file}{where}: {problem}{hint}") from None
     return parse_config(data, file.resolve().parent)

@@ -93,3 +93,10 @@ def test_hook_folders_are_relative_to_the_config_file(tmp_path: Path) -> None:
     path.write_text("hooks: [hooks/channel-message]\n")
     config, _ = load_config(path)
     assert config.hook_folders() == [tmp_path / "hooks" / "channel-message"]
+
+
+def test_unquoted_reference_in_a_flow_mapping_gets_a_hint(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text("webchat: {host: 127.0.0.1, tokens: [${WEBCHAT_TOKEN}]}\n")
+    with pytest.raises(ConfigError, match=r'must be quoted: "\$\{NAME\}"'):
+        load_config(path)
