@@ -32,6 +32,7 @@ from talkbridge.hooks.channel_message import (
     RouteToAgent,
     RouteToSentinel,
 )
+from talkbridge.hooks.durable import DurableHooks
 from talkbridge.hooks.listeners import FileUpload, ThreadCreated
 from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage, Trust
 from talkbridge.registry import ConnectionRegistry
@@ -88,6 +89,8 @@ class Bridge:
         self._prefetches: dict[tuple[str, str], Any] = {}
         self._hook_objects: list[Any] = []
         self._started = False
+        # durable hooks (issue 5): register handlers on `bridge.durable` before start
+        self.durable = DurableHooks(self.store, app_id)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -118,6 +121,7 @@ class Bridge:
         self.router.on_arrival(self._prefetch)
         await self.router.recover()
         await self.registry.start()
+        await self.durable.start()  # durable hooks (issue 5)
         self._started = True
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
@@ -132,6 +136,7 @@ class Bridge:
         await self.registry.stop()
         await self.router.close()
         await self.hooks.drain()
+        await self.durable.stop()  # durable hooks (issue 5)
         await self.store.close()
 
     async def __aenter__(self) -> Bridge:
@@ -217,7 +222,7 @@ class Bridge:
 
     async def is_trusted(self, message: NormalizedMessage) -> bool:
         config = self.registry.config(message.connection_id)
-        if config is not None and config.trusts(message.channel_user_id):
+        if config is not None and config.trusts_message(message):
             return True
         return await self.store.is_trusted(message.connection_id, message.channel_user_id)
 
@@ -322,6 +327,8 @@ class Bridge:
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
         await self.store.map_id(cid, message.id, result.message_id)
+        if outcome.ok:  # durable hooks (issue 5): after the whole turn and its reply
+            await self.durable.emit_turn_completed(outcome.session, outcome.status)
 
     async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:
         """An edit re-answers by editing our earlier reply; it never starts a second thread."""

@@ -1,4 +1,4 @@
-"""`talkbridge run | check | init | pair`: the operator's front door.
+"""`talkbridge run | check | init | pair | hooks`: the operator's front door.
 
 Exit codes: 0 ok, 2 bad config or usage, 1 runtime failure.
 """
@@ -172,6 +172,45 @@ async def _pair(args: argparse.Namespace) -> int:
         await store.close()
 
 
+# -- hooks dead-letters ----------------------------------------------------------------------------
+
+
+async def _hooks(args: argparse.Namespace) -> int:
+    from talkbridge.message import utcnow
+    from talkbridge.store import open_store
+
+    config, _ = _load(args.config)
+    store = open_store(config.store, prefix=config.store_prefix)
+    await store.open()
+    try:
+        if args.dead_command == "replay":
+            if args.all == bool(args.ids):
+                print("talkbridge hooks dead-letters replay: give ID(s) or --all", file=sys.stderr)
+                return EXIT_USAGE
+            ids = None if args.all else args.ids
+            count = await store.replay_hook_deliveries(ids, now=utcnow(), app_id=args.app)
+            if ids is not None and count < len(ids):
+                print(
+                    f"replayed {count} of {len(ids)}: the others are not dead letters"
+                    + (f" of app {args.app!r}" if args.app else ""),
+                    file=sys.stderr,
+                )
+                return EXIT_RUNTIME
+            print(f"replayed {count} dead letter(s); a running bridge delivers them now")
+            return EXIT_OK
+        dead = await store.hook_backlog(app_id=args.app, dead=True, limit=args.limit)
+        if not dead:
+            print("no dead letters")
+        for d in dead:
+            print(
+                f"{d.id}  {d.app_id}  {d.handler}  {d.event_id}  {d.created_at:%Y-%m-%d %H:%M}"
+                f"  attempts={d.attempts}  {d.last_error or ''}"
+            )
+        return EXIT_OK
+    finally:
+        await store.close()
+
+
 # -- init ------------------------------------------------------------------------------------------
 
 
@@ -233,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
     approve = pair_sub.add_parser("approve", help="trust the sender who got CODE")
     config_arg(approve)
     approve.add_argument("code")
+
+    hooks = sub.add_parser("hooks", help="durable hook queue")
+    hooks_sub = hooks.add_subparsers(dest="hooks_command", required=True)
+    dead = hooks_sub.add_parser("dead-letters", help="list or replay durable hook dead letters")
+    dead_sub = dead.add_subparsers(dest="dead_command", required=True)
+    dead_list = dead_sub.add_parser("list", help="events whose handler gave up after retries")
+    config_arg(dead_list)
+    dead_list.add_argument("--app", help="only this app id")
+    dead_list.add_argument("--limit", type=int, default=1000)
+    replay = dead_sub.add_parser("replay", help="queue dead letters again, attempts reset")
+    config_arg(replay)
+    replay.add_argument("ids", nargs="*", type=int, metavar="ID", help="ids from `list`")
+    replay.add_argument("--all", action="store_true", help="every dead letter")
+    replay.add_argument("--app", help="only this app id")
     return parser
 
 
@@ -241,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "init":
             return _init(args)
-        runner = {"run": _run, "check": _check, "pair": _pair}[args.command]
+        runner = {"run": _run, "check": _check, "pair": _pair, "hooks": _hooks}[args.command]
         return asyncio.run(runner(args))
     except ConfigError as exc:
         print(f"talkbridge: {exc}", file=sys.stderr)

@@ -49,6 +49,32 @@ register_channel(
 )
 
 
+register_channel(
+    ChannelSpec(
+        "slack",
+        "talkbridge.connectors.slack.config:SlackConfig",
+        "talkbridge.connectors.slack.transport:create",
+        extra="slack",
+    )
+)
+register_channel(
+    ChannelSpec(
+        "discord",
+        "talkbridge.connectors.discord.config:DiscordConfig",
+        "talkbridge.connectors.discord.transport:create",
+        extra="discord",
+    )
+)
+register_channel(
+    ChannelSpec(
+        "email",
+        "talkbridge.connectors.email.config:EmailConfig",
+        "talkbridge.connectors.email.transport:create",
+        extra="email",
+    )
+)
+
+
 def _load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from talkbridge.errors import ConfigError
-from talkbridge.store.base import FailedSend, HistoryEntry, Pairing, Role, Store
+from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role, Store
 from talkbridge.store.sqlite import SqliteStore
 
 __all__ = [
     "FailedSend",
     "HistoryEntry",
+    "HookDelivery",
     "Pairing",
     "Role",
     "SqliteStore",
@@ -45,8 +46,13 @@ def open_store(url: str, *, prefix: str = "talkbridge") -> Store:
     if scheme == "sqlite":
         return _sqlite_store(url.strip())
     if scheme in ("redis", "rediss"):
-        raise ConfigError(
-            "store: the redis store is not available yet; use sqlite:///talkbridge.db"
-        )
+        try:
+            from talkbridge.store.redis import RedisStore  # the redis extra: only when asked for
+        except ImportError as exc:
+            raise ConfigError(
+                "store: a redis:// store needs redis-py; install talkbridge[redis]"
+            ) from exc
+
+        return RedisStore(url.strip(), prefix=prefix)
     shown = repr(scheme) if scheme else "missing (expected sqlite:// or redis://)"
     raise ConfigError(f"store: unsupported URL scheme {shown}; use {_SQLITE_FORMS} or redis://")

@@ -51,6 +51,29 @@ class FailedSend:
     failed_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class HookDelivery:
+    """One durable hook event waiting for one handler (see `talkbridge.hooks.durable`).
+
+    `id` grows in enqueue order across the whole store; it is what `talkbridge hooks
+    dead-letters replay ID` names.
+    """
+
+    id: int
+    app_id: str
+    handler: str
+    conversation: str
+    """Ordering key: deliveries of one (handler, conversation) go one at a time, oldest first."""
+    event_id: str
+    body: str
+    """The event as JSON."""
+    created_at: datetime
+    attempts: int = 0
+    """Failed attempts so far."""
+    dead: bool = False
+    last_error: str | None = None
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -139,3 +162,73 @@ class Store(Protocol):
     # -- small durable state for connectors (update offsets, IMAP UIDs) ------------------------
     async def get_state(self, key: str) -> str | None: ...
     async def set_state(self, key: str, value: str) -> None: ...
+
+    # -- durable hook queue (talkbridge.hooks.durable) -----------------------------------------
+    async def enqueue_hook_event(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        conversation: str,
+        event_id: str,
+        body: str,
+        created_at: datetime,
+        *,
+        capacity: int,
+    ) -> int:
+        """Queue one delivery of the event per handler, due now, in one atomic step.
+
+        Keeps at most `capacity` undelivered deliveries (pending or dead) per (app, handler),
+        dropping the oldest; returns how many were dropped.
+        """
+        ...
+
+    async def claim_hook_deliveries(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+    ) -> Sequence[HookDelivery]:
+        """The oldest live (not dead) delivery of each (handler, conversation) when it is due
+        (at or before `now`), oldest first, at most `limit`. Each one returned is hidden from
+        other claims until `lease_until`: a worker that dies before `ack`/`fail` leaves it to
+        be claimed again then. Later deliveries of a conversation wait behind its head."""
+        ...
+
+    async def ack_hook_delivery(self, delivery_id: int) -> None:
+        """Delivered: forget it (a no-op when it is already gone)."""
+        ...
+
+    async def fail_hook_delivery(
+        self, delivery_id: int, error: str, *, retry_at: datetime | None
+    ) -> None:
+        """Count a failed attempt: due again at `retry_at`, or a dead letter when None (which
+        no longer holds back the later deliveries of its conversation)."""
+        ...
+
+    async def release_hook_delivery(self, delivery_id: int, *, now: datetime) -> None:
+        """Give a lease back without counting an attempt (a worker stopping mid-delivery)."""
+        ...
+
+    async def hook_backlog(
+        self, *, app_id: str | None = None, dead: bool | None = None, limit: int = 1000
+    ) -> Sequence[HookDelivery]:
+        """Undelivered deliveries (of one app, or all), oldest first; `dead` filters."""
+        ...
+
+    async def replay_hook_deliveries(
+        self, delivery_ids: Sequence[int] | None, *, now: datetime, app_id: str | None = None
+    ) -> int:
+        """Make dead letters (the given ids, or all of `app_id`/every app when None) due at
+        `now` with their attempts reset; returns how many were dead letters."""
+        ...
+
+    async def purge_hook_events(self, *, older_than: datetime) -> int:
+        """Drop undelivered deliveries created before `older_than` (retention)."""
+        ...
+
+    async def clear_hook_events(self, app_id: str) -> int:
+        """Drop every undelivered delivery of an app (the app was disabled or removed)."""
+        ...

@@ -17,10 +17,10 @@ from typing import Any, get_args
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store._writer import BulkOp, GroupCommitWriter
-from talkbridge.store.base import FailedSend, HistoryEntry, Pairing, Role
+from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -95,6 +95,26 @@ _MIGRATIONS: tuple[str, ...] = (
         value TEXT NOT NULL
     ) WITHOUT ROWID;
     """,
+    # version 2: the durable hook queue (talkbridge.hooks.durable)
+    """
+    CREATE TABLE hook_queue (
+        id INTEGER PRIMARY KEY,
+        app_id TEXT NOT NULL,
+        handler TEXT NOT NULL,
+        conversation TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at REAL NOT NULL,  -- epoch seconds
+        next_at REAL NOT NULL,     -- due (or leased until), epoch seconds
+        attempts INTEGER NOT NULL DEFAULT 0,
+        dead INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT
+    );
+    CREATE INDEX hook_queue_live ON hook_queue (app_id, handler, conversation, id)
+        WHERE dead = 0;
+    CREATE INDEX hook_queue_app ON hook_queue (app_id, handler, id);
+    CREATE INDEX hook_queue_created ON hook_queue (created_at);
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
@@ -151,6 +171,69 @@ _SET_STATE = (
     "INSERT INTO state (key, value) VALUES (?, ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
+
+_HOOK_COLS = (
+    "id, app_id, handler, conversation, event_id, body, created_at, attempts, dead, last_error"
+)
+_HOOK_INSERT = (
+    "INSERT INTO hook_queue (app_id, handler, conversation, event_id, body, created_at, next_at)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_HOOK_COUNT = "SELECT count(*) FROM hook_queue WHERE app_id = ? AND handler = ?"
+_HOOK_TRIM = (
+    "DELETE FROM hook_queue WHERE app_id = ? AND handler = ? AND id IN (SELECT id FROM hook_queue"
+    " WHERE app_id = ? AND handler = ? ORDER BY id LIMIT ?)"
+)
+# The head (oldest live delivery) of each (handler, conversation), when it is due.
+_HOOK_CLAIM = (
+    f"SELECT {_HOOK_COLS} FROM hook_queue WHERE id IN ("
+    " SELECT min(id) FROM hook_queue WHERE app_id = ? AND dead = 0 AND handler IN ({marks})"
+    " GROUP BY handler, conversation"
+    ") AND next_at <= ? ORDER BY id LIMIT ?"
+)
+_HOOK_ACK = "DELETE FROM hook_queue WHERE id = ?"
+_HOOK_FAIL = (
+    "UPDATE hook_queue SET attempts = attempts + 1, last_error = ?,"
+    " next_at = coalesce(?, next_at), dead = ? WHERE id = ?"
+)
+_HOOK_RELEASE = "UPDATE hook_queue SET next_at = ? WHERE id = ? AND dead = 0"
+_HOOK_PURGE = "DELETE FROM hook_queue WHERE created_at < ?"
+_HOOK_CLEAR = "DELETE FROM hook_queue WHERE app_id = ?"
+
+
+def _hook_filter(app_id: str | None, dead: bool | None) -> tuple[str, tuple[Any, ...]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if app_id is not None:
+        clauses.append("app_id = ?")
+        params.append(app_id)
+    if dead is not None:
+        clauses.append("dead = ?")
+        params.append(int(dead))
+    where = (" WHERE " + " AND ".join(clauses)) if clauses else " WHERE 1"
+    return where, tuple(params)
+
+
+def _delivery(row: tuple[Any, ...]) -> HookDelivery:
+    id_, app_id, handler, conversation, event_id, body, created, attempts, dead, error = row
+    return HookDelivery(
+        id=id_,
+        app_id=app_id,
+        handler=handler,
+        conversation=conversation,
+        event_id=event_id,
+        body=body,
+        created_at=datetime.fromtimestamp(created, UTC),
+        attempts=attempts,
+        dead=bool(dead),
+        last_error=error,
+    )
+
+
+def _epoch(value: datetime, what: str) -> float:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    return value.timestamp()
 
 
 _CHUNK_PARAMS = 30_000
@@ -401,6 +484,65 @@ class _SqliteOps:
     def set_state(self, key: str, value: str) -> None:
         self._cur.execute(_SET_STATE, (key, value))
 
+    # -- durable hook queue -----------------------------------------------------------------
+
+    def enqueue_hook(
+        self,
+        app_id: str,
+        handlers: tuple[str, ...],
+        conversation: str,
+        event_id: str,
+        body: str,
+        created_at: float,
+        capacity: int,
+    ) -> int:
+        cur = self._cur
+        dropped = 0
+        for handler in handlers:
+            cur.execute(
+                _HOOK_INSERT,
+                (app_id, handler, conversation, event_id, body, created_at, created_at),
+            )
+            (count,) = cur.execute(_HOOK_COUNT, (app_id, handler)).fetchone()
+            if count > capacity:
+                cur.execute(_HOOK_TRIM, (app_id, handler, app_id, handler, count - capacity))
+                dropped += cur.rowcount
+        return dropped
+
+    def claim_hooks(
+        self, app_id: str, handlers: tuple[str, ...], now: float, lease: float, limit: int
+    ) -> list[HookDelivery]:
+        marks = ",".join("?" * len(handlers))
+        rows = self._cur.execute(
+            _HOOK_CLAIM.format(marks=marks), (app_id, *handlers, now, limit)
+        ).fetchall()
+        if rows:
+            ids = [r[0] for r in rows]
+            self._cur.execute(
+                f"UPDATE hook_queue SET next_at = ? WHERE id IN ({','.join('?' * len(ids))})",
+                (lease, *ids),
+            )
+        return [_delivery(r) for r in rows]
+
+    def hook_backlog(self, app_id: str | None, dead: bool | None, limit: int) -> list[HookDelivery]:
+        where, params = _hook_filter(app_id, dead)
+        sql = f"SELECT {_HOOK_COLS} FROM hook_queue{where} ORDER BY id LIMIT ?"
+        return [_delivery(r) for r in self._cur.execute(sql, (*params, limit)).fetchall()]
+
+    def replay_hooks(self, ids: tuple[int, ...] | None, now: float, app_id: str | None) -> int:
+        where, params = _hook_filter(app_id, True)
+        if ids is not None:
+            where += f" AND id IN ({','.join('?' * len(ids))})"
+            params = (*params, *ids)
+        self._cur.execute(
+            f"UPDATE hook_queue SET dead = 0, attempts = 0, next_at = ?{where}", (now, *params)
+        )
+        return self._cur.rowcount
+
+    def change(self, sql: str, *params: Any) -> int:
+        self._cur.execute(sql, params)
+        return self._cur.rowcount
+
 
 def _history_row(
     thread_key: str,
@@ -627,3 +769,86 @@ class SqliteStore:
 
     async def set_state(self, key: str, value: str) -> None:
         await self._writer.submit(self._ops.set_state, key, value)
+
+    # -- durable hook queue -----------------------------------------------------------------
+
+    async def enqueue_hook_event(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        conversation: str,
+        event_id: str,
+        body: str,
+        created_at: datetime,
+        *,
+        capacity: int,
+    ) -> int:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        created = _epoch(created_at, "created_at")
+        return await self._writer.submit(
+            self._ops.enqueue_hook,
+            app_id,
+            tuple(handlers),
+            conversation,
+            event_id,
+            body,
+            created,
+            capacity,
+        )
+
+    async def claim_hook_deliveries(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+    ) -> Sequence[HookDelivery]:
+        if not handlers or limit <= 0:
+            return []
+        return await self._writer.submit(
+            self._ops.claim_hooks,
+            app_id,
+            tuple(handlers),
+            _epoch(now, "now"),
+            _epoch(lease_until, "lease_until"),
+            limit,
+        )
+
+    async def ack_hook_delivery(self, delivery_id: int) -> None:
+        await self._writer.submit(self._ops.change, _HOOK_ACK, delivery_id)
+
+    async def fail_hook_delivery(
+        self, delivery_id: int, error: str, *, retry_at: datetime | None
+    ) -> None:
+        retry = None if retry_at is None else _epoch(retry_at, "retry_at")
+        await self._writer.submit(
+            self._ops.change, _HOOK_FAIL, error, retry, int(retry is None), delivery_id
+        )
+
+    async def release_hook_delivery(self, delivery_id: int, *, now: datetime) -> None:
+        await self._writer.submit(self._ops.change, _HOOK_RELEASE, _epoch(now, "now"), delivery_id)
+
+    async def hook_backlog(
+        self, *, app_id: str | None = None, dead: bool | None = None, limit: int = 1000
+    ) -> Sequence[HookDelivery]:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        return await self._writer.submit(self._ops.hook_backlog, app_id, dead, limit)
+
+    async def replay_hook_deliveries(
+        self, delivery_ids: Sequence[int] | None, *, now: datetime, app_id: str | None = None
+    ) -> int:
+        ids = None if delivery_ids is None else tuple(int(i) for i in delivery_ids)
+        if ids == ():
+            return 0
+        return await self._writer.submit(self._ops.replay_hooks, ids, _epoch(now, "now"), app_id)
+
+    async def purge_hook_events(self, *, older_than: datetime) -> int:
+        cutoff = _epoch(older_than, "older_than")
+        return await self._writer.submit(self._ops.change, _HOOK_PURGE, cutoff)
+
+    async def clear_hook_events(self, app_id: str) -> int:
+        return await self._writer.submit(self._ops.change, _HOOK_CLEAR, app_id)

@@ -1,12 +1,13 @@
 """The `store` fixture: one parametrized point, so every contract test runs on every backend.
 
-Add a backend by adding a `Backend` to `BACKENDS` (Redis will: a unique key prefix per test, and a
-cleanup that deletes the keys). `reopen` stands for a process restart: it closes the current store
-and opens a new one over the same data.
+Add a backend by adding a `Backend` to `BACKENDS`. Redis: a unique key prefix per test, and a
+cleanup that deletes the keys (on the server answering 6379, or one the tests start). `reopen`
+stands for a process restart: it closes the current store and opens a new one over the same data.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from talkbridge.store import SqliteStore, Store
+from tests.conftest import require
+from tests.peers.redis import redis_url
 
 
 @dataclass
@@ -21,6 +24,7 @@ class Backend:
     """Makes stores over one backing data set (a file, a key prefix)."""
 
     make: Callable[[], Store]
+    cleanup: Callable[[], Awaitable[None]] | None = None
 
 
 def _sqlite(tmp_path: Path) -> Backend:
@@ -28,7 +32,29 @@ def _sqlite(tmp_path: Path) -> Backend:
     return Backend(make=lambda: SqliteStore(path))
 
 
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite}
+def _redis(tmp_path: Path) -> Backend:
+    url = redis_url()
+    require(url is not None, "no redis-server answers on 127.0.0.1:6379 and none is installed")
+    assert url is not None
+    from redis.asyncio import Redis
+
+    from talkbridge.store.redis import RedisKeys, RedisStore
+
+    prefix = f"tbtest-{uuid.uuid4().hex[:12]}"
+
+    async def cleanup() -> None:
+        client = Redis.from_url(url)
+        try:
+            keys = [k async for k in client.scan_iter(match=RedisKeys(prefix).pattern(), count=500)]
+            if keys:
+                await client.delete(*keys)
+        finally:
+            await client.aclose()
+
+    return Backend(make=lambda: RedisStore(url, prefix=prefix), cleanup=cleanup)
+
+
+BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite, "redis": _redis}
 
 Reopen = Callable[[], Awaitable[Store]]
 
@@ -48,8 +74,12 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     current = _Current(backend, backend.make())
     await current.store.open()
     request.node.stash[_CURRENT] = current
-    yield current.store
-    await current.store.close()
+    try:
+        yield current.store
+    finally:
+        await current.store.close()
+        if backend.cleanup is not None:
+            await backend.cleanup()
 
 
 @pytest.fixture

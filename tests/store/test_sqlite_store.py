@@ -206,13 +206,6 @@ def test_open_store_sqlite_urls(url: str, path: Path | str) -> None:
     assert store.path == path
 
 
-@pytest.mark.parametrize("url", ["redis://:s3cret@127.0.0.1:6379/0", "rediss://u:s3cret@h/1"])
-def test_open_store_redis_is_not_available_yet(url: str) -> None:
-    with pytest.raises(ConfigError, match="redis store is not available yet") as info:
-        open_store(url, prefix="tb")
-    assert "s3cret" not in str(info.value)
-
-
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -244,3 +237,25 @@ async def test_an_approval_by_another_process_is_seen_at_once(tmp_path: Path) ->
     finally:
         await bridge_side.close()
         await cli_side.close()
+
+
+async def test_a_version_1_file_is_migrated_keeping_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sqlite_module._MIGRATIONS[0])
+        conn.execute("INSERT INTO state (key, value) VALUES ('tg:offset', '41')")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert await store.get_state("tg:offset") == "41"
+        from datetime import UTC, datetime
+
+        now = datetime.now(UTC)
+        await store.enqueue_hook_event("app", ["h"], "c", "e1", "{}", now, capacity=10)
+        assert [d.event_id for d in await store.hook_backlog()] == ["e1"]
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as peek:
+        assert peek.execute("PRAGMA user_version").fetchone()[0] == 2

@@ -303,3 +303,130 @@ async def test_queued_history_is_seen_by_later_reads_in_order(store: Store) -> N
         (2, "assistant", "answer"),
         (3, "user", "thanks"),
     ]
+
+
+# -- durable hook queue ----------------------------------------------------------------------
+
+
+async def enqueue(
+    store: Store,
+    event_id: str,
+    *,
+    conversation: str = "c1",
+    handlers: tuple[str, ...] = ("h",),
+    app_id: str = "app",
+    at: datetime = T0,
+    capacity: int = 1000,
+) -> int:
+    return await store.enqueue_hook_event(
+        app_id, handlers, conversation, event_id, f'{{"id": "{event_id}"}}', at, capacity=capacity
+    )
+
+
+async def claim(
+    store: Store, now: datetime = T0, *, handlers: tuple[str, ...] = ("h",), app_id: str = "app"
+) -> list[tuple[str, str]]:
+    found = await store.claim_hook_deliveries(
+        app_id, handlers, now=now, lease_until=now + timedelta(seconds=30), limit=100
+    )
+    return [(d.handler, d.event_id) for d in found]
+
+
+async def test_hook_queue_delivers_the_head_of_each_conversation(store: Store) -> None:
+    for event_id, conversation in (("a1", "a"), ("b1", "b"), ("a2", "a")):
+        await enqueue(store, event_id, conversation=conversation)
+    [first, second] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0, lease_until=T0 + timedelta(seconds=30), limit=10
+    )
+    assert (first.event_id, first.conversation, first.attempts) == ("a1", "a", 0)
+    assert first.body == '{"id": "a1"}' and first.app_id == "app" and first.created_at == T0
+    assert second.event_id == "b1"
+    # Leased: hidden until the lease ends, and "a2" waits behind "a1".
+    assert await claim(store, T0 + timedelta(seconds=29)) == []
+    await store.ack_hook_delivery(first.id)
+    assert await claim(store, T0 + timedelta(seconds=1)) == [("h", "a2")]
+    # A worker that died without ack or fail: the lease expires and "b1" comes again.
+    assert await claim(store, T0 + timedelta(seconds=30.5)) == [("h", "b1")]
+
+
+async def test_hook_queue_one_delivery_per_handler_and_app(store: Store) -> None:
+    await enqueue(store, "e1", handlers=("billing", "crm"))
+    await enqueue(store, "e2", app_id="other")
+    assert await claim(store, handlers=("billing", "crm")) == [("billing", "e1"), ("crm", "e1")]
+    assert await claim(store, handlers=("h",), app_id="other") == [("h", "e2")]
+    assert await claim(store, handlers=("nobody",)) == []
+
+
+async def test_hook_queue_retry_dead_letter_and_replay(store: Store, reopen: Reopen) -> None:
+    await enqueue(store, "e1")
+    await enqueue(store, "e2")
+    [d] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0, lease_until=T0 + timedelta(seconds=30), limit=10
+    )
+    await store.fail_hook_delivery(d.id, "boom 1", retry_at=T0 + timedelta(seconds=5))
+    assert await claim(store, T0 + timedelta(seconds=4)) == []  # backing off; e2 waits
+    [d] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0 + timedelta(seconds=5), lease_until=T0 + timedelta(1), limit=10
+    )
+    assert (d.event_id, d.attempts, d.last_error) == ("e1", 1, "boom 1")
+    await store.fail_hook_delivery(d.id, "boom 2", retry_at=None)  # a dead letter
+    # ...which no longer holds back its conversation
+    assert await claim(store, T0 + timedelta(seconds=5)) == [("h", "e2")]
+
+    store = await reopen()
+    [dead] = await store.hook_backlog(app_id="app", dead=True)
+    assert (dead.id, dead.event_id, dead.attempts, dead.dead) == (d.id, "e1", 2, True)
+    assert dead.last_error == "boom 2"
+    assert [x.event_id for x in await store.hook_backlog()] == ["e1", "e2"]
+    assert [x.event_id for x in await store.hook_backlog(dead=False)] == ["e2"]
+    assert list(await store.hook_backlog(app_id="other")) == []
+
+    assert await store.replay_hook_deliveries([dead.id], now=T0, app_id="other") == 0
+    assert await store.replay_hook_deliveries([dead.id], now=T0 + timedelta(1)) == 1
+    assert list(await store.hook_backlog(dead=True)) == []
+    [again] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0 + timedelta(1), lease_until=T0 + timedelta(2), limit=10
+    )
+    assert (again.event_id, again.attempts) == ("e1", 0)
+    await store.fail_hook_delivery(again.id, "x", retry_at=None)
+    assert await store.replay_hook_deliveries(None, now=T0, app_id="app") == 1
+
+
+async def test_hook_queue_release_gives_the_lease_back(store: Store) -> None:
+    await enqueue(store, "e1")
+    [d] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0, lease_until=T0 + timedelta(seconds=30), limit=10
+    )
+    await store.release_hook_delivery(d.id, now=T0)
+    [again] = await store.claim_hook_deliveries(
+        "app", ["h"], now=T0, lease_until=T0 + timedelta(seconds=30), limit=10
+    )
+    assert (again.id, again.attempts) == (d.id, 0)
+    await store.ack_hook_delivery(d.id)
+    await store.ack_hook_delivery(d.id)  # twice: a no-op
+    await store.fail_hook_delivery(d.id, "late", retry_at=None)  # after the ack: a no-op
+    assert list(await store.hook_backlog()) == []
+
+
+async def test_hook_queue_capacity_drops_the_oldest_per_handler(store: Store) -> None:
+    for i in range(5):
+        assert await enqueue(store, f"e{i}", conversation=f"c{i}", capacity=3) == (
+            1 if i >= 3 else 0
+        )
+    await enqueue(store, "x", handlers=("other",), capacity=3)
+    assert [d.event_id for d in await store.hook_backlog()] == ["e2", "e3", "e4", "x"]
+    assert await claim(store) == [("h", "e2"), ("h", "e3"), ("h", "e4")]
+
+
+async def test_hook_queue_retention_and_clearing_an_app(store: Store, reopen: Reopen) -> None:
+    await enqueue(store, "old", at=T0)
+    await enqueue(store, "new", at=T0 + timedelta(days=2))
+    await enqueue(store, "elsewhere", app_id="b", at=T0 + timedelta(days=2))
+    assert await store.purge_hook_events(older_than=T0 + timedelta(days=1)) == 1
+    assert [d.event_id for d in await store.hook_backlog()] == ["new", "elsewhere"]
+    assert await store.clear_hook_events("app") == 1
+    store = await reopen()
+    assert [d.event_id for d in await store.hook_backlog()] == ["elsewhere"]
+    assert await claim(store, T0 + timedelta(days=3)) == []
+    await enqueue(store, "after", at=T0 + timedelta(days=3))  # the app takes events again
+    assert await claim(store, T0 + timedelta(days=3)) == [("h", "after")]

@@ -1,0 +1,1 @@
+"""Discord connector: discord.py 2 over the gateway (inbound) and REST (outbound)."""

@@ -1,0 +1,80 @@
+"""Keys of a Discord connection; validated without importing discord.py."""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from talkbridge.config import ConnectionConfig
+
+if TYPE_CHECKING:
+    from talkbridge.message import NormalizedMessage
+
+DEFAULT_API_BASE = "https://discord.com/api/v10"
+DEFAULT_GATEWAY = "wss://gateway.discord.gg/"
+
+
+class DiscordIntents(BaseModel):
+    """Gateway intents beyond discord.py's defaults; the privileged ones are opt-in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message_content: bool = True
+    """Privileged: without it guild messages arrive with empty text (enable it in the portal)."""
+    members: bool = False
+    """Privileged: only needed for member lists; trust by role works without it."""
+    presences: bool = False
+
+
+class DiscordConfig(ConnectionConfig):
+    channel: Literal["discord"] = "discord"
+    token: SecretStr
+    intents: DiscordIntents = DiscordIntents()
+    api_base: str | None = None
+    """REST base, e.g. `https://discord.com/api/v10` or a REST proxy. Process-wide in discord.py:
+    every Discord connection of one process must use the same value."""
+    gateway_url: str | None = None
+    """Gateway websocket URL, e.g. `wss://gateway.discord.gg`. Process-wide like `api_base`."""
+    require_mention: bool = True
+    """In guild channels, answer only messages that mention the bot or reply to it. DMs always."""
+    guild_ready_timeout: float = Field(default=2.0, ge=0)
+    """Seconds discord.py waits for GUILD_CREATEs after READY before it reports ready."""
+    max_ratelimit_wait: float = Field(default=30.0, ge=30.0)
+    """A route's 429 up to this many seconds is waited out in that route's bucket only;
+    longer ones are handed to the router as a rate limit (discord.py's minimum is 30)."""
+
+    @field_validator("token")
+    @classmethod
+    def _token_shape(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value()
+        if not token or any(ch.isspace() for ch in token) or token.lower().startswith("bot "):
+            raise ValueError(
+                "must be the bare bot token from the Developer Portal (no 'Bot ' prefix, no spaces)"
+            )
+        return value
+
+    @field_validator("api_base", "gateway_url")
+    @classmethod
+    def _url(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return None
+        schemes = ("http://", "https://") if info.field_name == "api_base" else ("ws://", "wss://")
+        if not value.startswith(schemes):
+            raise ValueError(f"must start with {' or '.join(schemes)}")
+        return value.rstrip("/") if info.field_name == "api_base" else value
+
+    def trusted_roles(self) -> tuple[str, ...]:
+        """Entries of `trusted` that are not user ids (snowflakes) are role names."""
+        return tuple(t for t in self.trusted if not t.isdigit() and t != "*")
+
+    def trusts_message(self, message: NormalizedMessage) -> bool:
+        """A sender is trusted by id, or by holding a trusted role in the guild it wrote in."""
+        if self.trusts(message.channel_user_id):
+            return True
+        roles = getattr(message.raw_event, "role_names", ())
+        wanted = [r.casefold() for r in self.trusted_roles()]
+        return any(
+            fnmatch.fnmatchcase(role.casefold(), pattern) for role in roles for pattern in wanted
+        )

@@ -1,0 +1,90 @@
+"""discord.py's exceptions -> talkbridge's, at the boundary, with the bot token scrubbed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Literal, NoReturn
+
+import aiohttp
+
+from talkbridge.connectors.discord.sdk import discord
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+    UnauthorizedError,
+)
+
+UNAUTHORIZED = (
+    "Discord rejected the bot token (401 Unauthorized): it is wrong or was reset; "
+    "copy the current one from the Developer Portal (Bot > Reset Token)"
+)
+PRIVILEGED_INTENTS = (
+    "Discord refused the gateway intents (close code 4014): enable the Message Content intent "
+    "(and Server Members, if configured) in the Developer Portal under Bot > Privileged Gateway "
+    "Intents, or turn them off in this connection's intents"
+)
+
+
+def scrub(text: str, token: str) -> str:
+    return text.replace(token, "***") if token else text
+
+
+def translate(
+    exc: BaseException, token: str, *, scope: Literal["connection", "thread"] = "connection"
+) -> ConnectorError:
+    """The talkbridge error for a discord.py / aiohttp failure (returned, not raised)."""
+    message = scrub(str(exc), token)
+    if isinstance(exc, discord.RateLimited):
+        return RateLimitedError(
+            f"Discord rate limit: retry after {exc.retry_after:.2f} s",
+            retry_after=float(exc.retry_after),
+            scope=scope,
+        )
+    if isinstance(exc, discord.LoginFailure):
+        return UnauthorizedError(UNAUTHORIZED)
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        return PermanentError(PRIVILEGED_INTENTS)
+    if isinstance(exc, discord.ConnectionClosed):
+        if exc.code == 4004:
+            return UnauthorizedError(UNAUTHORIZED)
+        if exc.code in (4010, 4011, 4012, 4013, 4014):
+            return PermanentError(f"the Discord gateway closed the connection: {message}")
+        return TransientError(f"the Discord gateway closed the connection: {message}")
+    if isinstance(exc, discord.NotFound):
+        return NotFoundError(f"Discord: {message}")
+    if isinstance(exc, discord.DiscordServerError):
+        return TransientError(f"Discord server error: {message}")
+    if isinstance(exc, discord.HTTPException):
+        if exc.status == 401:
+            return UnauthorizedError(UNAUTHORIZED)
+        if exc.status == 429:  # refused outside the bucket logic (e.g. by Cloudflare)
+            return RateLimitedError(f"Discord: {message}", retry_after=60.0, scope="connection")
+        return PermanentError(f"Discord: {message}")
+    if isinstance(exc, discord.GatewayNotFound):
+        return TransientError("the Discord gateway could not be found")
+    if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
+        return TransientError(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    return PermanentError(f"{type(exc).__name__}: {message}")
+
+
+_HANDLED = (discord.DiscordException, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+@contextmanager
+def translated(
+    token: str, *, scope: Literal["connection", "thread"] = "connection"
+) -> Iterator[None]:
+    """Run a Discord call; what discord.py or aiohttp raises leaves as a talkbridge error."""
+    try:
+        yield
+    except _HANDLED as exc:
+        _raise(translate(exc, token, scope=scope))
+
+
+def _raise(error: ConnectorError) -> NoReturn:
+    raise error from None

@@ -1,0 +1,523 @@
+"""The Discord transport: a discord.py 2 client, the gateway in and REST out.
+
+Inbound: the gateway's dispatches are read as Discord's own JSON (`on_socket_raw_receive`, a
+documented debug event) and decoded by the pure codec. They are queued in arrival order and
+handed to subscribers one at a time, so a thread's messages keep their order. discord.py resumes
+a dropped session (the gateway replays what was missed, nothing twice) and re-identifies when the
+resume is refused; the router's inbox drops anything delivered twice anyway.
+
+Outbound: `send` renders and splits at 2,000 characters and posts through discord.py with
+`allowed_mentions` set to none, so an agent can never ping `@everyone`, a role or a user.
+discord.py keeps one rate-limit bucket per route (per channel for messages): a 429 delays only
+that route, waited out inside its bucket; a wait longer than `max_ratelimit_wait` is raised as
+`RateLimitedError` for the router to schedule.
+
+Process-wide settings: see `endpoints.py` (`api_base` and `gateway_url` are shared by every
+Discord connection of a process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from talkbridge.backoff import Backoff
+from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.discord import endpoints
+from talkbridge.connectors.discord.codec import (
+    ChannelInfo,
+    Names,
+    addressed_to_bot,
+    check_buttons,
+    decode_delete,
+    decode_event,
+    native_id,
+    parse_native_id,
+    parse_thread_id,
+    render_chunks,
+)
+from talkbridge.connectors.discord.config import DiscordConfig
+from talkbridge.connectors.discord.errors import scrub, translated
+from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
+from talkbridge.connectors.discord.sdk import discord
+from talkbridge.errors import ConnectorError, PermanentError, TransientError
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.talk import DirectoryEntry
+
+HANDLED_EVENTS = frozenset(
+    {"MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE"}
+)
+_PARTIAL_SENDS = 1024
+_DELIVERY_ATTEMPTS = 5
+
+
+def create(config: DiscordConfig, context: ConnectorContext) -> DiscordConnector:
+    return DiscordConnector(config, context)
+
+
+def intents_for(config: DiscordConfig) -> discord.Intents:
+    intents = discord.Intents.default()
+    intents.message_content = config.intents.message_content
+    intents.members = config.intents.members
+    intents.presences = config.intents.presences
+    return intents
+
+
+class _Client(discord.Client):
+    """A discord.py client that hands the gateway's raw dispatches to its connector."""
+
+    def __init__(self, connector: DiscordConnector, **options: Any) -> None:
+        super().__init__(**options)
+        self.talkbridge = connector
+
+    async def on_socket_raw_receive(self, raw: str) -> None:
+        self.talkbridge._received(raw)  # synchronous: keeps arrival order
+
+    async def on_ready(self) -> None:
+        self.talkbridge._gateway_up()
+
+    async def on_resumed(self) -> None:
+        self.talkbridge._gateway_up()
+
+    async def on_disconnect(self) -> None:
+        self.talkbridge._gateway_lost()
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        # Acknowledge a button click at once (Discord wants it within 3 s); the click itself
+        # travels as a message through the raw dispatch.
+        if interaction.type is discord.InteractionType.component:
+            with contextlib.suppress(discord.HTTPException):
+                if not interaction.response.is_done():
+                    await interaction.response.defer()
+
+
+class DiscordConnector(BaseConnector):
+    """One bot token = one connection. Features: history, directory, activity, edit, delete,
+    reactions, interactions."""
+
+    channel = "discord"
+
+    def __init__(self, config: DiscordConfig, context: ConnectorContext) -> None:
+        super().__init__(config.id, context)
+        self.config = config
+        self._token = config.token.get_secret_value()
+        self._log = context.logger.getChild(f"discord.{config.id}")
+        self._endpoints = endpoints.Endpoints(config.api_base, config.gateway_url)
+        self.client: _Client | None = None
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._status: ConnectionStatus | None = None
+        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
+            self.provide(name, self)
+        self.provide("interactions", self)
+
+    def _new_client(self) -> _Client:
+        return _Client(
+            self,
+            intents=intents_for(self.config),
+            enable_debug_events=True,
+            guild_ready_timeout=self.config.guild_ready_timeout,
+            max_ratelimit_timeout=self.config.max_ratelimit_wait,
+            allowed_mentions=discord.AllowedMentions.none(),
+            chunk_guilds_at_startup=False,
+        )
+
+    # ---- Transport -------------------------------------------------------------------------
+
+    async def run(self, status: ConnectionStatus) -> None:
+        endpoints.acquire(self, self._endpoints)
+        self._status = status
+        client = self.client = self._new_client()
+        consumer: asyncio.Task[None] | None = None
+        try:
+            with translated(self._token):
+                await client.login(self._token)
+            consumer = asyncio.create_task(self._consume(), name=f"discord:{self.connection_id}")
+            with translated(self._token):
+                await client.connect(reconnect=True)
+            if consumer.done():
+                consumer.result()
+            raise TransientError("the Discord gateway connection ended")
+        finally:
+            self._status = None
+            if consumer is not None:
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await consumer
+            await client.close()
+
+    async def check(self) -> str:
+        """Log in over REST: the bot's name and how many servers it is in."""
+        owner = object()
+        endpoints.acquire(owner, self._endpoints)
+        client = self._new_client()
+        try:
+            with translated(self._token):
+                await client.login(self._token)
+                guilds = [guild async for guild in client.fetch_guilds(limit=None)]
+            user = client.user
+            name = f"{user.display_name} (@{user.name})" if user else "?"
+            count = len(guilds)
+            return f"{name} in {count} server{'s' * (count != 1)}"
+        finally:
+            await client.close()
+            endpoints.release(owner)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        endpoints.release(self)
+
+    def _gateway_up(self) -> None:
+        if self._status is not None:
+            self._status.up()
+
+    def _gateway_lost(self) -> None:
+        if self._status is not None:
+            self._status.degraded("the Discord gateway connection dropped; resuming")
+
+    # ---- inbound ---------------------------------------------------------------------------
+
+    def _received(self, raw: str | bytes) -> None:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        if '"MESSAGE_' not in text and '"INTERACTION_CREATE"' not in text:
+            return  # cheap filter: most gateway traffic is presence, typing, guild updates
+        try:
+            frame = json.loads(text)
+        except ValueError:
+            return
+        kind = frame.get("t") if isinstance(frame, dict) else None
+        data = frame.get("d") if isinstance(frame, dict) else None
+        if kind in HANDLED_EVENTS and isinstance(data, dict):
+            self._queue.put_nowait((kind, data))
+
+    async def _consume(self) -> None:
+        while True:
+            kind, payload = await self._queue.get()
+            backoff = Backoff(base=0.2, cap=5.0)
+            for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
+                try:
+                    await self._accept(kind, payload)
+                    break
+                except ValueError as exc:  # undecodable: retrying cannot help
+                    self._log.error("skipping a %s that cannot be read: %s", kind, exc)
+                    break
+                except Exception as exc:
+                    # The gateway never sends an event twice: retry a subscriber that could
+                    # not accept it (store briefly unavailable) before giving up on it.
+                    reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
+                    if attempt == _DELIVERY_ATTEMPTS:
+                        self._log.error("dropping a %s not accepted: %s", kind, reason)
+                    else:
+                        self._log.warning("a %s was not accepted (%s); retrying", kind, reason)
+                        await asyncio.sleep(backoff.next())
+
+    async def _accept(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "MESSAGE_DELETE":
+            await self._on_delete(payload)
+            return
+        client = self.client
+        bot_id = client.user.id if client is not None and client.user is not None else None
+        message = decode_event(
+            kind,
+            payload,
+            connection_id=self.connection_id,
+            bot_id=bot_id,
+            names=self._names(payload),
+            role_names=self._role_names(payload),
+        )
+        if message is None:
+            return
+        if (
+            kind != "INTERACTION_CREATE"
+            and self.config.require_mention
+            and payload.get("guild_id")
+            and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload))
+        ):
+            return
+        await self.deliver(message)
+
+    async def _on_delete(self, payload: Mapping[str, Any]) -> None:
+        """A deleted message takes the bot's reply to it along."""
+        decoded = decode_delete(payload)
+        if decoded is None:
+            return
+        thread_id, message_id = decoded
+        reply = await self.context.store.lookup_id(self.connection_id, message_id)
+        if reply is None:
+            return
+        try:
+            await self.delete(thread_id, reply)
+        except ConnectorError as exc:
+            self._log.info("could not delete the reply to deleted %s: %s", message_id, exc)
+
+    def _guild(self, payload: Mapping[str, Any]) -> discord.Guild | None:
+        guild_id = payload.get("guild_id")
+        if self.client is None or not guild_id:
+            return None
+        return self.client.get_guild(int(guild_id))
+
+    def _names(self, payload: Mapping[str, Any]) -> Names:
+        client = self.client
+        if client is None:
+            return Names()
+        channels: dict[str, ChannelInfo] = {}
+        wanted = {str(payload.get("channel_id"))}
+        wanted.update(_ids_in(str(payload.get("content") or ""), "<#"))
+        for ident in wanted:
+            if not ident.isdigit():
+                continue
+            found = client.get_channel(int(ident))
+            if isinstance(found, discord.Thread):
+                parent = found.parent
+                channels[ident] = ChannelInfo(
+                    found.name, str(found.parent_id), parent.name if parent else None
+                )
+            elif found is not None and getattr(found, "name", None):
+                channels[ident] = ChannelInfo(str(getattr(found, "name", "")))
+        roles: dict[str, str] = {}
+        guild = self._guild(payload)
+        if guild is not None:
+            for ident in payload.get("mention_roles") or ():
+                role = guild.get_role(int(ident))
+                if role is not None:
+                    roles[str(ident)] = role.name
+        return Names(channels, roles)
+
+    def _role_names(self, payload: Mapping[str, Any]) -> tuple[str, ...]:
+        guild = self._guild(payload)
+        member = payload.get("member") or {}
+        if guild is None or not isinstance(member, Mapping):
+            return ()
+        names = []
+        for ident in member.get("roles") or ():
+            role = guild.get_role(int(ident))
+            if role is not None:
+                names.append(role.name)
+        return tuple(names)
+
+    def _bot_role_ids(self, payload: Mapping[str, Any]) -> tuple[str, ...]:
+        guild = self._guild(payload)
+        role = guild.self_role if guild is not None else None
+        return (str(role.id),) if role is not None else ()
+
+    # ---- send ------------------------------------------------------------------------------
+
+    def _require_client(self) -> _Client:
+        if self.client is None or self.client.is_closed():
+            raise TransientError("the Discord connection is not running")
+        return self.client
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        channel_id = _channel(message.thread_id)
+        if message.buttons:
+            try:
+                check_buttons(message.buttons)
+            except ValueError as exc:
+                raise PermanentError(str(exc)) from None
+        client = self._require_client()
+        channel = client.get_partial_messageable(channel_id)
+        steps = self._plan(message, channel_id)
+        key = message.idempotency_key
+        done = self._partial.get(key, []) if key else []
+        sent = list(done)
+        for index, step in enumerate(steps[len(done) :], start=len(done)):
+            view = _view(message.buttons) if message.buttons and index == len(steps) - 1 else None
+            try:
+                with translated(self._token, scope="thread"):
+                    kwargs: dict[str, Any] = {**step, **({"view": view} if view else {})}
+                    result = await channel.send(**kwargs)
+            finally:
+                if view is not None:
+                    view.stop()  # clicks arrive as messages; no callback is kept around
+            sent.append(native_id(channel_id, result.id))
+            if key:  # a retry after a failure mid-way resumes here instead of repeating
+                self._partial[key] = sent
+                self._partial.move_to_end(key)
+                while len(self._partial) > _PARTIAL_SENDS:
+                    self._partial.popitem(last=False)
+        if key:
+            self._partial.pop(key, None)
+        if not sent:
+            raise PermanentError("nothing to send: the message rendered to no visible text")
+        return SendResult(message_ids=tuple(sent))
+
+    def _plan(self, message: OutboundMessage, channel_id: int) -> list[dict[str, Any]]:
+        """The `channel.send` keyword sets that deliver `message`, in order."""
+        chunks = render_chunks(message.text, message.markup) if message.text else []
+        files: list[discord.File] = []
+        links: list[str] = []
+        for attachment in message.attachments:
+            if attachment.data is not None:
+                files.append(
+                    discord.File(io.BytesIO(attachment.data), filename=attachment.name or "file")
+                )
+            elif attachment.ref:
+                links.append(attachment.ref)  # a URL: Discord unfurls it
+            else:
+                raise PermanentError(f"the {attachment.kind} attachment has neither data nor ref")
+        if links:
+            chunks.extend(render_chunks("\n".join(links), "markdown"))
+        steps: list[dict[str, Any]] = [{"content": chunk} for chunk in chunks]
+        if files:
+            if steps:
+                steps[-1]["files"] = files
+            else:
+                steps.append({"files": files})
+        reference = _reference(message.reply_to, channel_id)
+        for step in steps:
+            step["allowed_mentions"] = discord.AllowedMentions.none()
+        if steps and reference is not None:
+            steps[0]["reference"] = reference
+            steps[0]["mention_author"] = False
+        return steps
+
+    # ---- features --------------------------------------------------------------------------
+
+    async def fetch(
+        self, thread_id: str, *, limit: int = 50, before: str | None = None
+    ) -> Sequence[NormalizedMessage]:
+        """Earlier messages of a channel or thread, oldest first (bots' included)."""
+        client = self._require_client()
+        channel_id = _channel(thread_id)
+        before_id = _message(before)[1] if before else None
+        with translated(self._token, scope="thread"):
+            payloads = await client.http.logs_from(channel_id, max(1, min(limit, 100)), before_id)
+        found: list[NormalizedMessage] = []
+        for payload in reversed(payloads):
+            decoded = decode_event(
+                "MESSAGE_CREATE",
+                {**payload, "author": {**payload.get("author", {}), "bot": False}},
+                connection_id=self.connection_id,
+                names=self._names(payload),
+            )
+            if decoded is not None:
+                found.append(decoded)
+        return found
+
+    async def user(self, user_id: str) -> DirectoryEntry | None:
+        client = self._require_client()
+        if not user_id.isdigit():
+            return None
+        try:
+            with translated(self._token):
+                found = await client.fetch_user(int(user_id))
+        except ConnectorError as exc:
+            if "404" in str(exc) or "Unknown" in str(exc):
+                return None
+            raise
+        return DirectoryEntry(
+            str(found.id), found.display_name, "user", {"username": found.name, "bot": found.bot}
+        )
+
+    async def thread(self, thread_id: str) -> DirectoryEntry | None:
+        client = self._require_client()
+        if not thread_id.isdigit():
+            return None
+        try:
+            with translated(self._token):
+                found = await client.fetch_channel(int(thread_id))
+        except ConnectorError as exc:
+            if "404" in str(exc) or "Unknown" in str(exc):
+                return None
+            raise
+        extra: dict[str, Any] = {"type": str(getattr(found, "type", ""))}
+        parent = getattr(found, "parent_id", None)
+        if isinstance(found, discord.Thread) and parent:
+            extra["parent_id"] = str(parent)
+        name = getattr(found, "name", None) or str(found.id)
+        return DirectoryEntry(str(found.id), str(name), "thread", extra)
+
+    async def typing(self, thread_id: str) -> None:
+        client = self._require_client()
+        with translated(self._token, scope="thread"):
+            await client.http.send_typing(_channel(thread_id))
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        client = self._require_client()
+        channel_id, mid = _message(message_id)
+        chunks = render_chunks(text, "markdown") or [text[:DISCORD_TEXT_LIMIT]]
+        content = chunks[0]
+        if len(chunks) > 1:  # an edit cannot add messages: keep what fits, say it was cut
+            content = content[: DISCORD_TEXT_LIMIT - 2] + " …"
+        partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
+        with translated(self._token, scope="thread"):
+            await partial.edit(content=content, allowed_mentions=discord.AllowedMentions.none())
+
+    async def delete(self, thread_id: str, message_id: str) -> None:
+        client = self._require_client()
+        channel_id, mid = _message(message_id)
+        partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
+        with translated(self._token, scope="thread"):
+            await partial.delete()
+
+    async def react(self, thread_id: str, message_id: str, emoji: str) -> None:
+        client = self._require_client()
+        channel_id, mid = _message(message_id)
+        partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
+        with translated(self._token, scope="thread"):
+            await partial.add_reaction(emoji)
+
+    async def send_buttons(
+        self, thread_id: str, text: str, buttons: Sequence[tuple[str, str]]
+    ) -> SendResult:
+        return await self.send(
+            OutboundMessage(thread_id=thread_id, text=text, buttons=tuple(buttons))
+        )
+
+
+def _ids_in(content: str, prefix: str) -> set[str]:
+    found: set[str] = set()
+    start = content.find(prefix)
+    while start != -1:
+        end = content.find(">", start)
+        if end == -1:
+            break
+        ident = content[start + len(prefix) : end]
+        if ident.isdigit():
+            found.add(ident)
+        start = content.find(prefix, end)
+    return found
+
+
+def _channel(thread_id: str) -> int:
+    try:
+        return parse_thread_id(thread_id)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _message(message_id: str) -> tuple[int, int]:
+    try:
+        return parse_native_id(message_id)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _reference(reply_to: str | None, channel_id: int) -> discord.MessageReference | None:
+    if not reply_to:
+        return None
+    try:
+        reply_channel, message_id = parse_native_id(reply_to)
+    except ValueError:
+        return None  # not a message of ours (e.g. a button click): send without a reference
+    return discord.MessageReference(
+        message_id=message_id, channel_id=reply_channel, fail_if_not_exists=False
+    )
+
+
+def _view(buttons: Sequence[tuple[str, str]]) -> discord.ui.View:
+    view = discord.ui.View(timeout=None)
+    for label, value in buttons:
+        view.add_item(
+            discord.ui.Button(label=label, custom_id=value, style=discord.ButtonStyle.secondary)
+        )
+    return view
+
+
+__all__ = ["DiscordConnector", "create", "intents_for", "length"]

@@ -1,0 +1,92 @@
+"""Keys of an email connection; validated without importing aioimaplib or aiosmtplib."""
+
+from __future__ import annotations
+
+from email.headerregistry import Address
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from talkbridge.config import ConnectionConfig
+
+Security = Literal["ssl", "starttls", "none"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImapConfig(_Section):
+    host: str = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Default: 993 for `ssl`, 143 otherwise."""
+    security: Security = "ssl"
+    """`ssl`: TLS from the first byte; `starttls`: upgrade a plain connection; `none`: plain."""
+    username: str = Field(min_length=1)
+    password: SecretStr
+    """Also as `{file: /path}` (a password file) or `${ENV_VAR}`."""
+    folder: str = Field(default="INBOX", min_length=1)
+
+    @property
+    def effective_port(self) -> int:
+        return self.port or (993 if self.security == "ssl" else 143)
+
+
+class SmtpConfig(_Section):
+    host: str = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """Default: 465 for `ssl`, 587 for `starttls`, 25 for `none`."""
+    security: Security = "starttls"
+    username: str | None = None
+    """Omitted: send without logging in (a local relay)."""
+    password: SecretStr | None = None
+
+    @property
+    def effective_port(self) -> int:
+        return self.port or {"ssl": 465, "starttls": 587, "none": 25}[self.security]
+
+    @model_validator(mode="after")
+    def _login_is_complete(self) -> SmtpConfig:
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together (give both, or neither)")
+        return self
+
+
+class EmailConfig(ConnectionConfig):
+    channel: Literal["email"] = "email"
+    address: str
+    """The mailbox's own address: the From of every reply and the domain of our Message-IDs."""
+    imap: ImapConfig
+    smtp: SmtpConfig
+    idle_renew: float = Field(default=25 * 60, gt=0)
+    """Seconds before IDLE is re-issued; servers may drop an IDLE after 30 minutes."""
+    poll_interval: float = Field(default=60.0, gt=0)
+    """Seconds between checks when the server has no IDLE."""
+    max_replies_per_thread: int = Field(default=10, ge=1)
+    reply_window: float = Field(default=3600.0, gt=0)
+    """At most `max_replies_per_thread` replies per thread in this many seconds (stops loops)."""
+    timeout: float = Field(default=30.0, gt=0)
+    """Seconds one IMAP command or SMTP exchange may take."""
+
+    @field_validator("address")
+    @classmethod
+    def _one_address(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("is empty (expected local-part@domain.tld)")
+        try:
+            parsed = Address(addr_spec=value.strip())
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"not an email address ({exc})") from None
+        if not parsed.username or not parsed.domain or "." not in parsed.domain.strip("."):
+            raise ValueError("not an email address (expected local-part@domain.tld)")
+        return parsed.addr_spec.lower()
+
+    @field_validator("trusted")
+    @classmethod
+    def _lowercase_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Sender ids are lower-cased addresses, so patterns must be too (`*@Example.com`).
+        return tuple(pattern.strip().lower() for pattern in value)
+
+    @property
+    def domain(self) -> str:
+        return self.address.rpartition("@")[2]

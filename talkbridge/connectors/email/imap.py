@@ -1,0 +1,199 @@
+"""One IMAP session on aioimaplib: connect (TLS / STARTTLS / plain), log in, select, and the few
+commands the transport needs, each raced against the connection being lost (aioimaplib would
+otherwise wait forever on a command whose socket is gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from aioimaplib import aioimaplib  # type: ignore[import-untyped]
+
+from talkbridge.connectors.email.config import ImapConfig
+from talkbridge.connectors.email.errors import imap_errors
+from talkbridge.errors import NotFoundError, PermanentError, TransientError, UnauthorizedError
+
+T = TypeVar("T")
+_UIDVALIDITY = re.compile(rb"\[UIDVALIDITY (\d+)\]")
+_UIDNEXT = re.compile(rb"\[UIDNEXT (\d+)\]")
+_EXISTS = re.compile(rb"^(\d+) EXISTS")
+_FETCH_UID = re.compile(rb"^\d+ FETCH \(.*UID (\d+)")
+
+
+class ImapSession:
+    def __init__(self, config: ImapConfig, timeout: float) -> None:
+        self.config = config
+        self.timeout = timeout
+        self.where = f"{config.host}:{config.effective_port}"
+        self._password = config.password.get_secret_value()
+        self._lost = asyncio.Event()
+        self.client: aioimaplib.IMAP4 | None = None
+        self.uidvalidity = 0
+        self.uidnext = 0
+        self.exists = 0
+
+    # ---- connecting ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect, log in and select the folder; raises translated errors."""
+        config = self.config
+        context = ssl.create_default_context() if config.security != "none" else None
+        with imap_errors(self.where, self._password):
+            self.client = aioimaplib.IMAP4(
+                host=config.host,
+                port=config.effective_port,
+                timeout=self.timeout,
+                conn_lost_cb=lambda exc: self._lost.set(),
+                ssl_context=context if config.security == "ssl" else None,
+            )
+            await self.guard(self.client.wait_hello_from_server())
+            if config.security == "starttls":
+                await self._starttls(context)
+            response = await self.guard(self.client.login(config.username, self._password))
+            if response.result != "OK":
+                text = _text(response.lines)
+                raise UnauthorizedError(
+                    f"IMAP server {self.where} refused the login for {config.username!r}"
+                    + (f": {text}" if text else "")
+                )
+            response = await self.guard(self.client.select(_quote(config.folder)))
+            if response.result != "OK":
+                raise NotFoundError(
+                    f"IMAP folder {config.folder!r} cannot be opened on {self.where}: "
+                    f"{_text(response.lines)}"
+                )
+        for line in response.lines:
+            line_b = bytes(line)
+            if m := _UIDVALIDITY.search(line_b):
+                self.uidvalidity = int(m.group(1))
+            if m := _UIDNEXT.search(line_b):
+                self.uidnext = int(m.group(1))
+            if m := _EXISTS.match(line_b):
+                self.exists = int(m.group(1))
+
+    async def _starttls(self, context: ssl.SSLContext | None) -> None:
+        # aioimaplib lists STARTTLS but has no helper: ask, then upgrade the transport in place.
+        assert self.client is not None and context is not None
+        protocol = self.client.protocol
+        if "STARTTLS" not in protocol.capabilities:
+            raise PermanentError(f"IMAP server {self.where} does not offer STARTTLS")
+        response = await self.guard(protocol.simple_command("STARTTLS"))
+        if response.result != "OK":
+            raise PermanentError(f"IMAP server {self.where} refused STARTTLS")
+        loop = asyncio.get_running_loop()
+        transport = await loop.start_tls(
+            protocol.transport, protocol, context, server_hostname=self.config.host
+        )
+        protocol.transport = transport
+        await self.guard(protocol.capability())  # capabilities may change after TLS
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is None:
+            return
+        try:
+            if not self._lost.is_set() and client.get_state() in ("AUTH", "SELECTED"):
+                if client.has_pending_idle():
+                    client.idle_done()
+                await asyncio.wait_for(client.logout(), 2)
+        except Exception:  # closing is best effort: the server may be gone already
+            pass
+        finally:
+            transport = client.protocol.transport
+            if transport is not None:
+                transport.close()
+
+    # ---- commands --------------------------------------------------------------------------
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Await an IMAP call, or raise TransientError as soon as the connection is lost."""
+        task = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        raise TransientError(f"the IMAP server {self.where} closed the connection")
+
+    @property
+    def has_idle(self) -> bool:
+        return self.client is not None and bool(self.client.has_capability("IDLE"))
+
+    def _client(self) -> aioimaplib.IMAP4:
+        if self.client is None:
+            raise TransientError("not connected to the IMAP server")
+        return self.client
+
+    async def uids(self, criteria: str) -> list[int]:
+        with imap_errors(self.where, self._password):
+            response = await self.guard(self._client().uid_search(criteria, charset=None))
+        _check(response, f"UID SEARCH {criteria}", self.where)
+        found: list[int] = []
+        for line in response.lines:
+            text = bytes(line).decode(errors="replace")
+            if text and all(part.isdigit() for part in text.split()):
+                found.extend(int(part) for part in text.split())
+        return sorted(set(found))
+
+    async def fetch(self, uid: int) -> bytes | None:
+        """The raw mail with this UID (BODY.PEEK: does not set \\Seen), or None if gone."""
+        with imap_errors(self.where, self._password):
+            response = await self.guard(self._client().uid("fetch", str(uid), "(BODY.PEEK[])"))
+        _check(response, f"UID FETCH {uid}", self.where)
+        lines = response.lines
+        for index, line in enumerate(lines[:-1]):
+            if isinstance(line, bytes) and (m := _FETCH_UID.match(line)) and int(m.group(1)) == uid:
+                literal = lines[index + 1]
+                if isinstance(literal, bytearray | bytes) and line.rstrip().endswith(b"}"):
+                    return bytes(literal)
+        return None
+
+    async def mark_seen(self, uid: int) -> None:
+        with imap_errors(self.where, self._password):
+            response = await self.guard(
+                self._client().uid("store", str(uid), "+FLAGS.SILENT", "(\\Seen)")
+            )
+        _check(response, f"UID STORE {uid}", self.where)
+
+    async def noop(self) -> None:
+        with imap_errors(self.where, self._password):
+            await self.guard(self._client().noop())
+
+    async def idle(self, renew_after: float) -> bool:
+        """Wait in IDLE until the server reports news (True) or `renew_after` passed (False);
+        IDLE is ended either way, so the caller can issue other commands."""
+        client = self._client()
+        with imap_errors(self.where, self._password):
+            done = await self.guard(client.idle_start(timeout=renew_after))
+            try:
+                push: Any = await self.guard(client.wait_server_push(timeout=renew_after + 30))
+            except TimeoutError:
+                push = aioimaplib.STOP_WAIT_SERVER_PUSH
+            client.idle_done()
+            await self.guard(asyncio.wait_for(done, self.timeout))
+        return bool(push != aioimaplib.STOP_WAIT_SERVER_PUSH)
+
+    async def wait_lost(self) -> None:
+        await self._lost.wait()
+
+
+def _quote(folder: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
+        return folder
+    return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _text(lines: list[Any]) -> str:
+    parts = [bytes(line).decode(errors="replace") for line in lines if line]
+    return " ".join(parts).strip()
+
+
+def _check(response: Any, command: str, where: str) -> None:
+    if response.result != "OK":
+        raise TransientError(f"IMAP {command} failed on {where}: {_text(response.lines)}")

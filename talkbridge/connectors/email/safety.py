@@ -1,0 +1,92 @@
+"""Loop safety: which mails a bridge must never answer, and the per-thread reply limit.
+
+Auto-responders answering each other is how mail bridges melt down. We refuse to answer what
+RFC 3834 and common practice mark as automatic (`Auto-Submitted`, `Precedence`, mailing lists,
+bounces, Exchange's `X-Auto-Response-Suppress`), mail we sent ourselves, and, as a last line for
+responders that mark nothing, more than N replies per thread in a time window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from email.message import EmailMessage
+from email.utils import getaddresses
+
+_BOUNCE_SENDERS = {"mailer-daemon", "postmaster", "mail-daemon", "mailerdaemon"}
+_BULK_PRECEDENCE = {"bulk", "list", "junk", "auto_reply"}
+_LIST_HEADERS = ("List-Id", "List-Unsubscribe", "List-Post")
+_SUPPRESS = {"all", "autoreply", "oof"}
+
+
+def own_tag(address: str) -> str:
+    """A short tag in our Message-IDs that says which mailbox sent them."""
+    return hashlib.sha256(address.lower().encode()).hexdigest()[:10]
+
+
+def is_own_message_id(message_id: str, address: str) -> bool:
+    domain = address.rpartition("@")[2].lower()
+    value = message_id.strip().lower()
+    return value.endswith(f"@{domain}>") and f".tb{own_tag(address)}@" in value
+
+
+def _header(msg: EmailMessage, name: str) -> str:
+    try:
+        return str(msg.get(name, "") or "").strip()
+    except Exception:  # a header too broken to parse is judged by its raw value
+        raw = msg.get_all(name, failobj=[]) if hasattr(msg, "get_all") else []
+        return str(raw[0]) if raw else ""
+
+
+def skip_reason(msg: EmailMessage, *, address: str, message_id: str) -> str | None:
+    """Why this mail must not be answered, or None when it may be."""
+    auto = _header(msg, "Auto-Submitted").split(";")[0].strip().lower()
+    if auto and auto != "no":
+        return f"Auto-Submitted: {auto}"
+    precedence = _header(msg, "Precedence").lower()
+    if precedence in _BULK_PRECEDENCE:
+        return f"Precedence: {precedence}"
+    for name in _LIST_HEADERS:
+        if _header(msg, name):
+            return f"mailing-list mail ({name})"
+    if _header(msg, "X-Autoreply") or _header(msg, "X-Autorespond"):
+        return "auto-reply (X-Autoreply)"
+    suppress = {v.strip().lower() for v in _header(msg, "X-Auto-Response-Suppress").split(",")}
+    if suppress & _SUPPRESS:
+        return "the sender asked for no automatic replies (X-Auto-Response-Suppress)"
+    if msg.get_content_type() == "multipart/report":
+        return "delivery or read report (multipart/report)"
+    if _header(msg, "Return-Path") == "<>":
+        return "bounce (empty Return-Path)"
+    senders = [addr.lower() for _, addr in getaddresses([_header(msg, "From")]) if addr]
+    for sender in senders:
+        if sender.partition("@")[0] in _BOUNCE_SENDERS:
+            return f"mailer-daemon mail from {sender}"
+        if sender == address.lower():
+            return "mail from our own address"
+    if is_own_message_id(message_id, address):
+        return "a message we sent (our own Message-ID)"
+    return None
+
+
+class ReplyLimiter:
+    """At most `limit` replies per thread within `window` seconds (the clock is passed in)."""
+
+    def __init__(self, limit: int, window: float) -> None:
+        self.limit = limit
+        self.window = window
+        self._sent: dict[str, deque[float]] = {}
+
+    def allowed(self, thread_id: str, now: float) -> bool:
+        times = self._sent.get(thread_id)
+        if times is None:
+            return True
+        while times and now - times[0] >= self.window:
+            times.popleft()
+        if not times:
+            del self._sent[thread_id]
+            return True
+        return len(times) < self.limit
+
+    def record(self, thread_id: str, now: float) -> None:
+        self._sent.setdefault(thread_id, deque()).append(now)

@@ -1,0 +1,373 @@
+"""The email transport: IMAP in (IDLE, or polling when the server has no IDLE), SMTP out.
+
+Inbound is at-least-once without replays: the cursor (UIDVALIDITY and the last handled UID) is
+stored, and `\\Seen` set, only after `deliver` returned, i.e. after the router durably accepted
+or deduped the message. A restart catches up on everything after the cursor; a crash between
+`deliver` and the cursor re-delivers one mail, which the router drops as a duplicate (the native
+id is the Message-ID). Mail we must not answer (auto-replies, lists, bounces, our own) advances
+the cursor but stays unseen, for a human to look at.
+
+`send` opens one SMTP session per mail and never sleeps or retries: it raises the translated
+error and the router's per-connection queue decides. A per-thread reply limit refuses (and so
+records) replies beyond `max_replies_per_thread` in `reply_window` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import aiosmtplib
+
+from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.email.codec import (
+    InboundMail,
+    MailContext,
+    attachment_bytes,
+    new_message_id,
+    parse_ref,
+    read_mail,
+    recipients_of,
+    render_reply,
+)
+from talkbridge.connectors.email.config import EmailConfig
+from talkbridge.connectors.email.errors import smtp_errors
+from talkbridge.connectors.email.imap import ImapSession
+from talkbridge.connectors.email.safety import ReplyLimiter
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    TransientError,
+    UnauthorizedError,
+)
+from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
+
+
+def create(config: EmailConfig, context: ConnectorContext) -> EmailConnector:
+    return EmailConnector(config, context)
+
+
+class EmailConnector(BaseConnector):
+    """One mailbox = one connection. Feature: inbound_media (attachments, fetched over IMAP)."""
+
+    channel = "email"
+
+    def __init__(self, config: EmailConfig, context: ConnectorContext) -> None:
+        super().__init__(config.id, context)
+        self.config = config
+        self._log = context.logger.getChild(f"email.{config.id}")
+        self._prefix = f"email:{config.id}:"
+        self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
+        self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
+        self._secrets = [
+            config.imap.password.get_secret_value(),
+            config.smtp.password.get_secret_value() if config.smtp.password else None,
+        ]
+        self.idle_renewals = 0
+        """How often IDLE was re-issued before the server's timeout (observability, tests)."""
+        self.skipped: list[tuple[str, str]] = []
+        """(UID, reason) of recent mail we refused to answer (bounded)."""
+        self.handled = 0
+        """Mails delivered to subscribers and marked seen since start."""
+        self._progress = asyncio.Event()
+        self.provide("inbound_media", self)
+
+    # ---- Transport -------------------------------------------------------------------------
+
+    async def run(self, status: ConnectionStatus) -> None:
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open()
+            await self._catch_up(session)
+            status.up()
+            if session.has_idle:
+                await self._idle_loop(session)
+            else:
+                self._log.info(
+                    "%s has no IDLE: polling every %gs", session.where, self.config.poll_interval
+                )
+                await self._poll_loop(session)
+        finally:
+            await session.close()
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Wait until `condition()` holds; re-checked after every mail handled or skipped and
+        every IDLE cycle (for apps and tests that need to know the mailbox was processed)."""
+
+        async def wait() -> None:
+            while not condition():
+                await self._progress.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    def _notify(self) -> None:
+        event, self._progress = self._progress, asyncio.Event()
+        event.set()
+
+    async def _idle_loop(self, session: ImapSession) -> None:
+        while True:
+            news = await session.idle(self.config.idle_renew)
+            if not news:
+                self.idle_renewals += 1
+                self._notify()
+            await self._catch_up(session)
+
+    async def _poll_loop(self, session: ImapSession) -> None:
+        while True:
+            await session.guard(asyncio.sleep(self.config.poll_interval))
+            await session.noop()
+            await self._catch_up(session)
+
+    async def _load_cursor(self) -> tuple[int, int] | None:
+        stored = await self.context.store.get_state(self._cursor_key)
+        if not stored:
+            return None
+        validity, _, last = stored.partition(":")
+        try:
+            return int(validity), int(last)
+        except ValueError:
+            return None
+
+    async def _catch_up(self, session: ImapSession) -> None:
+        """Handle every mail after the cursor, oldest first, advancing it one mail at a time."""
+        cursor = await self._load_cursor()
+        if cursor is None or cursor[0] != session.uidvalidity:
+            if cursor is not None:
+                self._log.warning(
+                    "UIDVALIDITY of %s changed: catching up on unseen mail (duplicates are "
+                    "dropped by Message-ID)",
+                    self.config.imap.folder,
+                )
+            # First start, or UIDs were reset: what is unread is what nobody handled.
+            uids = await session.uids("UNSEEN")
+            last = 0
+        else:
+            last = cursor[1]
+            uids = [u for u in await session.uids(f"UID {last + 1}:*") if u > last]
+        for uid in uids:
+            await self._handle(session, uid)
+            last = max(last, uid)
+            await self.context.store.set_state(self._cursor_key, f"{session.uidvalidity}:{last}")
+        if cursor is None or cursor[0] != session.uidvalidity:
+            await self.context.store.set_state(
+                self._cursor_key, f"{session.uidvalidity}:{max(last, session.uidnext - 1, 0)}"
+            )
+
+    async def _handle(self, session: ImapSession, uid: int) -> None:
+        raw = await session.fetch(uid)
+        if raw is None:
+            return  # expunged meanwhile
+        try:
+            result = read_mail(
+                raw,
+                connection_id=self.connection_id,
+                address=self.config.address,
+                received_at=datetime.now(UTC),
+                uid=uid,
+            )
+        except Exception as exc:  # one unreadable mail must not stall the mailbox forever
+            self._log.error("skipping mail UID %s that cannot be read: %s", uid, exc)
+            return
+        if isinstance(result, str):
+            self._log.info("not answering mail UID %s: %s", uid, result)
+            self.skipped.append((str(uid), result))
+            del self.skipped[:-100]
+            self._notify()
+            return
+        message = await self._remember(result)
+        try:
+            await self.deliver(message)
+        except ConnectorError:
+            raise
+        except Exception as exc:
+            raise TransientError(
+                f"mail {message.id} was not accepted by a subscriber: {exc}"
+            ) from exc
+        await session.mark_seen(uid)
+        self.handled += 1
+        self._notify()
+
+    async def _remember(self, mail: InboundMail) -> NormalizedMessage:
+        """Store what a reply will need, and keep the thread of a chain we already know."""
+        message = mail.message
+        store = self.context.store
+        thread_id = message.thread_id
+        for mid in mail.chain:  # a client that dropped References still lands in our thread
+            known = await store.get_state(f"{self._prefix}root:{mid}")
+            if known:
+                thread_id = known
+                break
+        if thread_id != message.thread_id:
+            message = message.model_copy(update={"thread_id": thread_id})
+        context = MailContext(
+            message_id=mail.context.message_id,
+            references=mail.context.references,
+            subject=mail.context.subject,
+            reply_to=mail.context.reply_to,
+            cc=mail.context.cc,
+            thread_id=thread_id,
+        )
+        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
+        await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
+        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
+        return message
+
+    # ---- check -----------------------------------------------------------------------------
+
+    async def check(self) -> str:
+        """Log in to IMAP and to SMTP; report each (raises naming the one that failed)."""
+        results: list[str] = []
+        failure: ConnectorError | None = None
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open()
+            results.append(
+                f"IMAP ok ({self.config.imap.username}@{session.where}, "
+                f"{self.config.imap.folder}: {session.exists} messages)"
+            )
+        except ConnectorError as exc:
+            failure = exc
+            results.append(f"IMAP failed: {exc}")
+        finally:
+            await session.close()
+        try:
+            async with self._smtp() as smtp:
+                await smtp.noop()
+            results.append(f"SMTP ok ({self._smtp_where})")
+        except ConnectorError as exc:
+            failure = failure or exc
+            results.append(f"SMTP failed: {exc}")
+        summary = "; ".join(results)
+        if failure is not None:
+            kind = type(failure)
+            if kind not in (UnauthorizedError, NotFoundError, PermanentError):
+                kind = TransientError
+            raise kind(summary)
+        return f"{self.config.address}: {summary}"
+
+    async def close(self) -> None:
+        return None
+
+    # ---- send ------------------------------------------------------------------------------
+
+    @property
+    def _smtp_where(self) -> str:
+        return f"{self.config.smtp.host}:{self.config.smtp.effective_port}"
+
+    def _smtp(self) -> _SmtpSession:
+        return _SmtpSession(self.config, self._secrets)
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        now = time.monotonic()
+        if not self._limiter.allowed(message.thread_id, now):
+            raise PermanentError(
+                f"not sending: thread {message.thread_id} already had "
+                f"{self.config.max_replies_per_thread} replies in {self.config.reply_window:g} s "
+                "(reply limit against mail loops)"
+            )
+        context = await self._context_for(message)
+        to: tuple[str, ...] = ()
+        if context is None:
+            if "@" in message.thread_id and "<" not in message.thread_id:
+                to = (message.thread_id.lower(),)  # a new conversation with an address
+            else:
+                raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
+        message_id = new_message_id(self.config.address)
+        try:
+            mail = render_reply(
+                message,
+                address=self.config.address,
+                context=context,
+                to=to,
+                message_id=message_id,
+                date=datetime.now(UTC),
+            )
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        async with self._smtp() as smtp:
+            with smtp_errors(self._smtp_where, *self._secrets):
+                await smtp.send_message(
+                    mail, sender=self.config.address, recipients=recipients_of(mail)
+                )
+        self._limiter.record(message.thread_id, now)
+        thread_id = context.thread_id if context and context.thread_id else message.thread_id
+        await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
+        return SendResult(message_ids=(message_id,))
+
+    async def _context_for(self, message: OutboundMessage) -> MailContext | None:
+        store = self.context.store
+        target = message.reply_to
+        if not target:
+            target = await store.get_state(f"{self._prefix}thread:{message.thread_id}")
+        if not target:
+            return None
+        stored = await store.get_state(f"{self._prefix}msg:{target}")
+        if stored is None:
+            latest = await store.get_state(f"{self._prefix}thread:{message.thread_id}")
+            stored = await store.get_state(f"{self._prefix}msg:{latest}") if latest else None
+        return MailContext.from_json(stored) if stored else None
+
+    # ---- inbound_media ---------------------------------------------------------------------
+
+    async def download(self, attachment: Attachment, *, max_bytes: int | None = None) -> bytes:
+        if not attachment.ref:
+            raise PermanentError(f"this {attachment.kind} attachment has no reference")
+        try:
+            message_id, index = parse_ref(attachment.ref)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open()
+            quoted = message_id.replace("\\", "\\\\").replace('"', '\\"')
+            uids = await session.uids(f'HEADER Message-ID "{quoted}"')
+            raw = await session.fetch(uids[-1]) if uids else None
+        finally:
+            await session.close()
+        if raw is None:
+            raise NotFoundError(f"mail {message_id} is no longer in {self.config.imap.folder}")
+        try:
+            data = attachment_bytes(raw, index)
+        except LookupError as exc:
+            raise NotFoundError(str(exc)) from None
+        if max_bytes is not None and len(data) > max_bytes:
+            raise PermanentError(
+                f"attachment is {len(data)} bytes, over the {max_bytes}-byte limit"
+            )
+        return data
+
+
+class _SmtpSession:
+    """`async with`: an SMTP connection, TLS as configured, logged in when a username is set."""
+
+    def __init__(self, config: EmailConfig, secrets: list[str | None]) -> None:
+        smtp = config.smtp
+        self._config = smtp
+        self._secrets = secrets
+        self.where = f"{smtp.host}:{smtp.effective_port}"
+        self.client = aiosmtplib.SMTP(
+            hostname=smtp.host,
+            port=smtp.effective_port,
+            use_tls=smtp.security == "ssl",
+            start_tls=smtp.security == "starttls",
+            timeout=config.timeout,
+        )
+
+    async def __aenter__(self) -> aiosmtplib.SMTP:
+        with smtp_errors(self.where, *self._secrets):
+            await self.client.connect()
+            if self._config.username and self._config.password:
+                await self.client.login(
+                    self._config.username, self._config.password.get_secret_value()
+                )
+        return self.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            if self.client.is_connected:
+                await self.client.quit()
+        except (aiosmtplib.SMTPException, OSError, TimeoutError):
+            self.client.close()

@@ -1,0 +1,1 @@
+"""Slack: Socket Mode (default) or the Events API over HTTP, and the Web API, via slack-sdk."""

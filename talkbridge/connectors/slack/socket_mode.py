@@ -1,0 +1,204 @@
+"""Socket Mode on slack-sdk's aiohttp `SocketModeClient`, with the reconnect policy kept here.
+
+The SDK client moves frames, pings, and parses envelopes. When it notices a socket is gone (a
+close frame, a failed ping) or Slack sends a `disconnect` message, it asks for a new endpoint;
+`_Client` turns that request into a signal instead, and `SocketSession.run` reconnects: the old
+socket is closed before a new URL is opened (never two sockets for one connection), a planned
+`disconnect` reconnects at once, and lost sockets back off exponentially. A rejected app token
+raises `UnauthorizedError`, so the registry marks the connection down instead of retrying.
+
+Every envelope is acknowledged before it is processed, and processed in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.web.async_client import AsyncWebClient
+
+from talkbridge.backoff import Backoff
+from talkbridge.connectors.base import ConnectionStatus
+from talkbridge.errors import RateLimitedError, TransientError
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    type: str
+    envelope_id: str
+    payload: dict[str, Any]
+    retry_attempt: int = 0
+    retry_reason: str = ""
+    acked: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class _Client(SocketModeClient):
+    """The SDK client, except that reconnecting is `SocketSession`'s decision."""
+
+    def __init__(self, *args: Any, on_lost: Callable[[object, bool], None], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._on_lost = on_lost
+
+    async def connect_to_new_endpoint(self, force: bool = False) -> None:
+        # Called by the SDK's monitor (dead socket), receiver (close frame) and for a
+        # `disconnect` message (force=True): report which socket it was about.
+        self._on_lost(self.current_session, force)
+
+
+OpenUrl = Callable[[], Awaitable[str]]
+Handler = Callable[[Envelope], Awaitable[None]]
+
+
+class SocketSession:
+    """One Socket Mode connection: at most one socket at a time, reconnected with backoff."""
+
+    def __init__(
+        self,
+        app_token: str,
+        web: AsyncWebClient,
+        open_url: OpenUrl,
+        handle: Handler,
+        *,
+        ping_interval: float,
+        retry_base: float,
+        logger: logging.Logger,
+        connect_timeout: float = 30.0,
+    ) -> None:
+        self._app_token = app_token
+        self._web = web
+        self._open_url = open_url
+        self._handle = handle
+        self._ping_interval = ping_interval
+        self._retry_base = retry_base
+        self._log = logger
+        self._connect_timeout = connect_timeout
+        self._lost: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Envelope] = asyncio.Queue()
+        self._hello = asyncio.Event()
+        self.client: _Client | None = None
+        self.sockets_opened = 0
+
+    def _signal_lost(self, session: object, planned: bool) -> None:
+        self._lost.put_nowait((session, planned))
+
+    async def _on_message(
+        self, client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str | None
+    ) -> None:
+        kind = message.get("type")
+        if kind == "hello":
+            self._hello.set()
+            return
+        envelope_id = message.get("envelope_id")
+        if not isinstance(envelope_id, str) or not isinstance(kind, str):
+            return
+        payload = message.get("payload")
+        envelope = Envelope(
+            type=kind,
+            envelope_id=envelope_id,
+            payload=payload if isinstance(payload, dict) else {},
+            retry_attempt=int(message.get("retry_attempt") or 0),
+            retry_reason=str(message.get("retry_reason") or ""),
+        )
+        # Queued before the first await, so envelopes keep their arrival order; processed
+        # only once the ack has been written.
+        self._queue.put_nowait(envelope)
+        try:
+            await client.send_socket_mode_response({"envelope_id": envelope_id})
+            envelope.acked.set_result(True)
+        except Exception as exc:  # the envelope will be redelivered; dedupe catches that
+            self._log.warning("could not acknowledge envelope %s: %s", envelope_id, exc)
+            envelope.acked.set_result(False)
+
+    async def _process(self) -> None:
+        while True:
+            envelope = await self._queue.get()
+            await envelope.acked
+            try:
+                await self._handle(envelope)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._log.exception("envelope %s could not be processed", envelope.envelope_id)
+
+    async def run(self, status: ConnectionStatus) -> None:
+        client = _Client(
+            self._app_token,
+            logger=self._log.getChild("sdk"),
+            web_client=self._web,
+            auto_reconnect_enabled=True,
+            ping_interval=self._ping_interval,
+            on_lost=self._signal_lost,
+        )
+        client.message_listeners.append(self._on_message)
+        self.client = client
+        processor = asyncio.create_task(self._process(), name="slack-socket-envelopes")
+        backoff = Backoff(base=self._retry_base, cap=30.0)
+        delay = 0.0
+        try:
+            while True:
+                if delay:
+                    await asyncio.sleep(delay)
+                session = await self._connect(client, status, backoff)
+                if session is None:
+                    delay = backoff.next()
+                    continue
+                planned = await self._wait_lost(session)
+                if planned:
+                    delay = 0.0
+                    self._log.info("Slack asked for a new socket; reconnecting")
+                else:
+                    delay = backoff.next()
+                    status.degraded(
+                        f"the Socket Mode socket was lost; reconnecting in {delay:.1f} s"
+                    )
+        finally:
+            processor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await processor
+            await client.close()  # type: ignore[no-untyped-call]
+
+    async def _connect(
+        self, client: _Client, status: ConnectionStatus, backoff: Backoff
+    ) -> object | None:
+        """Close the old socket, open one new one; returns it, or None after a transient failure."""
+        if client.current_session is not None and not client.current_session.closed:
+            await client.current_session.close()
+        try:
+            url = await self._open_url()
+        except RateLimitedError as exc:
+            status.degraded(f"apps.connections.open is rate limited: {exc}")
+            await asyncio.sleep(exc.retry_after)
+            return None
+        except TransientError as exc:
+            status.degraded(f"cannot open a Socket Mode URL: {exc}")
+            return None
+        client.wss_uri = url
+        self._hello.clear()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await client.connect()  # type: ignore[no-untyped-call]
+                self.sockets_opened += 1
+                await self._hello.wait()
+        except TimeoutError:
+            client.auto_reconnect_enabled = True
+            status.degraded("the Socket Mode socket did not say hello in time")
+            return None
+        backoff.reset()
+        status.up()
+        return client.current_session
+
+    async def _wait_lost(self, session: object) -> bool:
+        """Wait until this socket is reported gone; True if Slack asked for it (planned)."""
+        while True:
+            lost, planned = await self._lost.get()
+            if lost is session:
+                return planned
+            # a report about an older socket, raised while we were replacing it: not news

@@ -1,0 +1,592 @@
+"""The Slack transport: `AsyncWebClient` for the Web API, Socket Mode or the Events API inbound.
+
+One connection is one workspace installation (a bot token); any number run side by side, each
+with its own HTTP session, socket and rate-limit tiers.
+
+Inbound: Socket Mode envelopes are acknowledged first, then decoded and delivered in order;
+Events API requests are answered once the router accepted the event. Redeliveries (Socket
+Mode `retry_attempt`, Events API `X-Slack-Retry-Num`) are dropped by event id here and, for
+messages, by native id in the router's store.
+
+`send` never sleeps on a 429: it raises `RateLimitedError` and the router's per-connection queue
+waits; while a tier is paused, calls in that tier fail fast with the remaining wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from slack_sdk.web.async_client import AsyncWebClient
+
+from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.slack.codec import (
+    SLACK_TEXT_LIMIT,
+    Deletion,
+    Identity,
+    button_blocks,
+    decode,
+    decode_message,
+    native_id,
+    parse_native_id,
+    parse_thread_id,
+    render,
+    render_chunks,
+    users_to_resolve,
+)
+from talkbridge.connectors.slack.config import SlackConfig
+from talkbridge.connectors.slack.errors import HANDLED, scrub, translate
+from talkbridge.connectors.slack.events_api import EventsServer, RequestCheck
+from talkbridge.connectors.slack.ratelimit import TierGate
+from talkbridge.connectors.slack.socket_mode import Envelope, SocketSession
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+)
+from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.talk import DirectoryEntry
+
+_RECENT_EVENTS = 4096
+_PARTIAL_SENDS = 1024
+_STATUS_REFUSALS = {"not_allowed", "missing_scope", "not_allowed_token_type", "invalid_arguments"}
+EMOJI_NAMES = {
+    "👍": "+1",
+    "👎": "-1",
+    "❤️": "heart",
+    "❤": "heart",
+    "😂": "joy",
+    "😄": "smile",
+    "🎉": "tada",
+    "👀": "eyes",
+    "✅": "white_check_mark",
+    "❌": "x",
+    "🙏": "pray",
+    "🔥": "fire",
+    "🤔": "thinking_face",
+    "👋": "wave",
+    "🚀": "rocket",
+    "⏳": "hourglass_flowing_sand",
+    "⚠️": "warning",
+    "💯": "100",
+    "😢": "cry",
+    "👌": "ok_hand",
+}
+
+DeleteHandler = Callable[[Deletion], Awaitable[None]]
+
+
+def create(config: SlackConfig, context: ConnectorContext) -> SlackConnector:
+    return SlackConnector(config, context)
+
+
+class SlackConnector(BaseConnector):
+    """Features: history, directory, activity (assistant threads), edit, delete, reactions,
+    interactions, inbound_media."""
+
+    channel = "slack"
+
+    def __init__(self, config: SlackConfig, context: ConnectorContext) -> None:
+        super().__init__(config.id, context)
+        self.config = config
+        self._bot_token = config.bot_token.get_secret_value()
+        self._app_token = config.app_token.get_secret_value() if config.app_token else ""
+        self._secrets = [
+            self._bot_token,
+            self._app_token,
+            config.signing_secret.get_secret_value() if config.signing_secret else "",
+        ]
+        self._log = context.logger.getChild(f"slack.{config.id}")
+        self._session: aiohttp.ClientSession | None = None
+        self._web: AsyncWebClient | None = None
+        self._gate = TierGate()
+        self.me = Identity()
+        self.team: str | None = None
+        self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
+        self._channel_names: dict[str, str] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._status_allowed = True
+        self._delete_handlers: list[DeleteHandler] = []
+        self.socket: SocketSession | None = None
+        self.events: EventsServer | None = None
+        self.retry_base = 0.5
+        """First delay (seconds) before reconnecting a lost socket; then doubles, up to 30 s."""
+        for name in (
+            "history",
+            "directory",
+            "activity",
+            "edit",
+            "delete",
+            "reactions",
+            "interactions",
+            "inbound_media",
+        ):
+            self.provide(name, self)
+
+    # ---- Web API -----------------------------------------------------------------------------
+
+    @property
+    def web(self) -> AsyncWebClient:
+        """The Web API client; made on first use, inside the running loop (aiohttp wants that)."""
+        if self._web is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.config.request_timeout)
+            )
+            self._web = AsyncWebClient(
+                token=self._bot_token,
+                base_url=self.config.api_base,
+                timeout=self.config.request_timeout,
+                session=self._session,
+                logger=self._log.getChild("web"),
+            )
+        return self._web
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """Call a Web API method through slack-sdk; failures leave as talkbridge errors."""
+        wait = self._gate.blocked(method)
+        if wait > 0:
+            raise RateLimitedError(
+                f"{method}: still rate limited for {wait:.1f} s", retry_after=wait
+            )
+        function = getattr(self.web, method.replace(".", "_"))
+        try:
+            response = await function(**params)
+        except HANDLED as exc:
+            error = translate(exc, self._secrets, method=method)
+            if isinstance(error, RateLimitedError):
+                self._gate.hit(method, error.retry_after)
+            raise error from None
+        data = response.data
+        return dict(data) if isinstance(data, Mapping) else {}
+
+    # ---- Transport ---------------------------------------------------------------------------
+
+    async def check(self) -> str:
+        """`auth.test`: the bot user and the workspace, or the translated failure."""
+        info = await self.call("auth.test")
+        self.me = Identity(bot_user_id=info.get("user_id"), bot_id=info.get("bot_id"))
+        self.team = info.get("team")
+        user = info.get("user") or info.get("user_id") or "?"
+        return f"@{user} ({info.get('user_id')}) in {info.get('team')} ({info.get('team_id')})"
+
+    async def run(self, status: ConnectionStatus) -> None:
+        await self.check()
+        if self.config.inbound == "socket":
+            self.socket = SocketSession(
+                self._app_token,
+                self.web,
+                self._open_socket_url,
+                self._on_envelope,
+                ping_interval=self.config.ping_interval,
+                retry_base=self.retry_base,
+                logger=self._log,
+            )
+            await self.socket.run(status)
+        else:
+            await self._run_events(status)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
+        self._web = None
+
+    async def _open_socket_url(self) -> str:
+        info = await self.call("apps.connections.open", app_token=self._app_token)
+        url = info.get("url")
+        if not isinstance(url, str) or not url.startswith(("ws://", "wss://")):
+            raise TransientError("apps.connections.open gave no websocket URL")
+        return url
+
+    async def _run_events(self, status: ConnectionStatus) -> None:
+        assert self.config.signing_secret is not None  # enforced by SlackConfig
+        self.events = EventsServer(
+            RequestCheck(self.config.signing_secret.get_secret_value()),
+            self._on_http_event,
+            host=self.config.events_host,
+            port=self.config.events_port,
+            path=self.config.events_path,
+            logger=self._log,
+        )
+        try:
+            try:
+                await self.events.start()
+            except OSError as exc:
+                raise PermanentError(
+                    f"cannot listen for Slack events on {self.config.events_host}:"
+                    f"{self.config.events_port}: {exc.strerror}"
+                ) from None
+            status.up()
+            await asyncio.Event().wait()  # serve until cancelled
+        finally:
+            await self.events.stop()
+
+    # ---- inbound -----------------------------------------------------------------------------
+
+    def on_delete(self, handler: DeleteHandler) -> None:
+        """Be told when a message is deleted in Slack (deletes are not turns)."""
+        self._delete_handlers.append(handler)
+
+    def _seen(self, key: str | None) -> bool:
+        return key is not None and key in self._recent
+
+    def _remember(self, key: str | None) -> None:
+        if key is None:
+            return
+        self._recent[key] = None
+        while len(self._recent) > _RECENT_EVENTS:
+            self._recent.popitem(last=False)
+
+    async def _on_envelope(self, envelope: Envelope) -> None:
+        if envelope.type not in ("events_api", "interactive"):
+            return  # slash commands and others are acknowledged and left alone
+        key = _dedupe_key(envelope.payload) or f"envelope:{envelope.envelope_id}"
+        if self._seen(key):
+            self._log.debug("redelivered envelope %s dropped", envelope.envelope_id)
+            return
+        try:
+            await self._accept(envelope.payload)
+        except (ValueError, PermanentError) as exc:
+            self._log.error("dropping envelope %s: %s", envelope.envelope_id, exc)
+        self._remember(key)
+
+    async def _on_http_event(self, payload: dict[str, Any], retry: int) -> None:
+        key = _dedupe_key(payload)
+        if self._seen(key):
+            self._log.debug("Slack retry %d of %s dropped", retry, key)
+            return
+        try:
+            await self._accept(payload)
+        except (ValueError, PermanentError) as exc:  # would be retried forever: acknowledge
+            self._log.error("dropping undecodable event %s: %s", key, exc)
+        self._remember(key)
+
+    async def _accept(self, payload: dict[str, Any]) -> None:
+        """Decode and deliver one payload; returns once subscribers accepted it."""
+        if payload.get("type") == "event_callback" and payload.get("team_id") and not self.team:
+            self.team = str(payload["team_id"])
+        names = await self._names(users_to_resolve(payload))
+        result = decode(payload, connection_id=self.connection_id, me=self.me, users=names)
+        if result is None:
+            return
+        if isinstance(result, Deletion):
+            for handler in list(self._delete_handlers):
+                await handler(result)
+            self._log.info("message %s was deleted in Slack", result.message_id)
+            return
+        try:
+            await self.deliver(result)
+        except ConnectorError:
+            raise
+        except Exception as exc:
+            raise TransientError(
+                f"message {result.id} was not accepted by a subscriber: "
+                f"{scrub(str(exc), self._secrets)}"
+            ) from exc
+
+    async def _names(self, user_ids: set[str]) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for uid in user_ids:
+            try:
+                entry = await self.user(uid)
+            except ConnectorError as exc:  # a name is a nicety: the id stands in
+                self._log.debug("users.info %s failed: %s", uid, exc)
+                continue
+            if entry is not None:
+                names[uid] = entry.name
+        return names
+
+    # ---- send --------------------------------------------------------------------------------
+
+    def _target(self, message: OutboundMessage) -> tuple[str, str | None]:
+        try:
+            channel, thread_ts = parse_thread_id(message.thread_id)
+        except ValueError as exc:
+            raise PermanentError(str(exc)) from None
+        threadable = not channel.startswith("D") and message.reply_to
+        if thread_ts is None and self.config.reply_in_thread and threadable:
+            assert message.reply_to is not None
+            try:
+                reply_channel, reply_ts = parse_native_id(message.reply_to)
+            except ValueError:
+                reply_channel, reply_ts = "", None
+            if reply_channel == channel:
+                thread_ts = reply_ts
+        return channel, thread_ts
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        channel, thread_ts = self._target(message)
+        chunks = render_chunks(message.text, message.markup) if message.text else []
+        links = [a.ref for a in message.attachments if a.data is None and a.ref]
+        if links:
+            chunks.append("\n".join(f"<{link}>" for link in links))
+        uploads = [a for a in message.attachments if a.data is not None]
+        if any(a.data is None and not a.ref for a in message.attachments):
+            raise PermanentError("an attachment has neither data nor ref")
+        blocks = None
+        if message.buttons:
+            try:
+                blocks = button_blocks(chunks[-1] if chunks else "", message.buttons)
+            except ValueError as exc:
+                raise PermanentError(str(exc)) from None
+        steps: list[Callable[[], Awaitable[list[str]]]] = []
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            steps.append(self._post_step(channel, thread_ts, chunk, blocks if last else None))
+        if uploads:
+            steps.append(self._upload_step(channel, thread_ts, uploads))
+        if not steps:
+            raise PermanentError("nothing to send: the message rendered to no visible text")
+        key = message.idempotency_key
+        done = self._partial.get(key, []) if key else []
+        sent = list(done)
+        for step in steps[len(done) :]:
+            sent.extend(await step())
+            if key:  # a retry after a failure mid-way resumes here instead of repeating
+                self._partial[key] = sent
+                self._partial.move_to_end(key)
+                while len(self._partial) > _PARTIAL_SENDS:
+                    self._partial.popitem(last=False)
+        if key:
+            self._partial.pop(key, None)
+        return SendResult(message_ids=tuple(sent))
+
+    def _post_step(
+        self, channel: str, thread_ts: str | None, text: str, blocks: list[dict[str, Any]] | None
+    ) -> Callable[[], Awaitable[list[str]]]:
+        async def post() -> list[str]:
+            params: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False}
+            if thread_ts:
+                params["thread_ts"] = thread_ts
+            if blocks:
+                params["blocks"] = blocks
+            result = await self.call("chat.postMessage", **params)
+            return [native_id(str(result.get("channel") or channel), str(result.get("ts")))]
+
+        return post
+
+    def _upload_step(
+        self, channel: str, thread_ts: str | None, uploads: Sequence[Attachment]
+    ) -> Callable[[], Awaitable[list[str]]]:
+        async def upload() -> list[str]:
+            files = [
+                {"content": a.data, "filename": a.name or "file", "title": a.name or "file"}
+                for a in uploads
+            ]
+            params: dict[str, Any] = {"file_uploads": files, "channel": channel}
+            if thread_ts:
+                params["thread_ts"] = thread_ts
+            result = await self.call("files.upload_v2", **params)
+            return [f"file:{f.get('id')}" for f in result.get("files") or [] if f.get("id")]
+
+        return upload
+
+    # ---- features ----------------------------------------------------------------------------
+
+    async def fetch(
+        self, thread_id: str, *, limit: int = 50, before: str | None = None
+    ) -> Sequence[NormalizedMessage]:
+        channel, thread_ts = _thread(thread_id)
+        params: dict[str, Any] = {"channel": channel, "limit": max(1, min(limit, 200))}
+        if before:
+            _, params["latest"] = _message(before)
+            params["inclusive"] = False
+        if thread_ts:
+            result = await self.call("conversations.replies", ts=thread_ts, **params)
+            items = list(result.get("messages") or [])
+        else:
+            result = await self.call("conversations.history", **params)
+            items = list(reversed(result.get("messages") or []))
+        users = {m.get("user") for m in items if isinstance(m.get("user"), str)}
+        names = await self._names({u for u in users if isinstance(u, str)})
+        found = []
+        for item in items:
+            decoded = decode_message(
+                item,
+                channel=channel,
+                connection_id=self.connection_id,
+                me=self.me,
+                users=names,
+                include_own=True,
+            )
+            if decoded is not None:
+                found.append(decoded)
+        return found[-limit:]
+
+    async def user(self, user_id: str) -> DirectoryEntry | None:
+        cached = self._users.get(user_id)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.config.user_cache_seconds:
+            return cached[1]
+        try:
+            info = await self.call("users.info", user=user_id)
+        except NotFoundError:
+            self._users[user_id] = (now, None)
+            return None
+        person = info.get("user") or {}
+        profile = person.get("profile") or {}
+        name = (
+            profile.get("display_name")
+            or profile.get("real_name")
+            or person.get("real_name")
+            or person.get("name")
+            or user_id
+        )
+        entry = DirectoryEntry(
+            id=user_id,
+            name=str(name),
+            kind="user",
+            extra={
+                "real_name": profile.get("real_name") or person.get("real_name"),
+                "is_bot": bool(person.get("is_bot")),
+                "tz": person.get("tz"),
+            },
+        )
+        self._users[user_id] = (now, entry)
+        return entry
+
+    async def thread(self, thread_id: str) -> DirectoryEntry | None:
+        channel, thread_ts = _thread(thread_id)
+        try:
+            info = await self.call("conversations.info", channel=channel)
+        except NotFoundError:
+            return None
+        conversation = info.get("channel") or {}
+        if conversation.get("is_im"):
+            other = await self.user(str(conversation.get("user") or ""))
+            name = f"DM with {other.name}" if other else "DM"
+        else:
+            name = f"#{conversation.get('name') or channel}"
+            self._channel_names[channel] = str(conversation.get("name") or channel)
+        if thread_ts:
+            name += " (thread)"
+        return DirectoryEntry(
+            id=thread_id,
+            name=name,
+            kind="thread",
+            extra={"is_private": bool(conversation.get("is_private"))},
+        )
+
+    async def typing(self, thread_id: str) -> None:
+        """Slack bots have no typing indicator; in an assistant thread the status says it."""
+        channel, thread_ts = _thread(thread_id)
+        if not thread_ts or not self._status_allowed:
+            return
+        try:
+            await self.call(
+                "assistant.threads.setStatus",
+                channel_id=channel,
+                thread_ts=thread_ts,
+                status="is typing…",
+            )
+        except PermanentError as exc:
+            if any(code in str(exc) for code in _STATUS_REFUSALS):
+                self._status_allowed = False  # not an assistant app: stop asking
+            raise
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        channel, ts = _message(message_id)
+        rendered = render(text, "markdown")
+        if len(rendered) > SLACK_TEXT_LIMIT:
+            raise PermanentError(
+                f"edited text is longer than {SLACK_TEXT_LIMIT} characters after rendering"
+            )
+        await self.call("chat.update", channel=channel, ts=ts, text=rendered)
+
+    async def delete(self, thread_id: str, message_id: str) -> None:
+        channel, ts = _message(message_id)
+        await self.call("chat.delete", channel=channel, ts=ts)
+
+    async def react(self, thread_id: str, message_id: str, emoji: str) -> None:
+        channel, ts = _message(message_id)
+        await self.call("reactions.add", channel=channel, timestamp=ts, name=emoji_name(emoji))
+
+    async def send_buttons(
+        self, thread_id: str, text: str, buttons: Sequence[tuple[str, str]]
+    ) -> SendResult:
+        return await self.send(
+            OutboundMessage(thread_id=thread_id, text=text, buttons=tuple(buttons))
+        )
+
+    async def download(self, attachment: Attachment, *, max_bytes: int | None = None) -> bytes:
+        if not attachment.ref:
+            raise PermanentError(f"this {attachment.kind} attachment has no file to download")
+        limit = min(max_bytes or self.config.max_download_bytes, self.config.max_download_bytes)
+        info = (await self.call("files.info", file=attachment.ref)).get("file") or {}
+        size = info.get("size")
+        if isinstance(size, int) and size > limit:
+            raise PermanentError(f"file is {size} bytes, over the {limit}-byte limit")
+        url = info.get("url_private_download") or info.get("url_private")
+        if not isinstance(url, str) or not self._may_send_token_to(url):
+            raise NotFoundError("Slack gave no download URL for this file that we may use")
+        assert self._session is not None  # made by self.web
+        received = bytearray()
+        try:
+            async with self._session.get(
+                url, headers={"Authorization": f"Bearer {self._bot_token}"}
+            ) as response:
+                if response.status in (401, 403):
+                    raise PermanentError(f"Slack refused the download (HTTP {response.status})")
+                if response.status == 404:
+                    raise NotFoundError("the file is gone")
+                if response.status != 200:
+                    raise TransientError(f"download answered HTTP {response.status}")
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    received.extend(chunk)
+                    if len(received) > limit:
+                        raise PermanentError(f"file is over the {limit}-byte limit")
+        except HANDLED as exc:
+            raise translate(exc, self._secrets, method="download") from None
+        return bytes(received)
+
+    def _may_send_token_to(self, url: str) -> bool:
+        """The bot token goes only to Slack's file hosts or the configured API host."""
+        host = urlsplit(url).hostname or ""
+        api_host = urlsplit(self.config.api_base).hostname or ""
+        return host == api_host or host == "slack.com" or host.endswith(".slack.com")
+
+
+def emoji_name(emoji: str) -> str:
+    """`:thumbsup:`, `thumbsup` or a common emoji character -> Slack's reaction name."""
+    value = emoji.strip()
+    if value in EMOJI_NAMES:
+        return EMOJI_NAMES[value]
+    value = value.strip(":")
+    if value and all(c.isalnum() or c in "_+-'" for c in value):
+        return value
+    raise PermanentError(f"no Slack reaction name known for {emoji!r}; use its :name:")
+
+
+def _dedupe_key(payload: Mapping[str, Any]) -> str | None:
+    if payload.get("event_id"):
+        return f"event:{payload['event_id']}"
+    if payload.get("type") == "block_actions":
+        actions = payload.get("actions") or [{}]
+        stamp = actions[0].get("action_ts") if isinstance(actions[0], Mapping) else None
+        return f"action:{payload.get('trigger_id') or stamp}"
+    return None
+
+
+def _thread(value: str) -> tuple[str, str | None]:
+    try:
+        return parse_thread_id(value)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def _message(value: str) -> tuple[str, str]:
+    try:
+        return parse_native_id(value)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+__all__ = ["SlackConnector", "create", "emoji_name"]

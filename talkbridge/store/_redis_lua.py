@@ -1,0 +1,300 @@
+"""The Lua scripts of the Redis store: each multi-key operation runs as one atomic script.
+
+Scripts never invent key names: every key comes from `RedisKeys`, either as a KEYS argument or as
+a name stored beside the data when it was written (the delivery hash's `q`, the pairing's `tk`),
+plus the delivery-hash prefix `RedisKeys.hook_delivery("")` passed as ARGV[1] to the hook scripts.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# KEYS: seen, pending, bodies, arrival[, history]  ARGV: message_id, member, body[, entry]
+ACCEPT: Final = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+if #KEYS == 5 then
+  local seq = redis.call('HINCRBY', KEYS[5], 'n', 1)
+  redis.call('HSET', KEYS[5], tostring(seq), ARGV[4])
+  return seq
+end
+return -1
+"""
+
+# KEYS: pending, bodies  ARGV: member
+COMPLETE: Final = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+return redis.call('HDEL', KEYS[2], ARGV[1])
+"""
+
+_HMGET_CHUNKED: Final = """
+local function hmget_all(key, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local chunk = {}
+    for j = i, math.min(i + 999, #fields) do chunk[#chunk + 1] = fields[j] end
+    local values = redis.call('HMGET', key, unpack(chunk))
+    for j = 1, #chunk do out[#out + 1] = values[j] end
+  end
+  return out
+end
+"""
+
+# KEYS: pending, bodies
+PENDING: Final = (
+    _HMGET_CHUNKED
+    + """
+local out = {}
+for _, body in ipairs(hmget_all(KEYS[2], redis.call('ZRANGE', KEYS[1], 0, -1))) do
+  if body then out[#out + 1] = body end
+end
+return out
+"""
+)
+
+# KEYS: history  ARGV: entry  -> the new seq
+APPEND: Final = """
+local seq = redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('HSET', KEYS[1], tostring(seq), ARGV[1])
+return seq
+"""
+
+# KEYS: history  ARGV: limit, after_seq  -> {first seq, entries}; cost follows `limit` only
+HISTORY: Final = (
+    _HMGET_CHUNKED
+    + """
+local last = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local limit, after = tonumber(ARGV[1]), tonumber(ARGV[2])
+local first, stop
+if after > 0 then
+  first, stop = after + 1, math.min(last, after + limit)
+else
+  first, stop = math.max(1, last - limit + 1), last
+end
+if first > stop then return {first, {}} end
+local fields = {}
+for s = first, stop do fields[#fields + 1] = tostring(s) end
+return {first, hmget_all(KEYS[1], fields)}
+"""
+)
+
+# KEYS: id map, reverse map  ARGV: native id, message id
+MAP_ID: Final = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old and old ~= ARGV[2] and redis.call('HGET', KEYS[2], old) == ARGV[1] then
+  redis.call('HDEL', KEYS[2], old)
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: pairings, order, pending, seq  ARGV: pending field, code key, pairing JSON
+CREATE_PAIRING: Final = """
+local existing = redis.call('HGET', KEYS[3], ARGV[1])
+if existing then return {1, redis.call('HGET', KEYS[1], existing)} end
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
+  return redis.error_reply('PAIRING_CODE_IN_USE')
+end
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+return {0, ARGV[3]}
+"""
+
+# KEYS: pairings, pending  ARGV: code key  -> the approved pairing JSON, or nil
+APPROVE_PAIRING: Final = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local p = cjson.decode(raw)
+if not p.approved then
+  p.approved = true
+  raw = cjson.encode(p)
+  redis.call('HSET', KEYS[1], ARGV[1], raw)
+  if redis.call('HGET', KEYS[2], p.pf) == ARGV[1] then redis.call('HDEL', KEYS[2], p.pf) end
+end
+redis.call('SADD', p.tk, p.channel_user_id)
+return raw
+"""
+
+# KEYS: pairings, order
+PAIRINGS: Final = (
+    _HMGET_CHUNKED
+    + """
+local out = {}
+for _, raw in ipairs(hmget_all(KEYS[1], redis.call('ZRANGE', KEYS[2], 0, -1))) do
+  if raw then out[#out + 1] = raw end
+end
+return out
+"""
+)
+
+# -- durable hook queue ------------------------------------------------------------------------
+# A delivery is a hash (dp .. id) with app, handler, conv, event, body, created, next, attempts,
+# dead, error and q (its (app, handler) queue: a sorted set of ids). Global sorted sets: every
+# id by id (ids) and by creation time (bytime).
+
+_DROP: Final = """
+local function drop(dp, id, ids, bytime)
+  local k = dp .. id
+  local q = redis.call('HGET', k, 'q')
+  if q then redis.call('ZREM', q, id) end
+  redis.call('DEL', k)
+  redis.call('ZREM', ids, id)
+  redis.call('ZREM', bytime, id)
+end
+"""
+
+_FIELDS: Final = "'app', 'handler', 'conv', 'event', 'body', 'created', 'attempts', 'dead', 'error'"
+
+# KEYS: seq, ids, bytime, queues of the app
+# ARGV: dp, created, capacity, app, conv, event, body, then (handler, queue key) pairs
+ENQUEUE_HOOK: Final = (
+    _DROP
+    + """
+local dp, created, cap = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local dropped = 0
+for i = 8, #ARGV, 2 do
+  local q = ARGV[i + 1]
+  local id = redis.call('INCR', KEYS[1])
+  redis.call('HSET', dp .. id, 'app', ARGV[4], 'handler', ARGV[i], 'conv', ARGV[5],
+    'event', ARGV[6], 'body', ARGV[7], 'created', created, 'next', created, 'attempts', 0,
+    'dead', 0, 'q', q)
+  redis.call('ZADD', q, id, id)
+  redis.call('ZADD', KEYS[2], id, id)
+  redis.call('ZADD', KEYS[3], created, id)
+  redis.call('SADD', KEYS[4], q)
+  local n = redis.call('ZCARD', q)
+  if n > cap then
+    for _, old in ipairs(redis.call('ZRANGE', q, 0, n - cap - 1)) do
+      drop(dp, old, KEYS[2], KEYS[3])
+      dropped = dropped + 1
+    end
+  end
+end
+return dropped
+"""
+)
+
+# KEYS: the queue of each handler  ARGV: dp, now, lease until, limit
+CLAIM_HOOKS: Final = f"""
+local dp, now, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local heads = {{}}
+for _, q in ipairs(KEYS) do
+  local seen = {{}}
+  for _, id in ipairs(redis.call('ZRANGE', q, 0, -1)) do
+    local f = redis.call('HMGET', dp .. id, 'conv', 'dead', 'next')
+    if f[1] and f[2] == '0' and not seen[f[1]] then
+      seen[f[1]] = true
+      if tonumber(f[3]) <= now then heads[#heads + 1] = tonumber(id) end
+    end
+  end
+end
+table.sort(heads)
+local out = {{}}
+for i = 1, math.min(limit, #heads) do
+  local k = dp .. heads[i]
+  redis.call('HSET', k, 'next', ARGV[3])
+  out[#out + 1] = {{heads[i], redis.call('HMGET', k, {_FIELDS})}}
+end
+return out
+"""
+
+# KEYS: ids, bytime  ARGV: dp, id
+ACK_HOOK: Final = (
+    _DROP
+    + """
+drop(ARGV[1], ARGV[2], KEYS[1], KEYS[2])
+return 1
+"""
+)
+
+# ARGV: dp, id, error, retry at ('' makes it a dead letter)
+FAIL_HOOK: Final = """
+local k = ARGV[1] .. ARGV[2]
+if redis.call('EXISTS', k) == 0 then return 0 end
+redis.call('HINCRBY', k, 'attempts', 1)
+redis.call('HSET', k, 'error', ARGV[3])
+if ARGV[4] == '' then
+  redis.call('HSET', k, 'dead', 1)
+else
+  redis.call('HSET', k, 'next', ARGV[4])
+end
+return 1
+"""
+
+# ARGV: dp, id, now
+RELEASE_HOOK: Final = """
+local k = ARGV[1] .. ARGV[2]
+if redis.call('HGET', k, 'dead') == '0' then redis.call('HSET', k, 'next', ARGV[3]) end
+return 1
+"""
+
+# KEYS: ids  ARGV: dp, has app ('1'/'0'), app, dead filter ('', '0', '1'), limit
+HOOK_BACKLOG: Final = f"""
+local out = {{}}
+local limit = tonumber(ARGV[5])
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if #out >= limit then break end
+  local f = redis.call('HMGET', ARGV[1] .. id, {_FIELDS})
+  if f[1] and (ARGV[2] == '0' or f[1] == ARGV[3]) and (ARGV[4] == '' or f[8] == ARGV[4]) then
+    out[#out + 1] = {{tonumber(id), f}}
+  end
+end
+return out
+"""
+
+# KEYS: ids  ARGV: dp, now, has app, app, then the ids to replay (none: every dead letter)
+REPLAY_HOOKS: Final = """
+local function replay(id)
+  local k = ARGV[1] .. id
+  local f = redis.call('HMGET', k, 'app', 'dead')
+  if f[2] == '1' and (ARGV[3] == '0' or f[1] == ARGV[4]) then
+    redis.call('HSET', k, 'dead', 0, 'attempts', 0, 'next', ARGV[2])
+    return 1
+  end
+  return 0
+end
+local n = 0
+if #ARGV > 4 then
+  for i = 5, #ARGV do n = n + replay(ARGV[i]) end
+else
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do n = n + replay(id) end
+end
+return n
+"""
+
+# KEYS: ids, bytime  ARGV: dp, cutoff (exclusive)
+PURGE_HOOKS: Final = (
+    _DROP
+    + """
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[2])
+for _, id in ipairs(old) do drop(ARGV[1], id, KEYS[1], KEYS[2]) end
+return #old
+"""
+)
+
+# KEYS: ids, bytime, queues of the app  ARGV: dp
+CLEAR_HOOKS: Final = (
+    _DROP
+    + """
+local n = 0
+for _, q in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  for _, id in ipairs(redis.call('ZRANGE', q, 0, -1)) do
+    drop(ARGV[1], id, KEYS[1], KEYS[2])
+    n = n + 1
+  end
+  redis.call('DEL', q)
+end
+redis.call('DEL', KEYS[3])
+return n
+"""
+)
+
+ALL: Final[dict[str, str]] = {
+    name: value
+    for name, value in dict(globals()).items()
+    if name.isupper() and not name.startswith("_") and name != "ALL"
+}
+"""Every script by name (loaded once per connection with SCRIPT LOAD)."""

@@ -1,0 +1,737 @@
+"""The distributed store: every node of one deployment shares one Redis (redis-py asyncio).
+
+Order: all operations of one `RedisStore` go through one writer task that sends whatever has
+queued up as one non-transactional pipeline, in call order, over one connection at a time. So a
+fire-and-forget call (`complete_inbound`, `map_id`, `record_sent`, `queue_history`) is applied
+before anything issued after it, exactly as with SQLite, and a burst of calls costs one round
+trip. Each operation is exactly one command: a multi-key step is one Lua script (atomic on the
+server), so pipelining never splits an operation.
+
+Every key comes from `RedisKeys`, which namespaces them under the configured prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, get_args
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from talkbridge.errors import StoreError
+from talkbridge.message import NormalizedMessage
+from talkbridge.store import _redis_lua as lua
+from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role
+
+log = logging.getLogger("talkbridge.store")
+
+_ROLES = frozenset(get_args(Role))
+MAX_BATCH: Final = 2048
+"""Commands per pipeline, so one huge backlog does not delay every reply."""
+_SEP: Final = "\x1f"
+
+
+def _part(value: str) -> str:
+    # ':' separates key parts, so escape it (and the escape character) inside a part.
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
+class RedisKeys:
+    """The one place Redis key names are made: `{prefix}:{kind}:{escaped part}...`."""
+
+    def __init__(self, prefix: str) -> None:
+        if not prefix:
+            raise ValueError("the redis key prefix must not be empty")
+        self.prefix = prefix
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *map(_part, parts)))
+
+    def pattern(self) -> str:
+        """Glob matching every key of this prefix (for cleanup)."""
+        return self.prefix.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + ":*"
+
+    # inbound inbox
+    def seen(self, connection_id: str) -> str:
+        return self._key("in", "seen", connection_id)
+
+    def pending(self) -> str:
+        return self._key("in", "pending")
+
+    def bodies(self) -> str:
+        return self._key("in", "body")
+
+    def arrival(self) -> str:
+        return self._key("in", "arrival")
+
+    # history, id map, outbound
+    def history(self, thread_key: str) -> str:
+        return self._key("history", thread_key)
+
+    def id_map(self, connection_id: str) -> str:
+        return self._key("idmap", connection_id)
+
+    def id_reverse(self, connection_id: str) -> str:
+        return self._key("idrev", connection_id)
+
+    def sent(self, connection_id: str) -> str:
+        return self._key("sent", connection_id)
+
+    def failed_sends(self) -> str:
+        return self._key("failed")
+
+    # trust, pairing, state
+    def trusted(self, connection_id: str) -> str:
+        return self._key("trusted", connection_id)
+
+    def pairings(self) -> str:
+        return self._key("pairing", "all")
+
+    def pairing_order(self) -> str:
+        return self._key("pairing", "order")
+
+    def pairing_pending(self) -> str:
+        return self._key("pairing", "pending")
+
+    def pairing_seq(self) -> str:
+        return self._key("pairing", "seq")
+
+    def state(self) -> str:
+        return self._key("state")
+
+    # durable hook queue
+    def hook_seq(self) -> str:
+        return self._key("hook", "seq")
+
+    def hook_delivery(self, delivery_id: int | str) -> str:
+        """`hook_delivery("")` is the prefix the Lua scripts append ids to."""
+        return self._key("hook", "d", "") + str(delivery_id)
+
+    def hook_ids(self) -> str:
+        return self._key("hook", "ids")
+
+    def hook_by_time(self) -> str:
+        return self._key("hook", "bytime")
+
+    def hook_queue(self, app_id: str, handler: str) -> str:
+        return self._key("hook", "q", app_id, handler)
+
+    def hook_queues(self, app_id: str) -> str:
+        return self._key("hook", "queues", app_id)
+
+
+def _describe(client: aioredis.Redis) -> str:
+    """host:port/db (or the socket path), never a password."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix:{kw['path']}/{kw.get('db', 0)}"
+    return f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def _encode(arg: Any) -> Any:
+    if isinstance(arg, str):
+        try:
+            return arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"cannot store {arg!r}: it is not valid Unicode text ({exc})"
+            ) from None
+    return arg
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _iso(value: datetime, what: str) -> str:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    return value.astimezone(UTC).isoformat()
+
+
+def _epoch(value: datetime, what: str) -> str:
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    return repr(value.timestamp())
+
+
+def _code_key(code: str) -> str:
+    return code.strip().casefold()
+
+
+@dataclass(slots=True)
+class _Op:
+    args: tuple[Any, ...]
+    parse: Callable[[Any], Any]
+    future: asyncio.Future[Any] | None
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class _PipelineWriter:
+    """One task sending queued operations as pipelines, in order (see the module docstring)."""
+
+    def __init__(self, client: aioredis.Redis, where: str, scripts: dict[str, str]) -> None:
+        self._client = client
+        self._where = where
+        self._scripts = scripts
+        self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"talkbridge-redis:{self._where}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._queue.put_nowait(None)
+        await task
+
+    def submit(self, op: _Op) -> None:
+        if self._task is None:
+            raise StoreError(f"the redis store at {self._where} is not open")
+        self._queue.put_nowait(op)
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < MAX_BATCH and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            ops = [op for op in batch if op is not None]
+            if ops:
+                await self._execute(ops)
+            if batch[-1] is None:
+                return
+
+    async def _send(self, ops: list[_Op]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for op in ops:
+            pipe.execute_command(*op.args)
+        return await pipe.execute(raise_on_error=False)
+
+    async def _execute(self, ops: list[_Op]) -> None:
+        try:
+            results = await self._send(ops)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:
+                # The server lost its script cache (restart, SCRIPT FLUSH): load and re-run
+                # only those, which did not run at all.
+                await self._load_scripts()
+                retried = await self._send([ops[i] for i in missing])
+                for i, r in zip(missing, retried, strict=True):
+                    results[i] = r
+        except (RedisError, OSError) as exc:
+            err = StoreError(f"redis store at {self._where}: {exc}")
+            err.__cause__ = exc
+            results = [err] * len(ops)
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(result, Exception):
+                self._finish(op, self._map_error(result), None)
+                continue
+            try:
+                value = op.parse(result)
+            except Exception as exc:
+                self._finish(op, exc, None)
+            else:
+                self._finish(op, None, value)
+
+    async def _load_scripts(self) -> None:
+        for source in self._scripts.values():
+            await self._client.script_load(source)
+
+    def _map_error(self, exc: Exception) -> Exception:
+        if isinstance(exc, StoreError):
+            return exc
+        if isinstance(exc, ResponseError) and "PAIRING_CODE_IN_USE" in str(exc):
+            return StoreError("that pairing code is already in use; issue a new code")
+        err = StoreError(f"redis store at {self._where}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    @staticmethod
+    def _finish(op: _Op, exc: BaseException | None, value: Any) -> None:
+        fut = op.future
+        if fut is None:
+            if exc is not None:
+                log.error("a store write failed: %s", exc)
+            return
+        if fut.done():
+            return
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+
+def _history_json(
+    role: Role, message_id: str, sender: str, text: str, at: datetime, data: dict[str, Any]
+) -> str:
+    if role not in _ROLES:
+        raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
+    return json.dumps([role, message_id, sender, text, at.isoformat(), data or None])
+
+
+def _history_entry(thread_key: str, seq: int, raw: Any) -> HistoryEntry:
+    role, message_id, sender, text, at, data = json.loads(raw)
+    return HistoryEntry(
+        seq, thread_key, role, message_id, sender, text, datetime.fromisoformat(at), data or {}
+    )
+
+
+def _pairing(raw: Any) -> Pairing:
+    p = json.loads(raw)
+    return Pairing(
+        code=p["code"],
+        connection_id=p["connection_id"],
+        channel_user_id=p["channel_user_id"],
+        display_name=p["display_name"],
+        created_at=datetime.fromisoformat(p["created_at"]),
+        approved=bool(p["approved"]),
+    )
+
+
+def _delivery(row: Any) -> HookDelivery:
+    delivery_id, (app, handler, conv, event, body, created, attempts, dead, error) = row
+    return HookDelivery(
+        id=int(delivery_id),
+        app_id=_text(app),
+        handler=_text(handler),
+        conversation=_text(conv),
+        event_id=_text(event),
+        body=_text(body),
+        created_at=datetime.fromtimestamp(float(created), UTC),
+        attempts=int(attempts),
+        dead=_text(dead) == "1",
+        last_error=_opt_text(error),
+    )
+
+
+class RedisStore:
+    """The `Store` on Redis; several processes with one `url` and `prefix` share the data.
+
+    A cancelled call may still be applied: its command is already queued for the writer.
+    """
+
+    def __init__(self, url: str, *, prefix: str = "talkbridge") -> None:
+        self._url = url
+        self.keys = RedisKeys(prefix)
+        self._client: aioredis.Redis | None = None
+        self._writer: _PipelineWriter | None = None
+        self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in lua.ALL.items()}
+        self._where = "redis"
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, prefix={self.keys.prefix!r})"
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        try:
+            client = aioredis.Redis.from_url(self._url)
+        except ValueError as exc:
+            raise StoreError(f"the redis store URL is not valid: {exc}") from None
+        self._where = _describe(client)
+        try:
+            await client.ping()
+            for source in lua.ALL.values():
+                await client.script_load(source)
+        except (RedisError, OSError) as exc:
+            await client.aclose()
+            raise StoreError(f"cannot open the redis store at {self._where}: {exc}") from exc
+        self._client = client
+        self._writer = _PipelineWriter(client, self._where, lua.ALL)
+        self._writer.start()
+
+    async def close(self) -> None:
+        writer, client = self._writer, self._client
+        self._writer = self._client = None
+        if writer is not None:
+            await writer.stop()
+        if client is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await client.aclose()
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _op(self, args: tuple[Any, ...], parse: Callable[[Any], Any], wait: bool) -> _Op:
+        if self._writer is None:
+            raise StoreError(f"the redis store at {self._where} is not open")
+        encoded = tuple(_encode(a) for a in args)
+        fut = asyncio.get_running_loop().create_future() if wait else None
+        op = _Op(encoded, parse, fut)
+        self._writer.submit(op)
+        return op
+
+    async def _call(self, *args: Any, parse: Callable[[Any], Any] = _identity) -> Any:
+        op = self._op(args, parse, True)
+        assert op.future is not None
+        return await op.future
+
+    def _nowait(self, *args: Any) -> None:
+        self._op(args, _identity, False)
+
+    def _script_args(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+        return ("EVALSHA", self._sha[name], len(keys), *keys, *args)
+
+    async def _script(
+        self,
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any] = (),
+        parse: Callable[[Any], Any] = _identity,
+    ) -> Any:
+        return await self._call(*self._script_args(name, keys, args), parse=parse)
+
+    def _hook_prefix(self) -> str:
+        return self.keys.hook_delivery("")
+
+    # -- inbound ----------------------------------------------------------------------------
+
+    def _inbox_keys(self, connection_id: str) -> list[str]:
+        k = self.keys
+        return [k.seen(connection_id), k.pending(), k.bodies(), k.arrival()]
+
+    async def accept_inbound(
+        self, message: NormalizedMessage, *, record_history: bool = False
+    ) -> bool:
+        keys = self._inbox_keys(message.connection_id)
+        member = message.connection_id + _SEP + message.id
+        args: list[Any] = [message.id, member, message.model_dump_json()]
+        if record_history:
+            keys.append(self.keys.history(message.thread_key))
+            data = {"edit_of": message.edit_of} if message.edit_of else {}
+            sender = message.display_name or message.channel_user_id
+            now = datetime.now(UTC)
+            args.append(_history_json("user", message.id, sender, message.text, now, data))
+        result: int = await self._script("ACCEPT", keys, args, parse=int)
+        return result != 0
+
+    async def complete_inbound(self, connection_id: str, message_id: str) -> None:
+        k = self.keys
+        member = connection_id + _SEP + message_id
+        self._nowait(*self._script_args("COMPLETE", [k.pending(), k.bodies()], [member]))
+
+    async def pending_inbound(self) -> Sequence[NormalizedMessage]:
+        def parse(rows: list[bytes]) -> list[NormalizedMessage]:
+            return [NormalizedMessage.model_validate_json(raw) for raw in rows]
+
+        found: list[NormalizedMessage] = await self._script(
+            "PENDING", [self.keys.pending(), self.keys.bodies()], parse=parse
+        )
+        return found
+
+    # -- history ----------------------------------------------------------------------------
+
+    def _append_args(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None,
+    ) -> tuple[tuple[Any, ...], HistoryEntry]:
+        data = dict(data) if data else {}
+        now = datetime.now(UTC)
+        raw = _history_json(role, message_id, sender, text, now, data)
+        entry = HistoryEntry(0, thread_key, role, message_id, sender, text, now, data)
+        return self._script_args("APPEND", [self.keys.history(thread_key)], [raw]), entry
+
+    async def append_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> HistoryEntry:
+        args, entry = self._append_args(thread_key, role, message_id, sender, text, data)
+        seq: int = await self._call(*args, parse=int)
+        return HistoryEntry(
+            seq, thread_key, role, message_id, sender, text, entry.created_at, entry.data
+        )
+
+    def queue_history(
+        self,
+        thread_key: str,
+        role: Role,
+        message_id: str,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        args, _ = self._append_args(thread_key, role, message_id, sender, text, data)
+        self._nowait(*args)
+
+    async def history(
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+    ) -> Sequence[HistoryEntry]:
+        if limit < 0 or after_seq < 0:
+            raise ValueError(f"limit and after_seq must be >= 0, got {limit=} {after_seq=}")
+        if limit == 0:
+            return []
+
+        def parse(result: list[Any]) -> list[HistoryEntry]:
+            first, rows = int(result[0]), result[1]
+            return [
+                _history_entry(thread_key, first + i, raw)
+                for i, raw in enumerate(rows)
+                if raw is not None
+            ]
+
+        found: list[HistoryEntry] = await self._script(
+            "HISTORY", [self.keys.history(thread_key)], [limit, after_seq], parse=parse
+        )
+        return found
+
+    # -- id map -----------------------------------------------------------------------------
+
+    async def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
+        keys = [self.keys.id_map(connection_id), self.keys.id_reverse(connection_id)]
+        self._nowait(*self._script_args("MAP_ID", keys, [native_id, message_id]))
+
+    async def lookup_id(self, connection_id: str, native_id: str) -> str | None:
+        found: str | None = await self._call(
+            "HGET", self.keys.id_map(connection_id), native_id, parse=_opt_text
+        )
+        return found
+
+    async def lookup_native(self, connection_id: str, message_id: str) -> str | None:
+        found: str | None = await self._call(
+            "HGET", self.keys.id_reverse(connection_id), message_id, parse=_opt_text
+        )
+        return found
+
+    # -- outbound ---------------------------------------------------------------------------
+
+    async def sent_result(self, connection_id: str, idempotency_key: str) -> list[str] | None:
+        found: list[str] | None = await self._call(
+            "HGET",
+            self.keys.sent(connection_id),
+            idempotency_key,
+            parse=lambda raw: None if raw is None else json.loads(raw),
+        )
+        return found
+
+    async def record_sent(
+        self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
+    ) -> None:
+        ids_json = json.dumps(list(message_ids))
+        self._nowait("HSET", self.keys.sent(connection_id), idempotency_key, ids_json)
+
+    async def record_failed_send(self, failure: FailedSend) -> None:
+        raw = json.dumps(
+            [
+                failure.connection_id,
+                failure.thread_id,
+                failure.text,
+                failure.reason,
+                _iso(failure.failed_at, "FailedSend.failed_at"),
+            ]
+        )
+        await self._call("LPUSH", self.keys.failed_sends(), raw)
+
+    async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]:
+        """The latest `limit` failures, newest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if limit == 0:
+            return []
+
+        def parse(rows: list[bytes]) -> list[FailedSend]:
+            out = []
+            for raw in rows:
+                conn, thread, text, reason, at = json.loads(raw)
+                out.append(FailedSend(conn, thread, text, reason, datetime.fromisoformat(at)))
+            return out
+
+        found: list[FailedSend] = await self._call(
+            "LRANGE", self.keys.failed_sends(), 0, limit - 1, parse=parse
+        )
+        return found
+
+    # -- trust and pairing ------------------------------------------------------------------
+
+    async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool:
+        # Not cached: an approval on any node must be seen at the sender's next message.
+        found: bool = await self._call(
+            "SISMEMBER", self.keys.trusted(connection_id), channel_user_id, parse=bool
+        )
+        return found
+
+    async def set_trusted(self, connection_id: str, channel_user_id: str, trusted: bool) -> None:
+        await self._call(
+            "SADD" if trusted else "SREM", self.keys.trusted(connection_id), channel_user_id
+        )
+
+    async def create_pairing(self, pairing: Pairing) -> Pairing:
+        if pairing.approved:
+            raise ValueError("create_pairing stores a pending pairing; got one already approved")
+        key = _code_key(pairing.code)
+        if not key:
+            raise ValueError("a pairing code must not be empty")
+        pending_field = pairing.connection_id + _SEP + pairing.channel_user_id
+        raw = json.dumps(
+            {
+                "code": pairing.code,
+                "connection_id": pairing.connection_id,
+                "channel_user_id": pairing.channel_user_id,
+                "display_name": pairing.display_name,
+                "created_at": _iso(pairing.created_at, "Pairing.created_at"),
+                "approved": False,
+                # names the Lua scripts need later, made here by the key builder
+                "tk": self.keys.trusted(pairing.connection_id),
+                "pf": pending_field,
+            }
+        )
+        k = self.keys
+        found: Pairing = await self._script(
+            "CREATE_PAIRING",
+            [k.pairings(), k.pairing_order(), k.pairing_pending(), k.pairing_seq()],
+            [pending_field, key, raw],
+            parse=lambda result: _pairing(result[1]),
+        )
+        return found
+
+    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]:
+        def parse(rows: list[bytes]) -> list[Pairing]:
+            found = [_pairing(raw) for raw in rows]
+            return found if include_approved else [p for p in found if not p.approved]
+
+        result: list[Pairing] = await self._script(
+            "PAIRINGS", [self.keys.pairings(), self.keys.pairing_order()], parse=parse
+        )
+        return result
+
+    async def approve_pairing(self, code: str) -> Pairing | None:
+        found: Pairing | None = await self._script(
+            "APPROVE_PAIRING",
+            [self.keys.pairings(), self.keys.pairing_pending()],
+            [_code_key(code)],
+            parse=lambda raw: None if raw is None else _pairing(raw),
+        )
+        return found
+
+    # -- state ------------------------------------------------------------------------------
+
+    async def get_state(self, key: str) -> str | None:
+        found: str | None = await self._call("HGET", self.keys.state(), key, parse=_opt_text)
+        return found
+
+    async def set_state(self, key: str, value: str) -> None:
+        await self._call("HSET", self.keys.state(), key, value)
+
+    # -- durable hook queue -----------------------------------------------------------------
+
+    async def enqueue_hook_event(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        conversation: str,
+        event_id: str,
+        body: str,
+        created_at: datetime,
+        *,
+        capacity: int,
+    ) -> int:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if not handlers:
+            return 0
+        k = self.keys
+        pairs = [x for h in handlers for x in (h, k.hook_queue(app_id, h))]
+        args = [self._hook_prefix(), _epoch(created_at, "created_at"), capacity, app_id]
+        args += [conversation, event_id, body, *pairs]
+        keys = [k.hook_seq(), k.hook_ids(), k.hook_by_time(), k.hook_queues(app_id)]
+        dropped: int = await self._script("ENQUEUE_HOOK", keys, args, parse=int)
+        return dropped
+
+    async def claim_hook_deliveries(
+        self,
+        app_id: str,
+        handlers: Sequence[str],
+        *,
+        now: datetime,
+        lease_until: datetime,
+        limit: int,
+    ) -> Sequence[HookDelivery]:
+        if not handlers or limit <= 0:
+            return []
+        keys = [self.keys.hook_queue(app_id, h) for h in handlers]
+        args = [self._hook_prefix(), _epoch(now, "now"), _epoch(lease_until, "lease_until"), limit]
+        found: list[HookDelivery] = await self._script(
+            "CLAIM_HOOKS", keys, args, parse=lambda rows: [_delivery(r) for r in rows]
+        )
+        return found
+
+    async def ack_hook_delivery(self, delivery_id: int) -> None:
+        keys = [self.keys.hook_ids(), self.keys.hook_by_time()]
+        await self._script("ACK_HOOK", keys, [self._hook_prefix(), int(delivery_id)])
+
+    async def fail_hook_delivery(
+        self, delivery_id: int, error: str, *, retry_at: datetime | None
+    ) -> None:
+        retry = "" if retry_at is None else _epoch(retry_at, "retry_at")
+        args = [self._hook_prefix(), int(delivery_id), error, retry]
+        await self._script("FAIL_HOOK", [], args)
+
+    async def release_hook_delivery(self, delivery_id: int, *, now: datetime) -> None:
+        args = [self._hook_prefix(), int(delivery_id), _epoch(now, "now")]
+        await self._script("RELEASE_HOOK", [], args)
+
+    async def hook_backlog(
+        self, *, app_id: str | None = None, dead: bool | None = None, limit: int = 1000
+    ) -> Sequence[HookDelivery]:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        dead_filter = "" if dead is None else str(int(dead))
+        args = [self._hook_prefix(), int(app_id is not None), app_id or "", dead_filter, limit]
+        found: list[HookDelivery] = await self._script(
+            "HOOK_BACKLOG",
+            [self.keys.hook_ids()],
+            args,
+            parse=lambda rows: [_delivery(r) for r in rows],
+        )
+        return found
+
+    async def replay_hook_deliveries(
+        self, delivery_ids: Sequence[int] | None, *, now: datetime, app_id: str | None = None
+    ) -> int:
+        ids = [] if delivery_ids is None else [int(i) for i in delivery_ids]
+        if delivery_ids is not None and not ids:
+            return 0
+        args = [self._hook_prefix(), _epoch(now, "now"), int(app_id is not None), app_id or ""]
+        count: int = await self._script(
+            "REPLAY_HOOKS", [self.keys.hook_ids()], [*args, *ids], parse=int
+        )
+        return count
+
+    async def purge_hook_events(self, *, older_than: datetime) -> int:
+        keys = [self.keys.hook_ids(), self.keys.hook_by_time()]
+        args = [self._hook_prefix(), _epoch(older_than, "older_than")]
+        count: int = await self._script("PURGE_HOOKS", keys, args, parse=int)
+        return count
+
+    async def clear_hook_events(self, app_id: str) -> int:
+        keys = [self.keys.hook_ids(), self.keys.hook_by_time(), self.keys.hook_queues(app_id)]
+        count: int = await self._script("CLEAR_HOOKS", keys, [self._hook_prefix()], parse=int)
+        return count

@@ -1,0 +1,283 @@
+"""The Discord transport against the local Discord peer, driven by the real discord.py client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.errors import NotFoundError, PermanentError, RateLimitedError, UnauthorizedError
+from talkbridge.message import OutboundMessage
+from talkbridge.store import SqliteStore
+from tests.connectors.discord.conftest import TOKEN, TOKEN_B
+from tests.peers.discord import FORUM, GENERAL, GUILD_ID, THREAD, DiscordPeer
+
+
+async def test_a_dm_arrives_as_a_private_message(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    alice = peer.person("Alice")
+    payload = peer.message(alice, "hello **bot**", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", payload)
+    [message] = await running.inbox.wait_count(1)
+    assert message.text == "hello **bot**"
+    assert message.thread_type == "private"
+    assert message.channel_user_id == alice["id"]
+    assert message.id == f"{payload['channel_id']}:{payload['id']}"
+
+
+async def test_guild_messages_need_a_mention_which_is_stripped_and_names_are_readable(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    bot = peer.bots[TOKEN].user
+    alice, bob = peer.person("Alice"), peer.person("Bob")
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "just chatting", nick="Al"))
+    peer.dispatch(
+        TOKEN,
+        "MESSAGE_CREATE",
+        peer.message(
+            alice, f"<@{bot['id']}> ask <@{bob['id']}> in <#{GENERAL}>", mentions=[bot, bob]
+        ),
+    )
+    [message] = await running.inbox.wait_count(1)
+    assert message.text == "ask @Bob in #general"  # the unaddressed one was never delivered
+    assert message.thread_type == "group"
+    assert message.thread_id == GENERAL and message.thread_name == "#general"
+
+
+async def test_require_mention_off_delivers_every_guild_message(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start(require_mention=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(peer.person("Alice"), "no mention"))
+    assert (await running.inbox.wait_count(1))[0].text == "no mention"
+
+
+async def test_a_thread_message_keeps_its_thread_and_names_the_parent(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    bot = peer.bots[TOKEN].user
+    payload = peer.message(
+        peer.person("Alice"), f"<@{bot['id']}> it burns", channel_id=THREAD, mentions=[bot]
+    )
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", payload)
+    [message] = await running.inbox.wait_count(1)
+    assert message.thread_id == THREAD
+    assert message.thread_name == "#help-forum / printer on fire"
+    result = await running.connector.send(
+        OutboundMessage(thread_id=message.thread_id, text="on it", reply_to=message.id)
+    )
+    [sent] = peer.sent(TOKEN, THREAD)
+    assert str(sent["message_reference"]["message_id"]) == payload["id"]
+    assert result.message_id.startswith(f"{THREAD}:")
+
+
+async def test_our_own_and_other_bots_messages_are_ignored(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start(require_mention=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(peer.bots[TOKEN].user, "echo?"))
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(peer.bots[TOKEN_B].user, "bot talk"))
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(peer.person("Alice"), "a person"))
+    await running.inbox.wait_count(1)
+    assert running.inbox.texts == ["a person"]
+
+
+async def test_a_gateway_drop_resumes_with_nothing_lost_or_repeated(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    alice = peer.person("Alice")
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "one", guild=False))
+    await running.inbox.wait_count(1)
+    await peer.drop(TOKEN)
+    # Sent while the bot is away: the gateway keeps them for the session.
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "two", guild=False))
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "three", guild=False))
+    await running.inbox.wait_count(3)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "four", guild=False))
+    await running.inbox.wait_count(4)
+    assert running.inbox.texts == ["one", "two", "three", "four"]
+    assert peer.resumes == [(TOKEN, True)]
+    assert peer.identifies == [TOKEN]  # resumed, not a new session
+    assert ("degraded", "the Discord gateway connection dropped; resuming") in (
+        running.status.reports
+    )
+    await running.status.wait(lambda: running.status.count("up") >= 2)
+
+
+async def test_a_refused_resume_identifies_afresh(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    peer.refuse_next_resume(TOKEN)
+    await peer.drop(TOKEN)
+    await peer.wait_for(lambda: len(peer.identifies) == 2 and peer.connected(TOKEN))
+    assert peer.resumes == [(TOKEN, False)]
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(peer.person("A"), "after", guild=False))
+    assert (await running.inbox.wait_count(1))[0].text == "after"
+
+
+async def test_a_long_reply_is_split_with_balanced_code_fences_and_pings_nobody(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    code = "\n".join(f"line_{i} = {i} * 2  # keep going" for i in range(100))
+    text = "@everyone look: <@&1> and <@2>\n\n" + "intro " * 100 + f"\n\n```python\n{code}\n```\n"
+    assert 3000 <= len(text) < 4000
+    result = await running.connector.send(
+        OutboundMessage(thread_id=GENERAL, text=text, reply_to=f"{GENERAL}:42")
+    )
+    bodies = peer.sent(TOKEN, GENERAL)
+    assert len(bodies) == len(result.message_ids) == 2
+    for body in bodies:
+        assert len(body["content"]) <= 2000
+        assert body["content"].count("```") % 2 == 0
+        mentions = body["allowed_mentions"]
+        assert mentions["parse"] == [] and not mentions.get("replied_user", False)
+        assert not mentions.get("users") and not mentions.get("roles")
+    assert str(bodies[0]["message_reference"]["message_id"]) == "42"
+    assert "message_reference" not in bodies[1]
+    assert bodies[1]["content"].startswith("```python\n")
+    joined = "".join(b["content"] for b in bodies)
+    assert all(f"line_{i} = " in joined for i in range(100))  # nothing lost at the cut
+
+
+async def test_a_429_on_one_route_delays_only_that_route(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    route = "/channels/{channel_id}/messages"
+    peer.rate_limit("POST", route, channel_id=GENERAL, retry_after=1.5)
+    slow = asyncio.create_task(
+        running.connector.send(OutboundMessage(thread_id=GENERAL, text="slow"))
+    )
+    await peer.wait_for(lambda: bool(peer.calls_of("POST", route, answered=429)))
+    await running.connector.send(OutboundMessage(thread_id=THREAD, text="fast"))
+    assert not slow.done()  # the other channel's bucket went ahead
+    await slow
+    assert [c.status for c in peer.calls_of("POST", route, answered=None)] == [429, 200, 200]
+    assert [b["content"] for b in peer.sent(TOKEN)] == ["fast", "slow"]
+
+
+async def test_a_long_rate_limit_is_handed_to_the_router(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    peer.rate_limit("POST", "/channels/{channel_id}/messages", retry_after=45.0)
+    with pytest.raises(RateLimitedError) as caught:
+        await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
+    assert caught.value.retry_after == 45.0 and caught.value.scope == "thread"
+
+
+async def test_an_invalid_token_fails_with_a_clear_reason(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    peer.revoke(TOKEN)
+    with pytest.raises(UnauthorizedError) as caught:
+        await start()
+    assert "Developer Portal" in str(caught.value) and TOKEN not in str(caught.value)
+
+
+async def test_features_edit_delete_react_typing_history_directory(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    connector = running.connector
+    alice = peer.person("Alice")
+    earlier = peer.message(alice, "earlier words")
+    sent = await connector.send(OutboundMessage(thread_id=GENERAL, text="draft"))
+    await connector.edit(GENERAL, sent.message_id, "final @everyone")
+    [patch] = peer.calls_of("PATCH", "/channels/{channel_id}/messages/{message_id}")
+    assert patch.json["content"] == "final @everyone"
+    assert patch.json["allowed_mentions"]["parse"] == []
+    await connector.react(GENERAL, f"{GENERAL}:{earlier['id']}", "👍")
+    assert peer.calls_of(
+        "PUT", "/channels/{channel_id}/messages/{message_id}/reactions/{emoji}/@me", answered=204
+    )
+    await connector.typing(GENERAL)
+    assert peer.calls_of("POST", "/channels/{channel_id}/typing", answered=204)
+    history = await connector.fetch(GENERAL, limit=10)
+    assert [m.text for m in history] == ["earlier words", "final @everyone"]
+    older = await connector.fetch(GENERAL, limit=10, before=sent.message_id)
+    assert [m.text for m in older] == ["earlier words"]
+    who = await connector.user(alice["id"])
+    assert who is not None and who.name == "Alice"
+    assert await connector.user("999") is None
+    where = await connector.thread(THREAD)
+    assert where is not None and where.name == "printer on fire"
+    assert where.extra == {"type": "public_thread", "parent_id": FORUM}
+    await connector.delete(GENERAL, sent.message_id)
+    assert [m["content"] for m in peer.messages[GENERAL]] == ["earlier words"]
+    with pytest.raises(NotFoundError):
+        await connector.delete(GENERAL, sent.message_id)
+
+
+async def test_buttons_are_sent_and_a_click_arrives_as_a_message(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    sent = await running.connector.send_buttons(
+        GENERAL, "Pick", [("Yes", "vote:yes"), ("No", "no")]
+    )
+    [body] = peer.sent(TOKEN)
+    buttons = body["components"][0]["components"]
+    assert [(b["label"], b["custom_id"]) for b in buttons] == [("Yes", "vote:yes"), ("No", "no")]
+    alice = peer.person("Alice")
+    _, message_id = sent.message_id.split(":")
+    interaction = {
+        "id": "846462639134605312", "application_id": peer.bots[TOKEN].application_id,
+        "type": 3, "token": "interaction-token", "version": 1, "guild_id": GUILD_ID,
+        "channel_id": GENERAL, "data": {"custom_id": "vote:yes", "component_type": 2},
+        "member": {"user": alice, "roles": [], "joined_at": "2024-01-01T00:00:00+00:00",
+                   "deaf": False, "mute": False, "flags": 0, "permissions": "1024"},
+        "message": peer.messages[GENERAL][-1], "locale": "en-US", "guild_locale": "en-US",
+        "app_permissions": "1024", "entitlements": [], "authorizing_integration_owners": {},
+        "context": 0, "attachment_size_limit": 10485760,
+    }  # fmt: skip
+    peer.dispatch(TOKEN, "INTERACTION_CREATE", interaction)
+    [click] = await running.inbox.wait_count(1)
+    assert click.text == "vote:yes" and click.id == "ia:846462639134605312"
+    assert click.reply_to is not None and click.reply_to.message_id == sent.message_id
+    assert message_id
+    callback = "/interactions/{interaction_id}/{interaction_token}/callback"
+    await peer.wait_for(lambda: bool(peer.calls_of("POST", callback)))
+    assert peer.calls_of("POST", callback)[0].json["type"] == 6  # acknowledged, no new message
+
+
+async def test_a_deleted_question_takes_our_reply_along(
+    peer: DiscordPeer, start: Callable[..., Any], sqlite_store: SqliteStore
+) -> None:
+    running = await start()
+    question = peer.message(peer.person("Alice"), "q", guild=False)
+    reply = await running.connector.send(
+        OutboundMessage(thread_id=question["channel_id"], text="answer")
+    )
+    await sqlite_store.map_id("dc", f"{question['channel_id']}:{question['id']}", reply.message_id)
+    peer.dispatch(
+        TOKEN,
+        "MESSAGE_DELETE",
+        {"id": question["id"], "channel_id": question["channel_id"]},
+    )
+    route = "/channels/{channel_id}/messages/{message_id}"
+    await peer.wait_for(lambda: bool(peer.calls_of("DELETE", route, answered=204)))
+    assert peer.calls_of("DELETE", route, answered=204)[0].path.endswith(
+        reply.message_id.split(":")[1]
+    )
+
+
+async def test_two_bots_share_one_process_but_not_two_api_bases(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    first = await start()
+    second = await start(id="dc2", token=TOKEN_B)
+    peer.dispatch(TOKEN_B, "MESSAGE_CREATE", peer.message(peer.person("B"), "hi", guild=False))
+    assert (await second.inbox.wait_count(1))[0].connection_id == "dc2"
+    assert first.inbox.messages == []
+    with pytest.raises(PermanentError, match="one REST base and gateway URL per process"):
+        await start(id="dc3", token=TOKEN_B, api_base="http://127.0.0.1:1/api/v10")

@@ -1,0 +1,58 @@
+"""`talkbridge check` with email connections: logs in to IMAP and SMTP and reports each."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from tests.connectors.email.conftest import SMTP_USERS, USERS
+from tests.peers.email import DovecotPeer, SmtpPeer
+
+
+def entry(dovecot: DovecotPeer, smtp: SmtpPeer, cid: str, user: str, smtp_password: str) -> str:
+    return f"""
+  - id: {cid}
+    channel: email
+    address: {user}@example.com
+    imap: {{host: 127.0.0.1, port: {dovecot.port}, security: none, username: {user},
+            password: "${{IMAP_PASSWORD}}", folder: INBOX}}
+    smtp: {{host: 127.0.0.1, port: {smtp.port}, security: none, username: {user},
+            password: {smtp_password}}}
+    trusted: ["*@example.org"]
+"""
+
+
+async def test_check_reports_imap_and_smtp_for_each_mailbox(
+    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
+) -> None:
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\nconnections:"
+        + entry(dovecot, smtp, "helpdesk", "help", SMTP_USERS["help"])
+        + entry(dovecot, smtp, "stale", "help", "wrong-smtp-secret"),
+        encoding="utf-8",
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "talkbridge",
+        "check",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "IMAP_PASSWORD": USERS["help"]},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, out.decode() + err.decode()
+    lines = out.decode().splitlines()
+    [good] = [line for line in lines if "helpdesk" in line]
+    [bad] = [line for line in lines if "stale" in line]
+    assert good.startswith("ok") and "IMAP ok" in good and "SMTP ok" in good
+    assert bad.startswith("FAIL") and "IMAP ok" in bad and "SMTP failed" in bad
+    assert "refused the login" in bad
+    text = out.decode() + err.decode()
+    for secret in (USERS["help"], SMTP_USERS["help"], "wrong-smtp-secret"):
+        assert secret not in text

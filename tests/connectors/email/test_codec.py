@@ -1,0 +1,203 @@
+"""The pure email codec on a corpus of real-world and RFC example messages (payloads/*.json)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from email import message_from_bytes, policy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.email.codec import (
+    MailContext,
+    attachment_bytes,
+    decode_mail,
+    new_message_id,
+    parse_ref,
+    read_mail,
+    render_reply,
+    reply_subject,
+)
+from talkbridge.connectors.email.safety import ReplyLimiter, is_own_message_id
+from talkbridge.connectors.email.text import html_to_text, trim_reply
+from talkbridge.message import Attachment, OutboundMessage
+
+PAYLOADS = sorted((Path(__file__).parent / "payloads").glob("*.json"))
+ADDRESS = "help@example.com"
+NOW = datetime(2024, 6, 1, tzinfo=UTC)
+
+
+def load(path: Path) -> tuple[bytes, dict[str, Any]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["_source"], f"{path.name} must say where it came from"
+    raw = base64.b64decode(data["raw_base64"]) if "raw_base64" in data else data["raw"].encode()
+    return raw, data["expect"]
+
+
+@pytest.mark.parametrize("path", PAYLOADS, ids=lambda p: p.stem)
+def test_corpus_message_decodes_as_expected(path: Path) -> None:
+    raw, expect = load(path)
+    result = read_mail(raw, connection_id="help", address=ADDRESS, received_at=NOW, uid=7)
+    if "skip" in expect:
+        assert isinstance(result, str) and expect["skip"].lower() in result.lower()
+        return
+    assert not isinstance(result, str), result
+    msg = result.message
+    assert msg.channel == "email" and msg.connection_id == "help"
+    for key in ("id", "thread_id", "channel_user_id", "display_name", "text", "thread_type"):
+        if key in expect:
+            assert getattr(msg, key) == expect[key], key
+    if "thread_name" in expect:
+        assert msg.thread_name == expect["thread_name"]
+    if "reply_to" in expect:
+        assert msg.reply_to is not None and msg.reply_to.message_id == expect["reply_to"]
+    if "timestamp" in expect:
+        assert msg.timestamp == datetime.fromisoformat(expect["timestamp"])
+    if "attachment_types" in expect:
+        assert [a.mime_type for a in msg.attachments] == expect["attachment_types"]
+    if "attachment_names" in expect:
+        assert [a.name for a in msg.attachments] == expect["attachment_names"]
+    if "id_suffix" in expect:
+        assert msg.id.endswith(expect["id_suffix"])
+        again = decode_mail(raw, connection_id="help", address=ADDRESS, received_at=NOW)
+        assert again is not None and again.id == msg.id  # stable across restarts: dedupe works
+    if "full_text_contains" in expect:
+        assert expect["full_text_contains"] in msg.raw_event["full_text"]
+        assert expect["full_text_contains"] not in msg.text
+    if expect.get("html_kept"):
+        assert "<b>" in msg.raw_event["html"]
+    assert msg.raw_event["raw"] == raw and msg.raw_event["uid"] == 7
+
+
+@pytest.mark.parametrize("path", PAYLOADS, ids=lambda p: p.stem)
+def test_no_corpus_message_crashes_even_when_mangled(path: Path) -> None:
+    raw, _ = load(path)
+    for mangled in (raw[: len(raw) // 2], raw.replace(b"\r\n", b"\n"), raw.replace(b":", b"", 3)):
+        decode_mail(mangled, connection_id="help", address=ADDRESS, received_at=NOW)
+
+
+def test_attachment_refs_resolve_to_their_bytes() -> None:
+    raw, _ = load(Path(__file__).parent / "payloads" / "inline_image_related.json")
+    msg = decode_mail(raw, connection_id="help", address=ADDRESS, received_at=NOW)
+    assert msg is not None
+    image, pdf = msg.attachments
+    assert image.kind == "image" and image.meta == {"content_id": "shot1", "inline": True}
+    assert pdf.kind == "document" and "inline" not in pdf.meta
+    mid, index = parse_ref(pdf.ref or "")
+    assert mid == msg.id
+    assert attachment_bytes(raw, index) == b"%PDF-1.4\n"
+    assert attachment_bytes(raw, parse_ref(image.ref or "")[1]).startswith(b"\x89PNG")
+
+
+def test_several_people_make_a_group_thread_and_we_do_not_count() -> None:
+    raw = b"From: a@x.org\r\nTo: help@example.com, b@x.org\r\nMessage-ID: <g@x.org>\r\n\r\nhi\r\n"
+    msg = decode_mail(raw, connection_id="h", address=ADDRESS, received_at=NOW)
+    assert msg is not None and msg.thread_type == "group"
+    solo = raw.replace(b", b@x.org", b"")
+    msg = decode_mail(solo, connection_id="h", address=ADDRESS, received_at=NOW)
+    assert msg is not None and msg.thread_type == "private"
+
+
+def test_our_own_message_ids_and_address_are_never_answered() -> None:
+    mid = new_message_id(ADDRESS)
+    assert is_own_message_id(mid, ADDRESS)
+    assert not is_own_message_id(new_message_id("other@example.com"), ADDRESS)
+    ours = f"From: x@y.org\r\nMessage-ID: {mid}\r\n\r\nloop\r\n".encode()
+    assert read_mail(ours, connection_id="h", address=ADDRESS, received_at=NOW) == (
+        "a message we sent (our own Message-ID)"
+    )
+    from_us = b"From: Help <HELP@example.com>\r\nMessage-ID: <z@y.org>\r\n\r\nx\r\n"
+    assert "own address" in str(
+        read_mail(from_us, connection_id="h", address=ADDRESS, received_at=NOW)
+    )
+    human = b"From: x@y.org\r\nAuto-Submitted: no\r\nMessage-ID: <q@y.org>\r\n\r\nx\r\n"
+    assert decode_mail(human, connection_id="h", address=ADDRESS, received_at=NOW) is not None
+
+
+def test_reply_threads_subjects_and_renders_markdown_as_alternative() -> None:
+    context = MailContext(
+        message_id="<m2@x.org>",
+        references=("<root@x.org>", "<m1@example.com>"),
+        subject="RE: Re: AW: Printer",
+        reply_to=("ada@x.org",),
+        cc=("bob@x.org",),
+        thread_id="<root@x.org>",
+    )
+    out = OutboundMessage(
+        thread_id="<root@x.org>",
+        text="Try **this**:\n\n- restart\n- <script>x</script>",
+        attachments=(
+            Attachment(kind="document", name="a.txt", mime_type="text/plain", data=b"hi"),
+        ),
+    )
+    mail = render_reply(
+        out, address=ADDRESS, context=context, message_id="<new@example.com>", date=NOW
+    )
+    parsed = message_from_bytes(mail.as_bytes(), policy=policy.default)
+    assert parsed["Subject"] == "Re: Printer"
+    assert parsed["In-Reply-To"] == "<m2@x.org>"
+    assert parsed["References"].split() == ["<root@x.org>", "<m1@example.com>", "<m2@x.org>"]
+    assert parsed["To"] == "ada@x.org" and parsed["Cc"] == "bob@x.org"
+    assert parsed["Auto-Submitted"] == "auto-replied"
+    assert parsed["Message-ID"] == "<new@example.com>"
+    body = parsed.get_body(("plain",))
+    html = parsed.get_body(("html",))
+    assert body is not None and html is not None
+    assert "**this**" in body.get_content()
+    assert "<strong>this</strong>" in html.get_content()
+    assert "<script>" not in html.get_content()  # raw HTML in Markdown is escaped
+    [attached] = list(parsed.iter_attachments())
+    assert attached.get_filename() == "a.txt" and attached.get_content() == "hi"
+
+
+def test_reply_subject_gets_re_exactly_once() -> None:
+    assert reply_subject("Hello") == "Re: Hello"
+    assert reply_subject("Re: Re: Hello") == "Re: Hello"
+    assert reply_subject("AW: RE[2]: Hello") == "Re: Hello"
+    assert reply_subject("") == "Re:"
+
+
+def test_long_reference_chains_keep_the_root() -> None:
+    refs = tuple(f"<r{i}@x.org>" for i in range(40))
+    context = MailContext("<last@x.org>", refs, "s", ("a@x.org",))
+    mail = render_reply(
+        OutboundMessage(thread_id="<r0@x.org>", text="x", markup="plain"),
+        address=ADDRESS,
+        context=context,
+        message_id="<n@example.com>",
+        date=NOW,
+    )
+    chain = str(mail["References"]).split()
+    assert chain[0] == "<r0@x.org>" and chain[-1] == "<last@x.org>" and len(chain) == 20
+    assert mail.get_content_type() == "text/plain"  # plain markup: no HTML alternative
+
+
+def test_html_to_text_keeps_structure_and_drops_scripts() -> None:
+    text = html_to_text(
+        "<style>x{}</style><script>alert(1)</script><h1>Title</h1><p>a<br>b</p>"
+        "<ul><li>one</li><li>two</li></ul><blockquote>quoted</blockquote><p>end</p>"
+    )
+    assert text == "Title\n\na\nb\n\n- one\n- two\n\n> quoted\n\nend"
+    assert html_to_text("<p>unclosed <b>bold <i>both") == "unclosed bold both"
+    assert html_to_text("") == ""
+
+
+def test_trim_reply_keeps_all_quote_mail_whole_and_interleaved_answers() -> None:
+    assert trim_reply("> only a quote\n> nothing new") == "> only a quote\n> nothing new"
+    interleaved = "> question 1?\nanswer 1\n> question 2?\nanswer 2\n\n> old tail"
+    assert trim_reply(interleaved) == "answer 1\n> question 2?\nanswer 2"
+    assert trim_reply("Fine.\n\nSent from my iPhone") == "Fine."
+    assert trim_reply("Ok\n\nLe lun. 3 juin 2024, Bob <b@x.org> a écrit :\n> x") == "Ok"
+
+
+def test_reply_limiter_allows_n_per_window_per_thread() -> None:
+    limiter = ReplyLimiter(limit=2, window=60)
+    for now in (0.0, 1.0):
+        assert limiter.allowed("t", now)
+        limiter.record("t", now)
+    assert not limiter.allowed("t", 2.0)
+    assert limiter.allowed("other", 2.0)
+    assert limiter.allowed("t", 60.5)  # the first one left the window

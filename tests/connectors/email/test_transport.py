@@ -1,0 +1,190 @@
+"""The email transport against real Dovecot (IMAP) and aiosmtpd (SMTP) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.email.transport import EmailConnector
+from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
+from talkbridge.message import OutboundMessage
+from tests.connectors.email.conftest import Inbox, mail
+from tests.peers.email import DovecotPeer, SmtpPeer
+
+
+async def test_a_delivered_mail_arrives_and_is_marked_seen_only_after_delivery(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    gate = asyncio.Event()
+    seen_during_delivery: list[list[str]] = []
+
+    entered = asyncio.Event()
+
+    async def slow(message: Any) -> None:
+        seen_during_delivery.append(dovecot.flags("help"))
+        entered.set()
+        await gate.wait()
+
+    inbox = Inbox()
+    running = await start(inbox=inbox)
+    running.connector.subscribe(slow)
+    dovecot.deliver("help", mail(body="first", message_id="<m1@example.org>"))
+    [msg] = await inbox.wait_count(1)
+    assert msg.id == "<m1@example.org>" and msg.thread_id == "<m1@example.org>"
+    assert msg.text == "first" and msg.channel_user_id == "ada@example.org"
+    await asyncio.wait_for(entered.wait(), 15)
+    assert seen_during_delivery == [[""]]  # not \Seen while the subscriber works
+    gate.set()
+    await running.connector.wait_for(lambda: running.connector.handled == 1)
+    assert dovecot.flags("help") == ["S"]
+
+
+async def test_a_refused_delivery_is_retried_after_reconnect_not_lost(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    inbox = Inbox(fail_on={"fragile"})
+    running = await start(inbox=inbox)
+    dovecot.deliver("help", mail(body="fragile"))
+    with pytest.raises(TransientError, match="not accepted"):  # the registry reconnects
+        await asyncio.wait_for(running.task, 15)
+    assert dovecot.flags("help") == [""]  # neither \Seen nor past the cursor
+    again = await start(inbox=inbox)
+    [msg] = await again.inbox.wait_count(1)
+    assert msg.text == "fragile"
+    await again.connector.wait_for(lambda: again.connector.handled == 1)
+    assert dovecot.flags("help") == ["S"]
+
+
+async def test_restart_catches_up_on_mail_that_arrived_while_down_without_replays(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    first = await start()
+    dovecot.deliver("help", mail(body="before"))
+    await first.inbox.wait_count(1)
+    await first.stop()
+    for n in range(3):
+        dovecot.deliver("help", mail(body=f"while down {n}"))
+    second = await start()
+    messages = await second.inbox.wait_count(3)
+    assert [m.text for m in messages] == ["while down 0", "while down 1", "while down 2"]
+    dovecot.deliver("help", mail(body="after"))
+    messages = await second.inbox.wait_count(4)
+    assert [m.text for m in messages][3:] == ["after"]  # "before" was never replayed
+
+
+async def test_a_server_without_idle_is_polled(
+    smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    async with DovecotPeer({"help": "imap-pw-help"}, no_idle=True) as plain:
+        from talkbridge.connectors.email.config import EmailConfig
+        from talkbridge.connectors.email.transport import create
+        from tests.connectors.email.conftest import Status, connection
+
+        base = make_connector()
+        config = EmailConfig.model_validate(connection(plain, smtp, poll_interval=0.1))
+        connector = create(config, base.context)
+        inbox = Inbox()
+        connector.subscribe(inbox)
+        task = asyncio.create_task(connector.run(Status()))
+        try:
+            plain.deliver("help", mail(body="polled"))
+            [msg] = await inbox.wait_count(1)
+            assert msg.text == "polled"
+            assert connector.idle_renewals == 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_idle_is_reissued_before_the_server_timeout(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    running = await start(idle_renew=0.2)
+    await running.connector.wait_for(lambda: running.connector.idle_renewals >= 2)
+    dovecot.deliver("help", mail(body="after renewals"))
+    [msg] = await running.inbox.wait_count(1)
+    assert msg.text == "after renewals"
+
+
+async def test_the_server_dropping_idle_ends_run_with_a_transient_error(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    running = await start(idle_renew=0.2)
+    await running.connector.wait_for(lambda: running.connector.idle_renewals >= 1)
+    dovecot.kick("help")
+    with pytest.raises(TransientError, match="closed the connection"):
+        await asyncio.wait_for(running.task, 15)
+
+
+async def test_a_wrong_imap_password_is_unauthorized_and_names_no_secret(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    dovecot.set_password("help", "changed-by-admin")
+    running = await start()
+    with pytest.raises(UnauthorizedError) as caught:
+        await asyncio.wait_for(running.task, 15)
+    assert "refused the login for 'help'" in str(caught.value)
+    assert "imap-pw-help" not in str(caught.value)
+
+
+async def test_send_translates_smtp_failures(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    connector = make_connector()
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", meta={"subject": "Hello"})
+    smtp.fail_next("451 4.7.1 slow down")
+    with pytest.raises(TransientError, match="451"):
+        await connector.send(out)
+    smtp.fail_next("554 5.7.1 rejected")
+    with pytest.raises(PermanentError, match="554"):
+        await connector.send(out)
+    result = await connector.send(out)
+    [received] = smtp.received
+    assert received.rcpt_tos == ["bob@example.net"] and received.login == "help"
+    assert received.message["Message-ID"] == result.message_id
+    assert received.message["Subject"] == "Hello"
+    smtp.users["help"] = "rotated"
+    with pytest.raises(UnauthorizedError, match="refused the login") as caught:
+        await connector.send(out)
+    assert "smtp-pw-help" not in str(caught.value)
+
+
+async def test_the_reply_limit_stops_a_thread_after_n_replies(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    connector = make_connector(max_replies_per_thread=2)
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", markup="plain")
+    await connector.send(out)
+    await connector.send(out)
+    with pytest.raises(PermanentError, match="reply limit"):
+        await connector.send(out)
+    assert len(smtp.received) == 2
+    other = OutboundMessage(thread_id="carol@example.net", text="hi", markup="plain")
+    await connector.send(other)  # other threads are not affected
+
+
+async def test_inbound_media_downloads_an_attachment_over_imap(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    from email.message import EmailMessage
+
+    msg = EmailMessage()
+    msg["From"] = "ada@example.org"
+    msg["To"] = "help@example.com"
+    msg["Subject"] = "log"
+    msg["Message-ID"] = "<att@example.org>"
+    msg.set_content("see attached")
+    msg.add_attachment(
+        b"\x00\x01binary", maintype="application", subtype="octet-stream", filename="log.bin"
+    )
+    running = await start()
+    dovecot.deliver("help", msg.as_bytes())
+    [received] = await running.inbox.wait_count(1)
+    [attachment] = received.attachments
+    media = running.connector.feature("inbound_media")
+    assert await media.download(attachment) == b"\x00\x01binary"
+    with pytest.raises(PermanentError, match="limit"):
+        await media.download(attachment, max_bytes=3)

@@ -1,0 +1,64 @@
+"""`talkbridge check` with Slack connections on the peer, as a real subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from tests.peers.slack import SlackPeer, Workspace
+
+GOOD = Workspace("xoxb-good-bot", app_token="xapp-good-app", team="Acme", team_id="T0ACME001")
+BAD = Workspace("xoxb-bad-bot", app_token="xapp-bad-app", team="Initech", team_id="T0INITECH")
+
+
+async def test_check_reports_team_and_bot_user_or_the_failure(tmp_path: Path) -> None:
+    async with SlackPeer(GOOD, BAD) as peer:
+        peer.revoke(BAD.bot_token)
+        config = tmp_path / "talkbridge.yaml"
+        config.write_text(
+            f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: team
+    channel: slack
+    bot_token: ${{SLACK_BOT_TOKEN}}
+    app_token: ${{SLACK_APP_TOKEN}}
+    api_base: {peer.api_base}
+  - id: old-team
+    channel: slack
+    bot_token: {BAD.bot_token}
+    app_token: {BAD.app_token}
+    api_base: {peer.base_url}/api
+""",
+            encoding="utf-8",
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "talkbridge",
+            "check",
+            "--config",
+            str(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={
+                **os.environ,
+                "SLACK_BOT_TOKEN": GOOD.bot_token,
+                "SLACK_APP_TOKEN": str(GOOD.app_token),
+            },
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, err.decode()  # one connection failed
+    lines = out.decode().splitlines()
+    [good] = [line for line in lines if " team" in line and "old-team" not in line]
+    [bad] = [line for line in lines if "old-team" in line]
+    assert good.startswith("ok") and "@talkbridge" in good and "Acme" in good
+    assert bad.startswith("FAIL") and "token_revoked" in bad
+    text = out.decode() + err.decode()
+    assert "Unclosed" not in text  # every HTTP session was closed
+    for secret in (GOOD.bot_token, GOOD.app_token, BAD.bot_token, BAD.app_token):
+        assert secret is not None and secret not in text
+    # api_base without its trailing slash still reached the peer's /api/ (auth.test was called)
+    assert [c.token for c in peer.calls_of("auth.test", ok=None)].count(BAD.bot_token) == 1

@@ -1,0 +1,150 @@
+"""The Events API over HTTP: signatures, freshness, replays, url_verification, retries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.slack.events_api import RequestCheck
+from tests.connectors.slack.conftest import SIGNING_SECRET, Running
+from tests.peers.slack import SlackPeer, message_event
+
+
+@pytest.fixture
+async def events(start: Callable[..., Any]) -> Running:
+    running: Running = await start(app_token=None, signing_secret=SIGNING_SECRET, events_port=0)
+    return running
+
+
+async def test_url_verification_is_answered_with_the_challenge(
+    peer: SlackPeer, events: Running
+) -> None:
+    status, body = await peer.post_event(
+        events.events_url,
+        {"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV", "type": "url_verification"},
+        secret=SIGNING_SECRET,
+    )
+    assert status == 200 and '"challenge": "3eZbrw1aBm2rZgRNFdxV"' in body
+
+
+async def test_a_signed_event_is_delivered_and_acknowledged(
+    peer: SlackPeer, events: Running
+) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "over http"))
+    status, _ = await peer.post_event(events.events_url, payload, secret=SIGNING_SECRET)
+    assert status == 200
+    assert events.inbox.texts == ["over http"]  # accepted before the 200
+    assert events.connector.team == "Acme"
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        ({"signature": "v0=" + "0" * 64}, "bad signature"),
+        ({"secret": "not-the-signing-secret"}, "bad signature"),
+        ({"timestamp": int(time.time()) - 6 * 60}, "stale request"),
+        ({"timestamp": int(time.time()) + 6 * 60}, "stale request"),
+    ],
+)
+async def test_forged_and_stale_requests_are_refused(
+    peer: SlackPeer, events: Running, tamper: dict[str, Any], reason: str
+) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "forged"))
+    options: dict[str, Any] = {"secret": SIGNING_SECRET, **tamper}
+    status, body = await peer.post_event(events.events_url, payload, **options)
+    assert status == 401 and reason in body
+    assert events.inbox.messages == []
+
+
+async def test_a_replayed_request_is_refused(peer: SlackPeer, events: Running) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "once"))
+    stamp = int(time.time())
+    first, _ = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, timestamp=stamp
+    )
+    replay, body = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, timestamp=stamp
+    )
+    assert (first, replay) == (200, 401) and "replayed" in body
+    assert events.inbox.texts == ["once"]
+
+
+async def test_slack_retries_of_one_event_are_delivered_once(
+    peer: SlackPeer, events: Running
+) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "retried"))
+    statuses = []
+    for retry in (None, 1, 2):  # Slack re-signs every retry with a fresh timestamp
+        status, _ = await peer.post_event(
+            events.events_url,
+            payload,
+            secret=SIGNING_SECRET,
+            timestamp=int(time.time()) - (retry or 0),
+            retry_num=retry,
+        )
+        statuses.append(status)
+    assert statuses == [200, 200, 200]
+    assert events.inbox.texts == ["retried"]
+
+
+async def test_an_event_not_accepted_is_answered_500_so_slack_retries_it(
+    peer: SlackPeer, events: Running
+) -> None:
+    event = message_event("U0ADA0001", "flaky store", ts="1700000000.000100")
+    events.inbox.fail_on.add("D0DM00001:1700000000.000100")
+    payload = peer.event_callback(event)
+    first, _ = await peer.post_event(events.events_url, payload, secret=SIGNING_SECRET)
+    second, _ = await peer.post_event(
+        events.events_url,
+        payload,
+        secret=SIGNING_SECRET,
+        timestamp=int(time.time()) - 1,
+        retry_num=1,
+    )
+    assert (first, second) == (500, 200)
+    assert events.inbox.texts == ["flaky store"]
+
+
+async def test_a_button_click_arrives_as_a_signed_interactivity_form(
+    peer: SlackPeer, events: Running
+) -> None:
+    click = {
+        "type": "block_actions",
+        "user": {"id": "U0ADA0001", "name": "ada"},
+        "trigger_id": "1.2.3",
+        "channel": {"id": "C0GENERAL1", "name": "general"},
+        "container": {"type": "message", "message_ts": "1700000000.000100"},
+        "actions": [{"type": "button", "value": "approve", "action_ts": "1700000001.000100"}],
+    }
+    status, _ = await peer.post_event(events.events_url, click, secret=SIGNING_SECRET, form=True)
+    assert status == 200 and events.inbox.texts == ["approve"]
+
+
+async def test_bodies_that_are_not_slack_requests_are_refused(
+    peer: SlackPeer, events: Running
+) -> None:
+    status, body = await peer.post_event(
+        events.events_url, {}, secret=SIGNING_SECRET, body=b"not json"
+    )
+    assert status == 400 and "neither JSON" in body
+    status, body = await peer.post_event(
+        events.events_url, {}, secret=SIGNING_SECRET, body=b"\xff binary"
+    )
+    assert status == 401 and "UTF-8" in body
+
+
+def test_the_request_check_on_its_own_with_a_fixed_clock() -> None:
+    now = 1_700_000_000.0
+    check = RequestCheck(SIGNING_SECRET, clock=lambda: now)
+    body = b'{"type":"event_callback"}'
+    signature = SlackPeer.sign(SIGNING_SECRET, str(int(now)), body)
+    assert check.refuse(body, None, signature) is not None
+    assert check.refuse(body, "soon", signature) == "X-Slack-Request-Timestamp is not a number"
+    assert check.refuse(body + b" ", str(int(now)), signature) == "bad signature"
+    assert check.refuse(body, str(int(now)), signature) is None
+    assert "replayed" in (check.refuse(body, str(int(now)), signature) or "")
+    stale = str(int(now) - 301)
+    assert "stale" in (check.refuse(body, stale, SlackPeer.sign(SIGNING_SECRET, stale, body)) or "")

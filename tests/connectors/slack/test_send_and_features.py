@@ -1,0 +1,240 @@
+"""Sending and the optional features against the peer's Web API."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.errors import (
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+    UnauthorizedError,
+)
+from talkbridge.message import Attachment, OutboundMessage
+from talkbridge.talk import History
+from tests.connectors.slack.conftest import BOT_TOKEN
+from tests.peers.slack import SlackPeer
+
+DM = "D0DM00001"
+
+
+async def test_markdown_is_posted_as_mrkdwn_to_the_conversation(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    result = await connector.send(OutboundMessage(thread_id=DM, text="**hi** & <bye>"))
+    [post] = peer.posted()
+    assert post["channel"] == DM and post["text"] == "*hi* &amp; &lt;bye&gt;"
+    assert "thread_ts" not in post
+    assert result.message_ids == (f"{DM}:{peer.messages[DM][0]['ts']}",)
+    await connector.close()
+
+
+async def test_a_reply_in_a_thread_stays_in_that_thread(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    await connector.send(OutboundMessage(thread_id="C0GENERAL1:1700000000.000100", text="ok"))
+    [post] = peer.posted()
+    assert post["channel"] == "C0GENERAL1" and post["thread_ts"] == "1700000000.000100"
+    await connector.close()
+
+
+async def test_reply_in_thread_starts_a_thread_under_a_channel_message_but_not_in_dms(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector(reply_in_thread=True)
+    await connector.send(
+        OutboundMessage(thread_id="C0GENERAL1", text="a", reply_to="C0GENERAL1:1700000000.000100")
+    )
+    await connector.send(
+        OutboundMessage(thread_id=DM, text="b", reply_to=f"{DM}:1700000000.000200")
+    )
+    first, second = peer.posted()
+    assert first["thread_ts"] == "1700000000.000100"
+    assert "thread_ts" not in second
+    await connector.close()
+
+
+async def test_long_replies_are_split_and_every_part_is_posted_in_order(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 100 for i in range(12))
+    result = await connector.send(OutboundMessage(thread_id=DM, text=text))
+    posts = peer.posted()
+    assert len(posts) == len(result.message_ids) > 1
+    assert all(len(p["text"]) <= 4000 for p in posts)
+    assert posts[0]["text"].startswith("Part 0.") and "Part 11." in posts[-1]["text"]
+    await connector.close()
+
+
+async def test_a_retry_after_a_failure_mid_split_resumes_without_repeating(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 100 for i in range(8))
+    message = OutboundMessage(thread_id=DM, text=text, idempotency_key="reply:1")
+    peer.fail_next("chat.postMessage", status=500, after=1)
+    with pytest.raises(TransientError, match="internal_error"):
+        await connector.send(message)
+    result = await connector.send(message)
+    texts = [p["text"] for p in peer.posted()]
+    assert len(texts) == len(set(texts)) == len(result.message_ids)
+    await connector.close()
+
+
+async def test_a_429_pauses_that_method_tier_only_and_never_sleeps(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    peer.fail_next("chat.postMessage", status=429, retry_after=30)
+    with pytest.raises(RateLimitedError) as caught:
+        await connector.send(OutboundMessage(thread_id=DM, text="x"))
+    assert caught.value.scope == "connection" and caught.value.retry_after == 30
+    with pytest.raises(RateLimitedError) as again:  # fails fast: the peer is not asked
+        await connector.send(OutboundMessage(thread_id=DM, text="y"))
+    assert 0 < again.value.retry_after <= 30
+    assert len(peer.calls_of("chat.postMessage", ok=None)) == 1
+    assert (await connector.user("U0ADA0001")) is not None  # another tier carries on
+    await connector.close()
+
+
+async def test_a_revoked_bot_token_is_unauthorized_and_never_quoted(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    peer.revoke(BOT_TOKEN)
+    with pytest.raises(UnauthorizedError) as caught:
+        await connector.send(OutboundMessage(thread_id=DM, text="x"))
+    assert "token_revoked" in str(caught.value) and BOT_TOKEN not in str(caught.value)
+    await connector.close()
+
+
+async def test_bad_targets_are_refused_with_a_clear_error(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    with pytest.raises(PermanentError, match="not a Slack thread id"):
+        await connector.send(OutboundMessage(thread_id="general", text="x"))
+    with pytest.raises(PermanentError, match="not a Slack message id"):
+        await connector.edit(DM, "nope", "x")
+    with pytest.raises(NotFoundError, match="message_not_found"):
+        await connector.delete(DM, f"{DM}:1.000001")
+    assert peer.calls_of("chat.postMessage", ok=None) == []
+    await connector.close()
+
+
+async def test_attachments_go_through_the_upload_flow_into_the_thread(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    result = await connector.send(
+        OutboundMessage(
+            thread_id="C0GENERAL1:1700000000.000100",
+            text="report attached",
+            attachments=(Attachment(kind="document", name="r.txt", data=b"numbers"),),
+        )
+    )
+    [file] = [f for f in peer.files.values() if f["shared"]]
+    assert file["data"] == b"numbers" and file["name"] == "r.txt"
+    assert file["channel"] == "C0GENERAL1" and file["thread_ts"] == "1700000000.000100"
+    assert result.message_ids[-1] == f"file:{file['id']}"
+    assert [p["text"] for p in peer.posted()] == ["report attached"]
+    await connector.close()
+
+
+async def test_inbound_files_download_with_the_bot_token_only_to_slack_hosts(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    file_id = peer.add_file(b"hello file")
+    data = await connector.download(Attachment(kind="document", ref=file_id))
+    assert data == b"hello file"
+    with pytest.raises(PermanentError, match="over the 4-byte limit"):
+        await connector.download(Attachment(kind="document", ref=file_id), max_bytes=4)
+    peer.files[file_id]["url_private_download"] = "https://evil.example/steal"
+    with pytest.raises(NotFoundError, match="may use"):
+        await connector.download(Attachment(kind="document", ref=file_id))
+    await connector.close()
+
+
+async def test_edit_delete_and_react_on_a_sent_message(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    sent = await connector.send(OutboundMessage(thread_id=DM, text="draft"))
+    await connector.edit(DM, sent.message_id, "**final**")
+    assert peer.messages[DM][0]["text"] == "*final*"
+    await connector.react(DM, sent.message_id, "👍")
+    await connector.react(DM, sent.message_id, ":eyes:")
+    assert [r["name"] for r in peer.reactions] == ["+1", "eyes"]
+    with pytest.raises(PermanentError, match="reaction name"):
+        await connector.react(DM, sent.message_id, "🦜🦜")
+    await connector.delete(DM, sent.message_id)
+    assert peer.messages[DM] == []
+    await connector.close()
+
+
+async def test_history_of_a_channel_and_of_a_thread_oldest_first(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    await connector.check()
+    channel = "C0GENERAL1"
+    root = {"type": "message", "user": "U0ADA0001", "text": "root", "ts": "1700000000.000100"}
+    reply = {
+        "type": "message",
+        "user": "U0GRACE01",
+        "text": "in thread",
+        "ts": "1700000000.000200",
+        "thread_ts": root["ts"],
+    }
+    later = {"type": "message", "user": "U0ADA0001", "text": "later", "ts": "1700000000.000300"}
+    peer.messages[channel] = [root, reply, later]
+    history: History = connector.feature("history")
+    top = await history.fetch(channel)
+    assert [m.text for m in top] == ["root", "later"]
+    assert top[0].display_name == "ada"
+    thread = await history.fetch(f"{channel}:{root['ts']}")
+    assert [m.text for m in thread] == ["root", "in thread"]
+    before = await history.fetch(channel, before=f"{channel}:{later['ts']}")
+    assert [m.text for m in before] == ["root"]
+    await connector.close()
+
+
+async def test_directory_names_users_and_conversations_and_caches_users(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    peer.add_conversation("C0GENERAL1", "general")
+    peer.add_conversation(DM, user="U0GRACE01")
+    ada = await connector.user("U0ADA0001")
+    again = await connector.user("U0ADA0001")
+    assert ada is not None and ada == again and ada.name == "ada"
+    assert len(peer.calls_of("users.info")) == 1
+    assert await connector.user("U0NOBODY1") is None
+    general = await connector.thread("C0GENERAL1")
+    assert general is not None and general.name == "#general"
+    dm = await connector.thread(DM)
+    assert dm is not None and dm.name == "DM with Grace Hopper"
+    await connector.close()
+
+
+async def test_typing_sets_an_assistant_thread_status_and_stops_where_not_allowed(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    await connector.typing(DM)  # not a thread: nothing to show, nothing asked
+    await connector.typing(f"{DM}:1700000000.000100")
+    assert peer.statuses[0]["thread_ts"] == "1700000000.000100"
+    peer.fail_next("assistant.threads.setStatus", status=200, error="not_allowed")
+    with pytest.raises(PermanentError):
+        await connector.typing(f"{DM}:1700000000.000100")
+    await connector.typing(f"{DM}:1700000000.000100")
+    assert len(peer.calls_of("assistant.threads.setStatus", ok=None)) == 2
+    await connector.close()

@@ -1,0 +1,184 @@
+"""Socket Mode against the peer: acks, order, dedupe, disconnects, dropped sockets, bad tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.errors import UnauthorizedError
+from talkbridge.message import NormalizedMessage
+from tests.connectors.slack.conftest import APP_TOKEN, BOT_TOKEN, Inbox
+from tests.peers.slack import SlackPeer, message_event
+
+
+async def test_a_dm_is_delivered_with_names_resolved(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    await peer.send_event(message_event("U0ADA0001", "hi <@U0GRACE01>, *look*"))
+    [msg] = await run.inbox.wait_count(1)
+    assert msg.text == "hi @Grace Hopper, look"
+    assert msg.display_name == "ada" and msg.thread_type == "private"
+    assert len(peer.calls_of("auth.test")) == 1
+
+
+async def test_every_envelope_is_acknowledged_before_it_is_processed(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    envelopes: list[str] = []
+
+    class WaitsForAck(Inbox):
+        async def __call__(self, message: NormalizedMessage) -> None:
+            # If the connector processed first and acked afterwards, this would never return.
+            await peer.wait_ack(envelopes[-1], timeout=5)
+            await super().__call__(message)
+
+    run = await start(inbox=WaitsForAck())
+    envelopes.append(await peer.send_event(message_event("U0ADA0001", "first")))
+    await run.inbox.wait_count(1)
+    assert peer.acks == envelopes
+
+
+async def test_envelopes_are_processed_in_arrival_order(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    for i in range(8):
+        await peer.send_event(message_event("U0ADA0001", f"m{i}"))
+    await run.inbox.wait_count(8)
+    assert run.inbox.texts == [f"m{i}" for i in range(8)]
+
+
+async def test_a_redelivered_envelope_is_processed_once(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    envelope = await peer.send_event(message_event("U0ADA0001", "once"))
+    await run.inbox.wait_count(1)
+    await peer.redeliver(envelope)
+    await peer.wait_ack(envelope, count=2)
+    await peer.send_event(message_event("U0ADA0001", "next"))
+    await run.inbox.wait_count(2)
+    assert run.inbox.texts == ["once", "next"]
+
+
+async def test_a_disconnect_message_leads_to_exactly_one_new_socket(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    first = await peer.wait_socket(1)
+    await peer.send_disconnect("refresh_requested")
+    second = await peer.wait_socket(2)
+    await run.status.wait_up(2)
+    assert first.closed and not second.closed
+    await peer.send_event(message_event("U0ADA0001", "after refresh"))
+    await run.inbox.wait_count(1)
+    assert len(peer.sockets) == 2 and peer.max_open_sockets == 1
+    assert len(peer.calls_of("apps.connections.open")) == 2
+    assert not any(kind == "degraded" for kind, _ in run.status.reports)  # planned, not a fault
+
+
+async def test_an_envelope_redelivered_after_a_reconnect_is_processed_once(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    envelope = await peer.send_event(message_event("U0ADA0001", "before"))
+    await run.inbox.wait_count(1)
+    await peer.send_disconnect("link_disabled")
+    await peer.wait_socket(2)
+    await run.status.wait_up(2)
+    await peer.redeliver(envelope)
+    await peer.wait_ack(envelope, count=2)
+    await peer.send_event(message_event("U0ADA0001", "after"))
+    await run.inbox.wait_count(2)
+    assert run.inbox.texts == ["before", "after"]
+
+
+async def test_a_dropped_socket_is_replaced_and_traffic_resumes(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    await peer.wait_socket(1)
+    peer.drop_socket()
+    await peer.wait_socket(2)
+    await run.status.wait_up(2)
+    assert any(kind == "degraded" and "lost" in why for kind, why in run.status.reports)
+    await peer.send_event(message_event("U0ADA0001", "still here"))
+    await run.inbox.wait_count(1)
+    assert peer.max_open_sockets == 1 and len(peer.open_sockets) == 1
+
+
+async def test_a_failing_connections_open_is_retried_with_backoff(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    peer.fail_next("apps.connections.open", times=2, status=500)
+    run = await start()
+    assert len(peer.calls_of("apps.connections.open", ok=False)) == 2
+    assert sum(1 for kind, _ in run.status.reports if kind == "degraded") == 2
+    await peer.send_event(message_event("U0ADA0001", "made it"))
+    await run.inbox.wait_count(1)
+
+
+@pytest.mark.parametrize("revoked", [APP_TOKEN, BOT_TOKEN])
+async def test_a_revoked_token_stops_the_connection_without_retrying(
+    peer: SlackPeer, start: Callable[..., Any], revoked: str
+) -> None:
+    peer.revoke(revoked)
+    run = await start(wait=False)
+    error: BaseException | None = None
+    try:
+        await run.task
+    except UnauthorizedError as exc:
+        error = exc
+    assert isinstance(error, UnauthorizedError)
+    assert "revoked" in str(error) and revoked not in str(error)
+    assert ("app token" if revoked == APP_TOKEN else "bot token") in str(error)
+    assert len([c for c in peer.calls if c.error == "token_revoked"]) == 1
+    assert peer.sockets == []
+
+
+async def test_deletes_are_reported_as_deletions_and_are_not_turns(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    await peer.send_event(
+        {
+            "type": "message",
+            "subtype": "message_deleted",
+            "hidden": True,
+            "channel": "C0GENERAL1",
+            "ts": "1700000001.000200",
+            "deleted_ts": "1700000000.000100",
+            "channel_type": "channel",
+        }
+    )
+    await run.inbox.wait(lambda: bool(run.inbox.deletions))
+    assert run.inbox.deletions[0].message_id == "C0GENERAL1:1700000000.000100"
+    assert run.inbox.messages == []
+
+
+async def test_a_button_click_arrives_as_a_message(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    sent = await run.connector.send_buttons("D0DM00001", "Pick one", [("Yes", "yes-1")])
+    [posted] = peer.posted()
+    [button] = posted["blocks"][1]["elements"]
+    channel, ts = sent.message_id.split(":")
+    await peer.send_envelope(
+        "interactive",
+        {
+            "type": "block_actions",
+            "user": {"id": "U0ADA0001", "username": "ada", "name": "ada"},
+            "container": {"type": "message", "message_ts": ts, "channel_id": channel},
+            "trigger_id": "123.456.abc",
+            "channel": {"id": channel, "name": "directmessage"},
+            "message": {"type": "message", "text": "Pick one", "ts": ts},
+            "actions": [{**button, "action_ts": "1700000002.000300"}],
+        },
+    )
+    [click] = await run.inbox.wait_count(1)
+    assert click.text == "yes-1" and click.thread_id == "D0DM00001"
+    assert click.reply_to is not None and click.reply_to.message_id == sent.message_id

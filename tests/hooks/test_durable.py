@@ -1,0 +1,425 @@
+"""Durable hooks against both stores: at least once, ACK on return, retries, dead letters,
+per-conversation order, crash recovery, retention, capacity, restart survival."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from talkbridge.hooks.durable import (
+    CAPACITY,
+    DurableHooks,
+    JobCompleted,
+    TurnCompleted,
+    TurnRef,
+    parse_event,
+)
+from talkbridge.message import utcnow
+from talkbridge.store import Store
+from tests.store.conftest import BACKENDS, Backend
+
+WAIT = 10.0
+"""Safety net only: every wait below ends on an event long before this."""
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = BACKENDS[request.param](tmp_path)
+    yield made
+    if made.cleanup is not None:
+        await made.cleanup()
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    opened = backend.make()
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+class Recorder:
+    """A handler that records (event_id, conversation) per call and lets tests await counts."""
+
+    def __init__(self, fail: Callable[[Any, int], bool] = lambda event, n: False) -> None:
+        self.calls: list[str] = []
+        self._fail = fail
+        self._changed = asyncio.Event()
+
+    async def __call__(self, event: TurnCompleted | JobCompleted) -> None:
+        self.calls.append(event.event_id)
+        self._changed.set()
+        if self._fail(event, self.calls.count(event.event_id)):
+            raise RuntimeError(f"refused {event.event_id}")
+
+    async def wait(self, predicate: Callable[[list[str]], bool]) -> None:
+        async with asyncio.timeout(WAIT):
+            while not predicate(self.calls):
+                self._changed.clear()
+                await self._changed.wait()
+
+
+def hooks(store: Store, **options: Any) -> DurableHooks:
+    options = {"backoff": lambda retry: 0.0, "poll_interval": 0.05, **options}
+    return DurableHooks(store, "app", **options)
+
+
+def turn(event_id: str, conversation: str = "web\x1ft1") -> TurnCompleted:
+    ref = TurnRef(
+        session_id=conversation,
+        turn_id=f"turn-{event_id}",
+        agent_name="echo",
+        connection_id="web",
+        thread_id="t1",
+    )
+    return TurnCompleted(event_id=event_id, app_id="app", turn=ref, status="completed")
+
+
+async def test_fails_twice_then_succeeds_three_calls_same_event_id(store: Store) -> None:
+    durable = hooks(store)
+    handler = Recorder(fail=lambda event, n: n <= 2)
+    durable.register("billing", handler)
+    await durable.start()
+    try:
+        assert await durable.emit(turn("e1"))
+        await handler.wait(lambda calls: len(calls) == 3)
+        await durable.stop()  # wait for the ACK to be written
+    finally:
+        await durable.stop()
+    assert handler.calls == ["e1", "e1", "e1"]
+    assert list(await store.hook_backlog()) == []
+
+
+async def test_dead_letter_after_six_attempts_does_not_block_the_conversation(
+    store: Store,
+) -> None:
+    durable = hooks(store)
+    handler = Recorder(fail=lambda event, n: event.event_id == "bad")
+    durable.register("crm", handler)
+    await durable.emit(turn("bad"))
+    await durable.emit(turn("next"))
+    await durable.emit(turn("last"))
+    await durable.start()
+    try:
+        await handler.wait(lambda calls: "last" in calls)
+    finally:
+        await durable.stop()
+    # In order: the next waits for the preceding one to be acked or dead.
+    assert handler.calls == ["bad"] * 6 + ["next", "last"]
+    [dead] = await durable.dead_letters()
+    assert (dead.event_id, dead.attempts, dead.handler) == ("bad", 6, "crm")
+    assert dead.last_error == "RuntimeError: refused bad"
+    assert parse_event(dead.body).model_dump(exclude={"occurred_at"}) == turn("bad").model_dump(
+        exclude={"occurred_at"}
+    )
+
+    # A replay gives it a fresh set of attempts.
+    fixed = Recorder()
+    again = hooks(store)
+    again.register("crm", fixed)
+    await again.start()
+    try:
+        assert await again.replay([dead.id]) == 1
+        await fixed.wait(lambda calls: calls == ["bad"])
+    finally:
+        await again.stop()
+
+
+async def test_other_conversations_go_on_while_one_waits(store: Store) -> None:
+    release = asyncio.Event()
+    seen: list[str] = []
+    both = asyncio.Event()
+    b1_seen = asyncio.Event()
+
+    async def handler(event: TurnCompleted | JobCompleted) -> None:
+        seen.append(event.event_id)
+        if event.event_id == "b1":
+            b1_seen.set()
+        if event.event_id == "a1":
+            await release.wait()
+        if {"a2", "b1"} <= set(seen):
+            both.set()
+
+    durable = hooks(store)
+    durable.register("h", handler)
+    await durable.emit(turn("a1", "conv-a"))
+    await durable.emit(turn("a2", "conv-a"))
+    await durable.emit(JobCompleted(event_id="b1", app_id="app", job_id="j1", status="failed"))
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await b1_seen.wait()
+        assert "a2" not in seen  # held behind a1, which is still in its attempt
+        release.set()
+        async with asyncio.timeout(WAIT):
+            await both.wait()
+    finally:
+        await durable.stop()
+    assert seen.index("a1") < seen.index("a2")
+
+
+async def test_a_timed_out_attempt_is_a_failure_and_retried(store: Store) -> None:
+    calls: list[str] = []
+    done = asyncio.Event()
+
+    async def slow_first(event: TurnCompleted | JobCompleted) -> None:
+        calls.append(event.event_id)
+        if len(calls) == 1:
+            await asyncio.Event().wait()  # never returns: the attempt times out
+        done.set()
+
+    durable = hooks(store, attempt_timeout=0.1)
+    durable.register("h", slow_first)
+    await durable.start()
+    try:
+        await durable.emit(turn("e1"))
+        async with asyncio.timeout(WAIT):
+            await done.wait()
+    finally:
+        await durable.stop()
+    assert calls == ["e1", "e1"]
+
+
+async def test_stopping_mid_delivery_redelivers_after_restart(backend: Backend) -> None:
+    store = backend.make()
+    await store.open()
+    entered = asyncio.Event()
+
+    async def stuck(event: TurnCompleted | JobCompleted) -> None:
+        entered.set()
+        await asyncio.Event().wait()  # "crashes" before returning: no ACK
+
+    first = hooks(store)
+    first.register("audit", stuck)
+    await first.start()
+    await first.emit(turn("e1"))
+    async with asyncio.timeout(WAIT):
+        await entered.wait()
+    await first.stop()
+    await store.close()
+
+    store = backend.make()  # a new process on the same data
+    await store.open()
+    try:
+        handler = Recorder()
+        second = hooks(store)
+        second.register("audit", handler)
+        await second.start()
+        try:
+            await handler.wait(lambda calls: calls == ["e1"])
+        finally:
+            await second.stop()
+    finally:
+        await store.close()
+
+
+async def test_a_worker_that_died_holding_a_lease_is_redelivered(store: Store) -> None:
+    durable = hooks(store, attempt_timeout=0.2, lease_grace=0.0)
+    handler = Recorder()
+    durable.register("audit", handler)
+    await durable.emit(turn("e1"))
+    # Another worker claimed it and died (no ack, no release): only the lease remains.
+    now = utcnow()
+    [claimed] = await store.claim_hook_deliveries(
+        "app", ["audit"], now=now, lease_until=now + timedelta(seconds=0.2), limit=1
+    )
+    await durable.start()
+    try:
+        await handler.wait(lambda calls: calls == ["e1"])
+    finally:
+        await durable.stop()
+    assert claimed.event_id == "e1"
+
+
+async def test_the_queue_survives_a_restart(backend: Backend) -> None:
+    store = backend.make()
+    await store.open()
+    before = hooks(store)
+    before.register("h", Recorder())
+    await before.emit(turn("e1"))
+    await before.emit(turn("e2"))
+    await store.close()  # the bridge went down before delivering anything
+
+    store = backend.make()
+    await store.open()
+    try:
+        handler = Recorder()
+        after = hooks(store)
+        after.register("h", handler)
+        await after.start()
+        try:
+            await handler.wait(lambda calls: len(calls) == 2)
+        finally:
+            await after.stop()
+        assert handler.calls == ["e1", "e2"]
+    finally:
+        await store.close()
+
+
+async def test_retention_drops_events_older_than_seven_days(store: Store) -> None:
+    clock = [utcnow()]
+    durable = hooks(store, clock=lambda: clock[0])
+    handler = Recorder()
+    durable.register("h", handler)
+    await durable.emit(turn("old"))
+    clock[0] += timedelta(days=7, seconds=1)
+    await durable.emit(turn("fresh"))  # same conversation: would wait behind "old"
+    await durable.start()
+    try:
+        await handler.wait(lambda calls: "fresh" in calls)
+    finally:
+        await durable.stop()
+    assert handler.calls == ["fresh"]
+
+
+async def test_at_most_a_thousand_undelivered_events_per_app(store: Store) -> None:
+    durable = hooks(store)
+    durable.register("h", Recorder())
+    for i in range(CAPACITY + 5):
+        await durable.emit(turn(f"e{i}", conversation=f"c{i % 7}"))
+    backlog = await store.hook_backlog(app_id="app", limit=2000)
+    assert len(backlog) == CAPACITY == 1000
+    assert [d.event_id for d in backlog[:2]] == ["e5", "e6"]
+    assert backlog[-1].event_id == f"e{CAPACITY + 4}"
+
+
+async def test_disabling_clears_and_reenabling_does_not_backfill(store: Store) -> None:
+    durable = hooks(store)
+    handler = Recorder()
+    durable.register("h", handler)
+    await durable.emit(turn("before"))
+    assert await durable.disable() == 1
+    assert not await durable.emit(turn("while-disabled"))
+    durable.enable()
+    await durable.emit(turn("after"))
+    await durable.start()
+    try:
+        await handler.wait(lambda calls: "after" in calls)
+    finally:
+        await durable.stop()
+    assert handler.calls == ["after"]
+
+
+async def test_registration_rules(store: Store) -> None:
+    durable = hooks(store)
+    handler = Recorder()
+    registration = durable.register("h", handler)
+    with pytest.raises(ValueError, match="already registered"):
+        durable.register("h", Recorder())
+
+    def not_async(event: object) -> None: ...
+
+    with pytest.raises(TypeError, match="async function"):
+        durable.register("sync", not_async)  # type: ignore[arg-type]
+    registration.dispose()
+    assert durable.names == []
+    assert not await durable.emit(turn("nobody-listens"))
+    assert list(await store.hook_backlog()) == []
+    with durable.register("h", handler):
+        assert durable.names == ["h"]
+    assert durable.names == []
+    durable.register("late-ok-before-start", handler)
+    await durable.start()
+    try:
+        with pytest.raises(RuntimeError, match="at startup"):
+            durable.register("too-late", handler)
+    finally:
+        await durable.stop()
+    with pytest.raises(ValueError, match="not 'app'"):
+        bad = turn("x").model_copy(update={"app_id": "other"})
+        await durable.emit(bad)
+
+
+def test_events_round_trip_as_json() -> None:
+    event = JobCompleted(
+        app_id="app", job_id="j9", status="failed", conversation_id="c", detail={"n": 1}
+    )
+    assert parse_event(event.model_dump_json()) == event
+    assert event.conversation == "c"
+    assert JobCompleted(app_id="a", job_id="j", status="ok").conversation == "job:j"
+    assert isinstance(turn("x").occurred_at, datetime)
+    assert turn("x").type == "conversation.turn.completed"
+
+
+async def test_the_bridge_emits_turn_completed_after_the_reply(tmp_path: Path) -> None:
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import BridgeConfig, ConnectionConfig
+    from tests.support.talk_connector import TalkConnector, make_message
+
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'b.db'}"})
+    bridge = Bridge(config, with_webchat=False, app_id="app")
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"]))
+    got: list[TurnCompleted | JobCompleted] = []
+    arrived = asyncio.Event()
+    sent_before: list[int] = []
+
+    async def audit(event: TurnCompleted | JobCompleted) -> None:
+        sent_before.append(len(conn.sent))
+        got.append(event)
+        arrived.set()
+
+    bridge.durable.register("audit", audit)
+    await bridge.start()
+    try:
+        msg = make_message("hello", thread_id="chat-1")
+        await conn.inject(msg)
+        async with asyncio.timeout(WAIT):
+            await arrived.wait()
+    finally:
+        await bridge.stop()
+    [event] = got
+    assert isinstance(event, TurnCompleted)
+    assert (event.app_id, event.status, event.turn.session_id) == (
+        "app",
+        "completed",
+        msg.thread_key,
+    )
+    assert (event.turn.connection_id, event.turn.thread_id) == ("test", "chat-1")
+    assert sent_before == [1]  # the reply went out first
+
+
+async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:
+    from talkbridge.store import SqliteStore
+    from tests.test_cli import finish, talkbridge
+
+    store = SqliteStore(tmp_path / "talkbridge.db")  # the embedded default's file
+    await store.open()
+    now = utcnow()
+    for event_id in ("ev-1", "ev-2"):
+        await store.enqueue_hook_event("shop", ["billing"], "c", event_id, "{}", now, capacity=9)
+    for d in await store.hook_backlog():
+        await store.fail_hook_delivery(d.id, f"402 for {d.event_id}", retry_at=None)
+    first, _ = await store.hook_backlog()
+    await store.close()
+
+    code, out, _ = await finish(await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path))
+    assert code == 0
+    assert f"{first.id}  shop  billing  ev-1" in out and "402 for ev-2" in out
+    code, _, err = await finish(await talkbridge("hooks", "dead-letters", "replay", cwd=tmp_path))
+    assert code == 2 and "ID(s) or --all" in err
+    args = ("hooks", "dead-letters", "replay", str(first.id))
+    code, out, _ = await finish(await talkbridge(*args, cwd=tmp_path))
+    assert code == 0 and "replayed 1 dead letter" in out
+    code, _, err = await finish(await talkbridge(*args, cwd=tmp_path))  # no longer dead
+    assert code == 1 and "not dead letters" in err
+    code, out, _ = await finish(
+        await talkbridge("hooks", "dead-letters", "replay", "--all", cwd=tmp_path)
+    )
+    assert code == 0 and "replayed 1 dead letter" in out
+    code, out, _ = await finish(await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path))
+    assert "no dead letters" in out
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    try:
+        assert [(d.event_id, d.dead, d.attempts) for d in await store.hook_backlog()] == [
+            ("ev-1", False, 0),
+            ("ev-2", False, 0),
+        ]
+    finally:
+        await store.close()

@@ -1,0 +1,329 @@
+"""Real mail servers on 127.0.0.1 for the email connector: Dovecot (IMAP) and aiosmtpd (SMTP).
+
+`DovecotPeer` runs the Debian `dovecot` binary (`dovecot -F -c CONF`) on a free port with a
+passwd-file of users and one Maildir each; `deliver(user, raw)` drops a mail into the Maildir as
+an MTA would, `kick(user)` makes the server drop the user's IMAP connections (`doveadm kick`),
+`no_idle=True` hides IDLE from the capability list (a server without IDLE).
+
+`SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
+(`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
+(`fail_next`), and can hand each mail on into a Dovecot Maildir (`route`) so two mailboxes can
+write to each other. `wait_for(condition)` waits on what was received, without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mailbox
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email import message_from_bytes, policy
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
+
+DOVECOT = shutil.which("dovecot") or "/usr/sbin/dovecot"
+DOVEADM = shutil.which("doveadm") or "/usr/bin/doveadm"
+MAIL_USER = "nobody"
+
+
+def dovecot_available() -> bool:
+    return os.path.exists(DOVECOT) and os.access(DOVECOT, os.X_OK)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class DovecotPeer:
+    """One Dovecot instance under a private root directory; stop() removes it."""
+
+    def __init__(self, users: dict[str, str], *, no_idle: bool = False) -> None:
+        self.users = dict(users)
+        self.no_idle = no_idle
+        self.port = 0
+        # Not pytest's tmp_path: its parents are 0700 and Dovecot's workers run as other users.
+        self.root = Path(tempfile.mkdtemp(prefix="talkbridge-dovecot-"))
+        self.root.chmod(0o755)
+        self.config = self.root / "dovecot.conf"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._uid = pwd.getpwnam(MAIL_USER).pw_uid
+        self._gid = pwd.getpwnam(MAIL_USER).pw_gid
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.port = self.port or free_port()
+        for user in self.users:
+            self._make_maildir(user)
+        self._write_passwd()
+        self._write_config()
+        self._process = subprocess.Popen(
+            [DOVECOT, "-F", "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: stop() ends master and workers
+        )
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:
+        """Wait until the IMAP listener answers with its greeting."""
+
+        async def greet() -> None:
+            while True:
+                if self._process is not None and self._process.poll() is not None:
+                    err = self._process.stderr.read().decode() if self._process.stderr else ""
+                    raise RuntimeError(f"dovecot exited: {err or self.log()}")
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                except OSError:
+                    await asyncio.sleep(0.02)  # the listener is not bound yet: nothing to await
+                    continue
+                try:
+                    line = await reader.readline()
+                finally:
+                    writer.close()
+                    await writer.wait_closed()
+                if line.startswith(b"* OK"):
+                    return
+
+        await asyncio.wait_for(greet(), timeout)
+
+    async def __aenter__(self) -> DovecotPeer:
+        self.start()
+        await self.wait_ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self, *, keep_files: bool = False) -> None:
+        if self._process is not None and self._process.poll() is None:
+            # A graceful stop takes Dovecot about a second; the files are thrown away anyway.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(10)
+        if self._process is not None and self._process.stderr is not None:
+            self._process.stderr.close()
+        self._process = None
+        if not keep_files:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- users and mail --------------------------------------------------------------------
+
+    def maildir(self, user: str) -> Path:
+        return self.root / "home" / user / "Maildir"
+
+    def _make_maildir(self, user: str) -> None:
+        home = self.root / "home" / user
+        for sub in ("cur", "new", "tmp"):
+            (home / "Maildir" / sub).mkdir(parents=True, exist_ok=True)
+        for path in (self.root / "home", home, *home.rglob("*")):
+            os.chown(path, self._uid, self._gid)
+
+    def _write_passwd(self) -> None:
+        lines = [f"{user}:{{PLAIN}}{password}::::::" for user, password in self.users.items()]
+        passwd = self.root / "passwd"
+        tmp = self.root / "passwd.tmp"
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(passwd)  # atomic: Dovecot re-reads the file when it changes
+
+    def set_password(self, user: str, password: str) -> None:
+        self.users[user] = password
+        self._write_passwd()
+
+    def deliver(self, user: str, raw: bytes) -> str:
+        """Drop one mail into the user's Maildir `new/`, as a local delivery agent would."""
+        box = mailbox.Maildir(self.maildir(user), create=False)
+        key = box.add(mailbox.MaildirMessage(raw))
+        for path in self.maildir(user).rglob("*"):
+            os.chown(path, self._uid, self._gid)
+        return key
+
+    def flags(self, user: str) -> list[str]:
+        """The Maildir flags of every message ("S" = \\Seen), in no particular order."""
+        box = mailbox.Maildir(self.maildir(user), create=False)
+        return [message.get_flags() for message in box.values()]
+
+    def kick(self, user: str) -> None:
+        """Make the server drop every IMAP connection of `user` (as a restart or timeout would)."""
+        subprocess.run(
+            [DOVEADM, "-c", str(self.config), "kick", user],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def log(self) -> str:
+        path = self.root / "dovecot.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _write_config(self) -> None:
+        root = self.root
+        for sub in ("run", "state"):
+            (root / sub).mkdir(exist_ok=True)
+        capability = ""
+        if self.no_idle:
+            capability = (
+                "imap_capability = IMAP4rev1 SASL-IR LOGIN-REFERRALS ID ENABLE LITERAL+ UIDPLUS\n"
+            )
+        self.config.write_text(
+            f"""
+base_dir = {root}/run
+state_dir = {root}/state
+log_path = {root}/dovecot.log
+protocols = imap
+listen = 127.0.0.1
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+auth_failure_delay = 0
+mail_location = maildir:{root}/home/%u/Maildir
+default_internal_user = dovecot
+default_login_user = dovenull
+first_valid_uid = 1
+passdb {{
+  driver = passwd-file
+  args = {root}/passwd
+}}
+userdb {{
+  driver = static
+  args = uid={MAIL_USER} gid={self._gid} home={root}/home/%u
+}}
+service imap-login {{
+  inet_listener imap {{
+    address = 127.0.0.1
+    port = {self.port}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+}}
+{capability}""",
+            encoding="utf-8",
+        )
+
+
+# ---- SMTP ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ReceivedMail:
+    mail_from: str
+    rcpt_tos: list[str]
+    data: bytes
+    login: str | None
+
+    @property
+    def message(self) -> EmailMessage:
+        parsed: EmailMessage = message_from_bytes(self.data, policy=policy.default)  # type: ignore[assignment]
+        return parsed
+
+
+@dataclass
+class _Failure:
+    code: str
+    remaining: int
+    login: str | None
+
+
+@dataclass
+class SmtpPeer:
+    """aiosmtpd in this event loop; `users` are the logins it accepts (none: AUTH not required)."""
+
+    users: dict[str, str] = field(default_factory=dict)
+    received: list[ReceivedMail] = field(default_factory=list)
+    route: dict[str, Callable[[bytes], Any]] = field(default_factory=dict)
+    """Recipient address -> callable handed each mail's bytes (e.g. a Dovecot `deliver`)."""
+    port: int = 0
+    auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
+    refused: list[tuple[str | None, str]] = field(default_factory=list)
+    _failures: list[_Failure] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __aenter__(self) -> SmtpPeer:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def _protocol(self) -> SMTP:
+        with warnings.catch_warnings():
+            # "Requiring AUTH while not requiring TLS": intended here, plain SMTP on 127.0.0.1.
+            warnings.simplefilter("ignore", UserWarning)
+            return SMTP(
+                self,
+                hostname="smtp.test",
+                authenticator=self._authenticate,
+                auth_required=bool(self.users),
+                auth_require_tls=False,
+            )
+
+    def _authenticate(
+        self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, data: Any
+    ) -> AuthResult:
+        ok = False
+        login = ""
+        if isinstance(data, LoginPassword):
+            login = data.login.decode()
+            ok = self.users.get(login) == data.password.decode()
+        self.auth_attempts.append((login, ok))
+        self._notify()
+        # handled=False: aiosmtpd answers 535 itself; with True the client would hang.
+        return AuthResult(success=ok, handled=False, auth_data=login if ok else None)
+
+    def fail_next(
+        self, code: str = "451 4.3.0 try again later", times: int = 1, login: str | None = None
+    ) -> None:
+        """Answer the next `times` DATA commands (of `login`, or anyone's) with `code`."""
+        self._failures.append(_Failure(code, times, login))
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        login = session.auth_data if isinstance(session.auth_data, str) else None
+        for failure in self._failures:
+            if failure.login is None or failure.login == login:
+                failure.remaining -= 1
+                if failure.remaining <= 0:
+                    self._failures.remove(failure)
+                self.refused.append((login, failure.code))
+                self._notify()
+                return failure.code
+        data = envelope.original_content or b""
+        mail = ReceivedMail(envelope.mail_from or "", list(envelope.rcpt_tos), data, login)
+        self.received.append(mail)
+        for rcpt in mail.rcpt_tos:
+            target = self.route.get(rcpt.lower())
+            if target is not None:
+                target(data)
+        self._notify()
+        return "250 OK"
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 15.0) -> None:
+        async def wait() -> None:
+            while not condition():
+                await self._changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)

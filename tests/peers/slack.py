@@ -1,0 +1,719 @@
+"""A local Slack: the Web API over HTTP and Socket Mode over a real websocket, on 127.0.0.1.
+
+The real slack-sdk clients talk to it through their documented options:
+`AsyncWebClient(base_url=peer.api_base)` (trailing slash included) and a Socket Mode client whose
+`apps.connections.open` answers `ws://127.0.0.1:PORT/link/?ticket=…` — or `api_base:` in a
+connection's config.
+
+What it does like Slack:
+- `/api/{method}`: token from `Authorization: Bearer` (or a `token` field), GET query, form or
+  JSON bodies; `{"ok": true, …}` or `{"ok": false, "error": …}` (HTTP 200, like Slack); 429 with
+  `Retry-After`; `invalid_auth` for unknown tokens and `token_revoked` after `revoke()`;
+- messages kept per channel with unique `ts`, threads by `thread_ts`: chat.postMessage/update/
+  delete, reactions.add, conversations.history/replies/info, users.info, auth.test, the files
+  upload flow (getUploadURLExternal -> POST bytes -> completeUploadExternal), files.info and an
+  authenticated download, assistant.threads.setStatus;
+- Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
+  socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
+  `disconnect` messages, redelivers envelopes, and can be dropped without a close frame;
+- Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
+
+Every call is recorded; `wait_for` awaits a condition without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+JSON_FIELDS = {"blocks", "files", "attachments"}
+
+
+@dataclass
+class Workspace:
+    bot_token: str
+    app_token: str | None = None
+    team_id: str = "T0ACME001"
+    team: str = "Acme"
+    bot_user_id: str = "U0BOT0001"
+    bot_id: str = "B0BOT0001"
+    bot_name: str = "talkbridge"
+
+
+@dataclass
+class Call:
+    token: str
+    method: str
+    params: dict[str, Any]
+    status: int = 200
+    error: str | None = None
+
+
+@dataclass
+class _Failure:
+    status: int
+    error: str
+    retry_after: int | None
+    drop: bool
+
+
+@dataclass
+class Socket:
+    """One Socket Mode connection as the peer sees it."""
+
+    ws: web.WebSocketResponse
+    app_token: str
+    number: int
+    transport: asyncio.BaseTransport | None = None
+    closed: bool = False
+    received: list[dict[str, Any]] = field(default_factory=list)
+
+
+class SlackPeer:
+    def __init__(self, *workspaces: Workspace) -> None:
+        self.workspaces: dict[str, Workspace] = {}
+        for workspace in workspaces or (
+            Workspace("xoxb-1-test-bot-token", app_token="xapp-1-test-app-token"),
+        ):
+            self.add_workspace(workspace)
+        self.calls: list[Call] = []
+        self.messages: dict[str, list[dict[str, Any]]] = {}
+        self.reactions: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []
+        self.users: dict[str, dict[str, Any]] = {}
+        self.conversations: dict[str, dict[str, Any]] = {}
+        self.files: dict[str, dict[str, Any]] = {}
+        self.sockets: list[Socket] = []
+        self.max_open_sockets = 0
+        self.acks: list[str] = []
+        self.envelopes: dict[str, dict[str, Any]] = {}
+        self._tickets: dict[str, str] = {}
+        self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
+        self._revoked: set[str] = set()
+        self._ts = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._changed = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> SlackPeer:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/api/{method}", self._handle)
+        app.router.add_get("/link/", self._socket)
+        app.router.add_post("/upload/{file_id}", self._upload)
+        app.router.add_get("/files/{file_id}/{name}", self._download)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
+        return self
+
+    async def stop(self) -> None:
+        for sock in self.sockets:
+            if not sock.closed:
+                with contextlib.suppress(Exception):
+                    await sock.ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> SlackPeer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.base_url}/api/"
+
+    # ---- scripting -------------------------------------------------------------------------
+
+    def add_workspace(self, workspace: Workspace) -> Workspace:
+        self.workspaces[workspace.bot_token] = workspace
+        return workspace
+
+    def workspace(self, token: str | None = None) -> Workspace:
+        if token is None:
+            return next(iter(self.workspaces.values()))
+        for ws in self.workspaces.values():
+            if token in (ws.bot_token, ws.app_token):
+                return ws
+        raise KeyError("no workspace with that token")
+
+    def add_user(self, user_id: str, name: str, *, display_name: str = "", **extra: Any) -> None:
+        self.users[user_id] = {
+            "id": user_id,
+            "name": name.lower().replace(" ", "."),
+            "real_name": name,
+            "is_bot": False,
+            "tz": "Europe/Berlin",
+            "profile": {"real_name": name, "display_name": display_name},
+            **extra,
+        }
+
+    def add_conversation(self, channel: str, name: str = "", **extra: Any) -> None:
+        info: dict[str, Any] = {"id": channel, "is_im": channel.startswith("D")}
+        if name:
+            info["name"] = name
+        info.update(extra)
+        self.conversations[channel] = info
+
+    def revoke(self, token: str) -> None:
+        """From now on every call with this token answers `token_revoked`."""
+        self._revoked.add(token)
+
+    def fail_next(
+        self,
+        method: str,
+        times: int = 1,
+        *,
+        status: int = 429,
+        error: str | None = None,
+        retry_after: int | None = None,
+        drop: bool = False,
+        after: int = 0,
+        token: str | None = None,
+    ) -> None:
+        """The next `times` calls of `method` fail (after `after` successes); `token` limits it
+        to one workspace (a bot or app token)."""
+        if status == 429 and retry_after is None:
+            retry_after = 1
+        code = error or {429: "ratelimited", 500: "internal_error", 503: "service_unavailable"}.get(
+            status, "fatal_error"
+        )
+        queue = self._failures.setdefault(method, [])
+        queue.extend((token, None) for _ in range(after))
+        queue.extend((token, _Failure(status, code, retry_after, drop)) for _ in range(times))
+
+    def new_ts(self) -> str:
+        return f"{int(time.time())}.{next(self._ts):06d}"
+
+    # ---- observing -------------------------------------------------------------------------
+
+    def calls_of(
+        self, method: str, *, ok: bool | None = True, token: str | None = None
+    ) -> list[Call]:
+        """Calls of `method`; by default only successful ones (None: all)."""
+        return [
+            c
+            for c in self.calls
+            if c.method == method
+            and (ok is None or (c.status == 200 and c.error is None) == ok)
+            and (token is None or c.token == token)
+        ]
+
+    def posted(self, token: str | None = None) -> list[dict[str, Any]]:
+        """Params of every successful chat.postMessage, in order."""
+        return [c.params for c in self.calls_of("chat.postMessage", token=token)]
+
+    @property
+    def open_sockets(self) -> list[Socket]:
+        return [s for s in self.sockets if not s.closed]
+
+    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+        async def wait() -> None:
+            while not condition():
+                await self._changed.wait()
+
+        await asyncio.wait_for(wait(), timeout)
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    # ---- Socket Mode -----------------------------------------------------------------------
+
+    async def wait_socket(self, count: int = 1, timeout: float = 10.0) -> Socket:
+        """Wait until `count` sockets were opened in all, and return the newest open one."""
+        await self.wait_for(lambda: len(self.sockets) >= count and bool(self.open_sockets), timeout)
+        return self.open_sockets[-1]
+
+    def _current(self, app_token: str | None) -> Socket:
+        for sock in reversed(self.sockets):
+            if not sock.closed and (app_token is None or sock.app_token == app_token):
+                return sock
+        raise RuntimeError("no open Socket Mode connection")
+
+    async def send_envelope(
+        self,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        app_token: str | None = None,
+        envelope_id: str | None = None,
+        retry_attempt: int = 0,
+        retry_reason: str = "",
+    ) -> str:
+        envelope_id = envelope_id or str(uuid.uuid4())
+        envelope = {
+            "envelope_id": envelope_id,
+            "payload": payload,
+            "type": kind,
+            "accepts_response_payload": kind != "events_api",
+        }
+        if kind == "events_api":
+            envelope["retry_attempt"] = retry_attempt
+            envelope["retry_reason"] = retry_reason
+        self.envelopes[envelope_id] = envelope
+        await self._current(app_token).ws.send_str(json.dumps(envelope))
+        return envelope_id
+
+    async def send_event(
+        self, event: dict[str, Any], *, app_token: str | None = None, event_id: str | None = None
+    ) -> str:
+        """Deliver an event in an `events_api` envelope; returns the envelope id."""
+        return await self.send_envelope(
+            "events_api",
+            self.event_callback(event, event_id=event_id, token=app_token),
+            app_token=app_token,
+        )
+
+    async def redeliver(self, envelope_id: str, *, app_token: str | None = None) -> None:
+        """Send an envelope again (as Slack does when it saw no ack), on the current socket."""
+        envelope = self.envelopes[envelope_id]
+        await self.send_envelope(
+            envelope["type"],
+            envelope["payload"],
+            app_token=app_token,
+            envelope_id=envelope_id,
+            retry_attempt=int(envelope.get("retry_attempt") or 0) + 1,
+            retry_reason="timeout",
+        )
+
+    async def send_disconnect(
+        self, reason: str = "refresh_requested", *, app_token: str | None = None
+    ) -> None:
+        await self._current(app_token).ws.send_str(
+            json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "peer"}})
+        )
+
+    def drop_socket(self, *, app_token: str | None = None) -> None:
+        """Cut the socket without a close frame (a network failure)."""
+        sock = self._current(app_token)
+        sock.closed = True
+        if isinstance(sock.transport, asyncio.Transport):
+            sock.transport.abort()
+        self._notify()
+
+    async def wait_ack(self, envelope_id: str, count: int = 1, timeout: float = 10.0) -> None:
+        await self.wait_for(lambda: self.acks.count(envelope_id) >= count, timeout)
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        ticket = request.query.get("ticket", "")
+        app_token = self._tickets.pop(ticket, None)
+        if app_token is None:
+            return web.Response(status=401, text="invalid or used ticket")
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        sock = Socket(ws, app_token, len(self.sockets) + 1, request.transport)
+        self.sockets.append(sock)
+        self.max_open_sockets = max(self.max_open_sockets, len(self.open_sockets))
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": len(self.open_sockets),
+                    "connection_info": {"app_id": "A0PEER001"},
+                    "debug_info": {"host": "peer", "approximate_connection_time": 3600},
+                }
+            )
+        )
+        self._notify()
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                with contextlib.suppress(json.JSONDecodeError):
+                    data = json.loads(message.data)
+                    sock.received.append(data)
+                    if isinstance(data, dict) and data.get("envelope_id"):
+                        self.acks.append(str(data["envelope_id"]))
+                    self._notify()
+        finally:
+            sock.closed = True
+            self._notify()
+        return ws
+
+    # ---- Events API ------------------------------------------------------------------------
+
+    def event_callback(
+        self, event: dict[str, Any], *, event_id: str | None = None, token: str | None = None
+    ) -> dict[str, Any]:
+        ws = self.workspace(token)
+        return {
+            "token": "XXYYZZ",
+            "team_id": ws.team_id,
+            "api_app_id": "A0PEER001",
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{next(self._ids):08d}",
+            "event_time": int(time.time()),
+            "authorizations": [{"team_id": ws.team_id, "user_id": ws.bot_user_id, "is_bot": True}],
+        }
+
+    @staticmethod
+    def sign(secret: str, timestamp: str, body: bytes) -> str:
+        base = b"v0:" + timestamp.encode() + b":" + body
+        return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+
+    async def post_event(
+        self,
+        url: str,
+        payload: dict[str, Any],
+        *,
+        secret: str,
+        timestamp: int | None = None,
+        signature: str | None = None,
+        retry_num: int | None = None,
+        form: bool = False,
+        body: bytes | None = None,
+    ) -> tuple[int, str]:
+        """POST like Slack: signed JSON (or an interactivity form); returns (status, text)."""
+        if body is None:
+            if form:
+                from urllib.parse import urlencode
+
+                body = urlencode({"payload": json.dumps(payload)}).encode()
+            else:
+                body = json.dumps(payload).encode()
+        stamp = str(int(time.time()) if timestamp is None else timestamp)
+        headers = {
+            "Content-Type": "application/x-www-form-urlencoded" if form else "application/json",
+            "X-Slack-Request-Timestamp": stamp,
+            "X-Slack-Signature": signature or self.sign(secret, stamp, body),
+        }
+        if retry_num is not None:
+            headers["X-Slack-Retry-Num"] = str(retry_num)
+            headers["X-Slack-Retry-Reason"] = "http_timeout"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=body, headers=headers) as response,
+        ):
+            return response.status, await response.text()
+
+    # ---- Web API ---------------------------------------------------------------------------
+
+    async def _params(self, request: web.Request) -> dict[str, Any]:
+        params: dict[str, Any] = dict(request.query)
+        if request.method == "POST" and request.can_read_body:
+            if request.content_type == "application/json":
+                body = await request.json()
+                params.update(body if isinstance(body, dict) else {})
+            else:
+                form = await request.post()
+                params.update({k: v for k, v in form.items() if isinstance(v, str)})
+        for key in JSON_FIELDS:
+            value = params.get(key)
+            if isinstance(value, str):
+                with contextlib.suppress(json.JSONDecodeError):
+                    params[key] = json.loads(value)
+        return params
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        method = request.match_info["method"]
+        params = await self._params(request)
+        auth = request.headers.get("Authorization", "")
+        token = auth.removeprefix("Bearer ").strip() or str(params.pop("token", ""))
+        params.pop("token", None)
+        call = Call(token, method, params)
+        self.calls.append(call)
+        try:
+            known = any(token in (w.bot_token, w.app_token) for w in self.workspaces.values())
+            if not known:
+                return self._error(call, "not_authed" if not token else "invalid_auth")
+            if token in self._revoked:
+                return self._error(call, "token_revoked")
+            failure = self._scripted(method, token)
+            if failure is not None:
+                if failure.drop:
+                    call.status = 0
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return web.Response(status=500)
+                headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
+                return self._error(call, failure.error, status=failure.status, headers=headers)
+            handler = getattr(self, "_m_" + method.replace(".", "_"), None)
+            if handler is None:
+                return self._error(call, "unknown_method")
+            result = await handler(token, params)
+            if isinstance(result, str):
+                return self._error(call, result)
+            return web.json_response({"ok": True, **result})
+        finally:
+            self._notify()
+
+    def _scripted(self, method: str, token: str) -> _Failure | None:
+        queue = self._failures.get(method, [])
+        for index, (only, failure) in enumerate(queue):
+            if only is None or only == token:
+                del queue[index]
+                return failure
+        return None
+
+    def _error(
+        self, call: Call, error: str, *, status: int = 200, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        call.status = status
+        call.error = error
+        return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
+
+    def _app_token_workspace(self, token: str) -> Workspace | None:
+        return next((w for w in self.workspaces.values() if w.app_token == token), None)
+
+    # methods: return a dict (merged into {"ok": true}) or an error code string
+
+    async def _m_auth_test(self, token: str, params: dict[str, Any]) -> Any:
+        ws = self.workspace(token)
+        if token != ws.bot_token:
+            return "not_allowed_token_type"
+        return {
+            "url": f"https://{ws.team.lower()}.slack.com/",
+            "team": ws.team,
+            "user": ws.bot_name,
+            "team_id": ws.team_id,
+            "user_id": ws.bot_user_id,
+            "bot_id": ws.bot_id,
+            "is_enterprise_install": False,
+        }
+
+    async def _m_apps_connections_open(self, token: str, params: dict[str, Any]) -> Any:
+        if self._app_token_workspace(token) is None:
+            return "not_allowed_token_type"  # a bot token cannot open sockets
+        ticket = uuid.uuid4().hex
+        self._tickets[ticket] = token
+        return {"url": f"ws://127.0.0.1:{self.port}/link/?ticket={ticket}"}
+
+    def _bot(self, token: str) -> Workspace | str:
+        ws = self.workspace(token)
+        return ws if token == ws.bot_token else "not_allowed_token_type"
+
+    async def _m_chat_postMessage(self, token: str, params: dict[str, Any]) -> Any:
+        ws = self._bot(token)
+        if isinstance(ws, str):
+            return ws
+        channel = params.get("channel")
+        text = params.get("text") or ""
+        if not channel:
+            return "channel_not_found"
+        if not text and not params.get("blocks"):
+            return "no_text"
+        if len(text) > 40000:
+            return "msg_too_long"
+        message = {
+            "type": "message",
+            "user": ws.bot_user_id,
+            "bot_id": ws.bot_id,
+            "text": text,
+            "ts": self.new_ts(),
+            "team": ws.team_id,
+        }
+        if params.get("thread_ts"):
+            message["thread_ts"] = params["thread_ts"]
+        if params.get("blocks"):
+            message["blocks"] = params["blocks"]
+        self.messages.setdefault(channel, []).append(message)
+        return {"channel": channel, "ts": message["ts"], "message": message}
+
+    def _find(self, channel: str, ts: str) -> dict[str, Any] | None:
+        return next((m for m in self.messages.get(channel, []) if m["ts"] == ts), None)
+
+    async def _m_chat_update(self, token: str, params: dict[str, Any]) -> Any:
+        message = self._find(str(params.get("channel")), str(params.get("ts")))
+        if message is None:
+            return "message_not_found"
+        message["text"] = params.get("text") or ""
+        message["edited"] = {"user": self.workspace(token).bot_user_id, "ts": self.new_ts()}
+        return {"channel": params["channel"], "ts": params["ts"], "text": message["text"]}
+
+    async def _m_chat_delete(self, token: str, params: dict[str, Any]) -> Any:
+        channel = str(params.get("channel"))
+        message = self._find(channel, str(params.get("ts")))
+        if message is None:
+            return "message_not_found"
+        self.messages[channel].remove(message)
+        return {"channel": channel, "ts": params["ts"]}
+
+    async def _m_reactions_add(self, token: str, params: dict[str, Any]) -> Any:
+        if self._find(str(params.get("channel")), str(params.get("timestamp"))) is None:
+            return "message_not_found"
+        self.reactions.append(dict(params))
+        return {}
+
+    async def _m_users_info(self, token: str, params: dict[str, Any]) -> Any:
+        user = self.users.get(str(params.get("user")))
+        return {"user": user} if user else "user_not_found"
+
+    async def _m_conversations_info(self, token: str, params: dict[str, Any]) -> Any:
+        info = self.conversations.get(str(params.get("channel")))
+        return {"channel": info} if info else "channel_not_found"
+
+    def _window(self, items: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
+        latest = params.get("latest")
+        if latest:
+            inclusive = str(params.get("inclusive", "false")).lower() in ("1", "true")
+            items = [
+                m
+                for m in items
+                if float(m["ts"]) < float(latest) or (inclusive and m["ts"] == latest)
+            ]
+        return items
+
+    async def _m_conversations_history(self, token: str, params: dict[str, Any]) -> Any:
+        channel = str(params.get("channel"))
+        top = [
+            m
+            for m in self.messages.get(channel, [])
+            if not m.get("thread_ts") or m.get("thread_ts") == m["ts"]
+        ]
+        items = self._window(top, params)
+        limit = int(params.get("limit") or 100)
+        newest_first = list(reversed(items))[:limit]
+        return {"messages": newest_first, "has_more": len(items) > limit}
+
+    async def _m_conversations_replies(self, token: str, params: dict[str, Any]) -> Any:
+        channel = str(params.get("channel"))
+        root = str(params.get("ts"))
+        thread = [
+            m
+            for m in self.messages.get(channel, [])
+            if m["ts"] == root or m.get("thread_ts") == root
+        ]
+        if not thread:
+            return "thread_not_found"
+        items = self._window(thread, params)
+        limit = int(params.get("limit") or 100)
+        return {"messages": items[-limit:], "has_more": len(items) > limit}
+
+    async def _m_files_getUploadURLExternal(self, token: str, params: dict[str, Any]) -> Any:
+        file_id = f"F{next(self._ids):08d}"
+        name = str(params.get("filename") or "file")
+        self.files[file_id] = {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "size": int(params.get("length") or 0),
+            "mimetype": "application/octet-stream",
+            "data": None,
+            "shared": False,
+        }
+        return {"upload_url": f"{self.base_url}/upload/{file_id}", "file_id": file_id}
+
+    async def _upload(self, request: web.Request) -> web.StreamResponse:
+        file = self.files.get(request.match_info["file_id"])
+        if file is None:
+            return web.Response(status=404, text="no such upload")
+        if request.content_type.startswith("multipart/"):
+            reader = await request.multipart()
+            part = await reader.next()
+            data = await part.read() if isinstance(part, aiohttp.BodyPartReader) else b""
+        else:
+            data = await request.read()
+        file["data"] = bytes(data)
+        file["size"] = len(data)
+        self._notify()
+        return web.Response(text=f"OK - {len(data)}", content_type="text/plain")
+
+    async def _m_files_completeUploadExternal(self, token: str, params: dict[str, Any]) -> Any:
+        entries = params.get("files") or []
+        done = []
+        for entry in entries:
+            file = self.files.get(str(entry.get("id")))
+            if file is None or file["data"] is None:
+                return "upload_not_found"
+            file["title"] = entry.get("title") or file["name"]
+            file["shared"] = True
+            file["channel"] = params.get("channel_id")
+            file["thread_ts"] = params.get("thread_ts")
+            done.append({"id": file["id"], "title": file["title"], "name": file["name"]})
+        return {"files": done}
+
+    async def _m_files_info(self, token: str, params: dict[str, Any]) -> Any:
+        file = self.files.get(str(params.get("file")))
+        if file is None:
+            return "file_not_found"
+        public = {k: v for k, v in file.items() if k != "data"}
+        # A test may set its own URL on the file (e.g. a foreign host the token must not reach).
+        public.setdefault(
+            "url_private_download", f"{self.base_url}/files/{file['id']}/{file['name']}"
+        )
+        return {"file": public}
+
+    async def _download(self, request: web.Request) -> web.StreamResponse:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        self.calls.append(Call(token, "download", {"file": request.match_info["file_id"]}))
+        self._notify()
+        if token not in self.workspaces or token in self._revoked:
+            return web.Response(status=403, text="forbidden")
+        file = self.files.get(request.match_info["file_id"])
+        if file is None or file["data"] is None:
+            return web.Response(status=404, text="not found")
+        return web.Response(body=file["data"], content_type="application/octet-stream")
+
+    def add_file(self, data: bytes, name: str = "notes.txt", mimetype: str = "text/plain") -> str:
+        """A file someone shared; returns its id (for `files` in a message event)."""
+        file_id = f"F{next(self._ids):08d}"
+        self.files[file_id] = {
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "size": len(data),
+            "mimetype": mimetype,
+            "data": data,
+            "shared": True,
+        }
+        return file_id
+
+    async def _m_assistant_threads_setStatus(self, token: str, params: dict[str, Any]) -> Any:
+        self.statuses.append(dict(params))
+        return {}
+
+
+# ---- event builders (Events API shapes) -------------------------------------------------------
+
+_numbers = itertools.count(1)
+
+
+def message_event(
+    user: str,
+    text: str,
+    *,
+    channel: str = "D0DM00001",
+    ts: str | None = None,
+    thread_ts: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A `message` event (DM by default: channel ids starting with D are IMs)."""
+    ts = ts or f"{int(time.time())}.{next(_numbers):06d}"
+    event: dict[str, Any] = {
+        "type": "message",
+        "channel": channel,
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "event_ts": ts,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+        **extra,
+    }
+    if thread_ts:
+        event["thread_ts"] = thread_ts
+    return event

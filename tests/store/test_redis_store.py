@@ -1,0 +1,143 @@
+"""What only the Redis store promises: its URL, its key names, its errors (the shared contract
+runs in test_store_contract.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from redis.asyncio import Redis
+
+from talkbridge.errors import ConfigError, StoreError
+from talkbridge.message import NormalizedMessage
+from talkbridge.store import Pairing, open_store
+from talkbridge.store.redis import RedisKeys, RedisStore
+from tests.conftest import require
+from tests.peers.redis import private_redis, redis_url
+
+
+@pytest.fixture
+def url() -> str:
+    found = redis_url()
+    require(found is not None, "no redis-server answers on 127.0.0.1:6379 and none is installed")
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+async def raw(url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(url)
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize("url", ["redis://:s3cret@127.0.0.1:6379/0", "rediss://u:s3cret@h/1"])
+def test_open_store_builds_a_redis_store_with_the_prefix(url: str) -> None:
+    store = open_store(url, prefix="deploy-a")
+    assert isinstance(store, RedisStore)
+    assert store.keys.prefix == "deploy-a"
+    assert "s3cret" not in repr(store)
+
+
+async def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
+    with __import__("socket").socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    store = RedisStore(f"redis://:s3cret@127.0.0.1:{port}/0", prefix="x")
+    with pytest.raises(
+        StoreError, match=rf"cannot open the redis store at 127.0.0.1:{port}/0"
+    ) as info:
+        await store.open()
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(StoreError, match="not open"):
+        await store.get_state("k")
+
+
+def test_an_empty_prefix_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisKeys("")
+
+
+def test_key_parts_cannot_collide() -> None:
+    keys = RedisKeys("p")
+    assert keys.hook_queue("a:b", "c") != keys.hook_queue("a", "b:c")
+    assert keys.history("web\x1ft:1").startswith("p:history:")
+    assert keys.hook_delivery(7) == keys.hook_delivery("") + "7"
+
+
+async def test_every_key_lives_under_the_prefix(url: str, raw: Redis) -> None:
+    prefix = f"tbtest-{uuid.uuid4().hex[:12]}"
+    store = RedisStore(url, prefix=prefix)
+    await store.open()
+    now = datetime.now(UTC)
+    try:
+        msg = NormalizedMessage(
+            id="m1",
+            connection_id="c:1",
+            channel="webchat",
+            channel_user_id="u",
+            display_name="U",
+            thread_id="t",
+            timestamp=now,
+            text="hi",
+        )
+        await store.accept_inbound(msg, record_history=True)
+        await store.map_id("c:1", "n", "m")
+        await store.record_sent("c:1", "k", ["1"])
+        await store.set_trusted("c:1", "u", True)
+        await store.create_pairing(Pairing("CODE", "c:1", "u2", "U2", now, False))
+        await store.approve_pairing("code")
+        await store.set_state("s", "v")
+        await store.enqueue_hook_event("app", ["h"], "c", "e", "{}", now, capacity=5)
+        assert await store.is_trusted("c:1", "u2")
+    finally:
+        await store.close()
+    ours = [k async for k in raw.scan_iter(match=RedisKeys(prefix).pattern())]
+    assert len(ours) >= 12
+    assert all(k.startswith(prefix.encode() + b":") for k in ours)
+    await raw.delete(*ours)
+
+
+async def test_two_prefixes_share_one_server_without_seeing_each_other(url: str) -> None:
+    a = RedisStore(url, prefix=f"tbtest-{uuid.uuid4().hex[:12]}")
+    b = RedisStore(url, prefix=f"tbtest-{uuid.uuid4().hex[:12]}")
+    await a.open()
+    await b.open()
+    try:
+        await a.set_state("k", "a")
+        assert await b.get_state("k") is None
+    finally:
+        for store in (a, b):
+            await store.close()
+        async with Redis.from_url(url) as raw:
+            for store in (a, b):
+                found = [k async for k in raw.scan_iter(match=store.keys.pattern())]
+                if found:
+                    await raw.delete(*found)
+
+
+async def test_a_lost_script_cache_is_reloaded() -> None:
+    with private_redis() as url:  # SCRIPT FLUSH would disturb others on a shared server
+        require(url is not None, "redis-server is not installed")
+        assert url is not None
+        store = RedisStore(url, prefix="p")
+        await store.open()
+        try:
+            await store.append_history("k", "user", "m1", "s", "one")
+            async with Redis.from_url(url) as raw:
+                await raw.script_flush()
+            await store.set_state("plain", "command")  # no script: unaffected in the same batch
+            assert (await store.append_history("k", "user", "m2", "s", "two")).seq == 2
+            assert [e.text for e in await store.history("k")] == ["one", "two"]
+        finally:
+            await store.close()
+
+
+def test_a_redis_url_without_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "talkbridge.store.redis", None)
+    with pytest.raises(ConfigError, match=r"talkbridge\[redis\]"):
+        open_store("redis://127.0.0.1:6379/0")
