@@ -86,7 +86,8 @@ class GroupCommitWriter:
         self._on_rollback = on_rollback
         self._map_error = map_error
         self._not_running = not_running
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Item]] = queue.SimpleQueue()
+        self._outbox: list[_Item] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
@@ -117,7 +118,8 @@ class GroupCommitWriter:
             return
         self._accepting = False
         done: asyncio.Future[None] = self._loop.create_future()
-        self._queue.put((None, (), done))
+        self._flush()
+        self._queue.put([(None, (), done)])
         await done
         if self._thread is not None:
             self._thread.join()
@@ -127,14 +129,26 @@ class GroupCommitWriter:
         if not self._accepting:
             raise self._not_running()
         fut: asyncio.Future[T] = self._loop.create_future()  # type: ignore[union-attr]
-        self._queue.put((fn, args, fut))
+        self._enqueue((fn, args, fut))
         return fut
 
     def submit_nowait(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue `fn(*args)` without waiting for it; it runs before anything queued later."""
         if not self._accepting:
             raise self._not_running()
-        self._queue.put((fn, args, None))
+        self._enqueue((fn, args, None))
+
+    def _enqueue(self, item: _Item) -> None:
+        # Everything queued in one turn of the event loop crosses to the thread as one list: one
+        # wake-up of the writer (and one GIL hand-off) per loop turn, not one per operation.
+        if not self._outbox:
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr]
+        self._outbox.append(item)
+
+    def _flush(self) -> None:
+        if self._outbox:
+            items, self._outbox = self._outbox, []
+            self._queue.put(items)
 
     # -- writer thread ----------------------------------------------------------------------
 
@@ -154,10 +168,10 @@ class GroupCommitWriter:
         self._post([(ready, None, None)])
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
-            batch = [get()]
+            batch = list(get())
             try:
                 while len(batch) < MAX_BATCH:
-                    batch.append(get_nowait())
+                    batch.extend(get_nowait())
             except queue.Empty:
                 pass
             stop = batch[-1][0] is None
