@@ -112,6 +112,7 @@ async def baseline(count: int) -> float:
 
 
 async def pipeline(count: int, threads: int, history: int = 0) -> dict[str, float]:
+    """`history` > 0: that many earlier messages in the measured thread; < 0: in another one."""
     with tempfile.TemporaryDirectory() as tmp:
         store = SqliteStore(Path(tmp) / "bench.db")
         config = BridgeConfig(store="sqlite:///unused.db")
@@ -122,9 +123,12 @@ async def pipeline(count: int, threads: int, history: int = 0) -> dict[str, floa
         )
         await bridge.start()
         if history:
-            key = "bench\x1ft0"
-            for i in range(history):
-                await store.append_history(key, "user", f"h{i}", "u1", f"old message {i}")
+            # Both runs hold the same number of rows, so only where they sit differs: in the
+            # measured thread ("full") or in another one ("empty").
+            key = "bench\x1ft0" if history > 0 else "bench\x1fother"
+            for i in range(abs(history)):
+                store.queue_history(key, "user", f"h{i}", "u1", f"old message {i}")
+            await store.history(key, limit=1)
         raws = [_raw(i, i % threads) for i in range(count)]
         started = time.perf_counter()
         # Platforms hand over updates in batches (Telegram's getUpdates: up to 100); a batch is
@@ -163,8 +167,8 @@ async def main() -> None:
             f"p50 {r['p50']:.2f} ms  p99 {r['p99']:.2f} ms  "
             f"ratio to baseline {r['rate'] / base:.3f}"
         )
-    n = max(2_000, args.messages // 10)
-    empty = await pipeline(n, 1)
+    n = max(5_000, args.messages // 4)
+    empty = await pipeline(n, 1, history=-args.history)
     full = await pipeline(n, 1, history=args.history)
     print(
         f"one thread, empty history: {empty['rate']:,.0f} msg/s; with {args.history:,} earlier "

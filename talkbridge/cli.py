@@ -225,7 +225,8 @@ def _init(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for path in written:
         print(f"wrote {path}")
-    print(f"next: cd {target} && talkbridge run --config talkbridge.yaml")
+    move = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
+    print(f"next: {move}talkbridge run --config talkbridge.yaml")
     return EXIT_OK
 
 
