@@ -100,6 +100,8 @@ class AgentSpec(_Model):
     model: str | None = None
     api_key: SecretStr | None = None
     system_prompt: str | None = None
+    history: int = Field(default=20, ge=0)
+    """openai: earlier messages of the thread sent along with the prompt."""
 
 
 class AgentsConfig(_Model):
@@ -254,6 +256,9 @@ def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig,
             secrets.add(value)
     for token in config.webchat.tokens:
         secrets.add(token.get_secret_value())
+    for spec in config.agents.definitions.values():
+        if spec.api_key is not None:
+            secrets.add(spec.api_key.get_secret_value())
     return config, secrets
 
 

@@ -45,6 +45,19 @@ def build_agent(name: str, spec: AgentSpec, store: Store) -> Agent:
                 f"{where}.target: {spec.target} is not an agent (it needs `name` and `stream(ctx)`)"
             )
         return agent
+    if spec.kind == "openai":
+        if not spec.base_url or not spec.model:
+            raise ConfigError(f"{where}: an openai agent needs base_url and model")
+        from talkbridge.agents.openai_compat import OpenAIChatAgent
+
+        return OpenAIChatAgent(
+            name,
+            base_url=spec.base_url,
+            model=spec.model,
+            api_key=spec.api_key.get_secret_value() if spec.api_key else None,
+            system_prompt=spec.system_prompt,
+            history=spec.history,
+        )
     raise ConfigError(f"{where}.kind: {spec.kind!r} agents are not available in this version")
 
 

@@ -35,6 +35,7 @@ log = logging.getLogger("talkbridge.agents")
 
 TurnStatus = Literal["completed", "interrupted", "stopped", "error"]
 
+SORRY = "Sorry, something went wrong while answering."
 _TURN_PREFIX = secrets.token_hex(6)
 _turn_numbers = itertools.count(1)
 
@@ -200,7 +201,11 @@ class AgentRunner:
             await hooks.listeners.on_error(ctx, "turn", exc)
             await emit(Error(message=error, code="internal_error"))
         final_event = ctx.final
-        text = final_event.text if isinstance(final_event, Result) else (error or "")
+        if isinstance(final_event, Result):
+            text = final_event.text
+        else:
+            text = self._shown_error(final_event, error)
+            log.warning("turn %s of %s ended in error: %s", session.turn_id, agent_name, error)
         await hooks.listeners.after_run(ctx, status=status, text=text)
         hooks.lifecycle.finished(ctx, status, error=error)
         return TurnOutcome(session, status, text, events, error, ctx)
@@ -209,10 +214,18 @@ class AgentRunner:
         """Per-user tool permissions: a `before_tool_call` listener that raises denies the call."""
         await self.hooks.listeners.before_tool_call(ctx, call, environment=self._environment)
 
+    def _shown_error(self, event: Error | None, detail: str | None) -> str:
+        """What the user reads when a turn fails: the detail in development; in production only
+        a refusal's own (already sanitized) words, else a generic apology — the operator's log
+        has the detail."""
+        if self._environment == "development" or (event is not None and event.code == "refused"):
+            return detail or (event.message if event else "")
+        return SORRY
+
     def _sanitize(self, exc: BaseException) -> str:
         if self._environment == "development":
             return f"{type(exc).__name__}: {exc}"
-        return "Sorry, something went wrong while answering."
+        return SORRY
 
 
 def tool_call_count(events: list[Any]) -> int:

@@ -1,0 +1,60 @@
+"""A local OpenAI-compatible chat-completions server (HTTP + server-sent events) for agent tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+Reply = Callable[[list[dict[str, Any]]], list[str]]
+
+
+class ChatCompletionsPeer:
+    """Answers `POST /v1/chat/completions`; `reply(messages)` gives the pieces to stream."""
+
+    def __init__(self, api_key: str, reply: Reply | None = None) -> None:
+        self.api_key = api_key
+        self.reply: Reply = reply or (lambda messages: ["You said: ", messages[-1]["content"]])
+        self.requests: list[dict[str, Any]] = []
+        self.fail_next: tuple[int, dict[str, Any]] | None = None
+        self._runner: web.AppRunner | None = None
+        self.base_url = ""
+
+    async def __aenter__(self) -> ChatCompletionsPeer:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completions)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            error = {
+                "message": f"Incorrect API key provided: {request.headers.get('Authorization')}"
+            }
+            return web.json_response({"error": error}, status=401)
+        body = await request.json()
+        self.requests.append(body)
+        if self.fail_next is not None:
+            status, payload = self.fail_next
+            self.fail_next = None
+            return web.json_response(payload, status=status)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in self.reply(body["messages"]):
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
+        await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        await response.write_eof()
+        return response
