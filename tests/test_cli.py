@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 from pathlib import Path
 
 import websockets
@@ -15,28 +13,8 @@ from talkbridge.bridge import Bridge
 from talkbridge.config import ConnectionConfig, load_config
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore
+from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
-
-
-async def talkbridge(
-    *args: str, cwd: Path, env: dict[str, str] | None = None
-) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "talkbridge",
-        *args,
-        cwd=cwd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})},
-    )
-
-
-async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Path) -> None:

@@ -29,13 +29,15 @@ import math
 import re
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.peers.http import serve
+from tests.support.waiting import Waitable
 
 API = "/api/v10"
 DISCORD_EPOCH_MS = 1420070400000
@@ -164,7 +166,7 @@ def _compile(template: str) -> re.Pattern[str]:
 _COMPILED = [(method, template, _compile(template)) for method, template in _ROUTES]
 
 
-class DiscordPeer:
+class DiscordPeer(Waitable):
     def __init__(self, tokens: dict[str, str] | None = None, *, bucket_limit: int = 10) -> None:
         self.bots: dict[str, Bot] = {}
         for token, name in (tokens or {}).items():
@@ -193,12 +195,7 @@ class DiscordPeer:
         app = web.Application()
         app.router.add_get("/gateway", self._gateway)
         app.router.add_route("*", API + "/{tail:.*}", self._rest)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        for address in self._runner.addresses:
-            self.port = int(address[1])
+        self._runner, self.port = await serve(app)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -215,17 +212,6 @@ class DiscordPeer:
     @property
     def gateway_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/gateway"
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        async def wait() -> None:
-            while not condition():
-                await self._changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)
 
     # ---- world -------------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import warnings
@@ -33,6 +32,9 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
+from tests.peers.http import free_port
+from tests.support.waiting import Waitable
+
 DOVECOT = shutil.which("dovecot") or "/usr/sbin/dovecot"
 DOVEADM = shutil.which("doveadm") or "/usr/bin/doveadm"
 MAIL_USER = "nobody"
@@ -40,13 +42,6 @@ MAIL_USER = "nobody"
 
 def dovecot_available() -> bool:
     return os.path.exists(DOVECOT) and os.access(DOVECOT, os.X_OK)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class DovecotPeer:
@@ -241,7 +236,7 @@ class _Failure:
 
 
 @dataclass
-class SmtpPeer:
+class SmtpPeer(Waitable):
     """aiosmtpd in this event loop; `users` are the logins it accepts (none: AUTH not required)."""
 
     users: dict[str, str] = field(default_factory=dict)
@@ -254,6 +249,7 @@ class SmtpPeer:
     _failures: list[_Failure] = field(default_factory=list)
     _server: asyncio.Server | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    wait_timeout = 15.0
 
     async def __aenter__(self) -> SmtpPeer:
         loop = asyncio.get_running_loop()
@@ -316,14 +312,3 @@ class SmtpPeer:
                 target(data)
         self._notify()
         return "250 OK"
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def wait_for(self, condition: Callable[[], bool], timeout: float = 15.0) -> None:
-        async def wait() -> None:
-            while not condition():
-                await self._changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)

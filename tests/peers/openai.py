@@ -8,6 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.peers.http import serve
+
 Reply = Callable[[list[dict[str, Any]]], list[str]]
 
 
@@ -25,11 +27,7 @@ class ChatCompletionsPeer:
     async def __aenter__(self) -> ChatCompletionsPeer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self
 

@@ -14,6 +14,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+from tests.peers.http import free_port
+
 _url: str | None = None
 
 
@@ -24,13 +26,6 @@ def _answers(port: int) -> bool:
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def redis_url() -> str | None:
@@ -44,7 +39,7 @@ def redis_url() -> str | None:
     exe = shutil.which("redis-server")
     if exe is None:
         return None
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
@@ -73,7 +68,7 @@ def private_redis() -> Iterator[str | None]:
     if exe is None:
         yield None
         return
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

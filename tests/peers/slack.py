@@ -31,12 +31,14 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.peers.http import serve
+from tests.support.waiting import Waitable
 
 JSON_FIELDS = {"blocks", "files", "attachments"}
 
@@ -81,7 +83,7 @@ class Socket:
     received: list[dict[str, Any]] = field(default_factory=list)
 
 
-class SlackPeer:
+class SlackPeer(Waitable):
     def __init__(self, *workspaces: Workspace) -> None:
         self.workspaces: dict[str, Workspace] = {}
         for workspace in workspaces or (
@@ -116,11 +118,7 @@ class SlackPeer:
         app.router.add_get("/link/", self._socket)
         app.router.add_post("/upload/{file_id}", self._upload)
         app.router.add_get("/files/{file_id}/{name}", self._download)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
+        self._runner, self.port = await serve(app)
         return self
 
     async def stop(self) -> None:
@@ -229,17 +227,6 @@ class SlackPeer:
     @property
     def open_sockets(self) -> list[Socket]:
         return [s for s in self.sockets if not s.closed]
-
-    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        async def wait() -> None:
-            while not condition():
-                await self._changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
 
     # ---- Socket Mode -----------------------------------------------------------------------
 

@@ -28,12 +28,15 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.peers.http import serve
+from tests.support.waiting import Waitable
 
 JSON_FIELDS = {
     "reply_markup",
@@ -89,7 +92,7 @@ def _strip_html(text: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", text))
 
 
-class TelegramBotAPIPeer:
+class TelegramBotAPIPeer(Waitable):
     def __init__(
         self,
         tokens: Iterable[str] = ("123456:TEST-token_abc",),
@@ -122,11 +125,7 @@ class TelegramBotAPIPeer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
         app.router.add_get("/file/bot{token}/{path:.+}", self._download)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = next(a[1] for a in self._runner.addresses if isinstance(a, tuple))
+        self._runner, self.port = await serve(app)
         return self
 
     async def stop(self) -> None:
@@ -248,20 +247,6 @@ class TelegramBotAPIPeer:
         """Params of every successful sendMessage, in order."""
         return [c.params for c in self.calls_of("sendMessage")]
 
-    async def wait_for(self, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-        """Wait until `condition()` holds (checked after every call and pushed update)."""
-
-        async def wait() -> None:
-            while not condition():
-                event = self._changed
-                await event.wait()
-
-        await asyncio.wait_for(wait(), timeout)
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
     # ---- HTTP ------------------------------------------------------------------------------
 
     async def _params(self, request: web.Request) -> tuple[dict[str, Any], dict[str, Upload]]:
@@ -375,9 +360,8 @@ class TelegramBotAPIPeer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            event = self._changed
             try:
-                await asyncio.wait_for(event.wait(), remaining)
+                await asyncio.wait_for(self._next_change(), remaining)
             except TimeoutError:
                 break
         return queue[:limit]

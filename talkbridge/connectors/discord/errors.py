@@ -9,6 +9,7 @@ from typing import Literal, NoReturn
 
 import aiohttp
 
+from talkbridge.connectors.boundary import scrub
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.errors import (
     ConnectorError,
@@ -28,10 +29,6 @@ PRIVILEGED_INTENTS = (
     "(and Server Members, if configured) in the Developer Portal under Bot > Privileged Gateway "
     "Intents, or turn them off in this connection's intents"
 )
-
-
-def scrub(text: str, token: str) -> str:
-    return text.replace(token, "***") if token else text
 
 
 def translate(

@@ -22,12 +22,12 @@ import asyncio
 import contextlib
 import io
 import json
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.boundary import permanent, scrub
 from talkbridge.connectors.discord import endpoints
 from talkbridge.connectors.discord.codec import (
     ChannelInfo,
@@ -42,9 +42,10 @@ from talkbridge.connectors.discord.codec import (
     render_chunks,
 )
 from talkbridge.connectors.discord.config import DiscordConfig
-from talkbridge.connectors.discord.errors import scrub, translated
+from talkbridge.connectors.discord.errors import translated
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
+from talkbridge.connectors.sending import PartialSends
 from talkbridge.errors import ConnectorError, PermanentError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.talk import DirectoryEntry
@@ -52,7 +53,6 @@ from talkbridge.talk import DirectoryEntry
 HANDLED_EVENTS = frozenset(
     {"MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE"}
 )
-_PARTIAL_SENDS = 1024
 _DELIVERY_ATTEMPTS = 5
 
 
@@ -111,7 +111,7 @@ class DiscordConnector(BaseConnector):
         self.client: _Client | None = None
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self._status: ConnectionStatus | None = None
-        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._partial = PartialSends()
         for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
             self.provide(name, self)
         self.provide("interactions", self)
@@ -316,33 +316,23 @@ class DiscordConnector(BaseConnector):
     async def send(self, message: OutboundMessage) -> SendResult:
         channel_id = _channel(message.thread_id)
         if message.buttons:
-            try:
-                check_buttons(message.buttons)
-            except ValueError as exc:
-                raise PermanentError(str(exc)) from None
+            permanent(check_buttons, message.buttons)
         client = self._require_client()
         channel = client.get_partial_messageable(channel_id)
         steps = self._plan(message, channel_id)
-        key = message.idempotency_key
-        done = self._partial.get(key, []) if key else []
-        sent = list(done)
-        for index, step in enumerate(steps[len(done) :], start=len(done)):
+
+        async def step(index: int) -> list[str]:
             view = _view(message.buttons) if message.buttons and index == len(steps) - 1 else None
             try:
                 with translated(self._token, scope="thread"):
-                    kwargs: dict[str, Any] = {**step, **({"view": view} if view else {})}
+                    kwargs: dict[str, Any] = {**steps[index], **({"view": view} if view else {})}
                     result = await channel.send(**kwargs)
             finally:
                 if view is not None:
                     view.stop()  # clicks arrive as messages; no callback is kept around
-            sent.append(native_id(channel_id, result.id))
-            if key:  # a retry after a failure mid-way resumes here instead of repeating
-                self._partial[key] = sent
-                self._partial.move_to_end(key)
-                while len(self._partial) > _PARTIAL_SENDS:
-                    self._partial.popitem(last=False)
-        if key:
-            self._partial.pop(key, None)
+            return [native_id(channel_id, result.id)]
+
+        sent = await self._partial.run(message.idempotency_key, len(steps), step)
         if not sent:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         return SendResult(message_ids=tuple(sent))
@@ -486,17 +476,11 @@ def _ids_in(content: str, prefix: str) -> set[str]:
 
 
 def _channel(thread_id: str) -> int:
-    try:
-        return parse_thread_id(thread_id)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_thread_id, thread_id)
 
 
 def _message(message_id: str) -> tuple[int, int]:
-    try:
-        return parse_native_id(message_id)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_native_id, message_id)
 
 
 def _reference(reply_to: str | None, channel_id: int) -> discord.MessageReference | None:

@@ -24,16 +24,14 @@ from email import message_from_bytes, policy
 from email.headerregistry import Address
 from email.message import EmailMessage, Message
 from email.utils import format_datetime, formataddr, getaddresses, parsedate_to_datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from talkbridge.connectors import markdown
 from talkbridge.connectors.email.safety import own_tag, skip_reason
 from talkbridge.connectors.email.text import html_to_text, trim_reply
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 if TYPE_CHECKING:
-    from markdown_it import MarkdownIt
-
     from talkbridge.message import OutboundMessage
 
 _MSGID = re.compile(r"<[^<>\s]+>")
@@ -376,16 +374,9 @@ def new_message_id(address: str, unique: str | None = None) -> str:
     return f"<{token}.tb{own_tag(address)}@{domain}>"
 
 
-@lru_cache(maxsize=1)
-def _markdown() -> MarkdownIt:
-    from markdown_it import MarkdownIt
-
-    # html=False: raw HTML in the text is shown as text, never passed into the mail.
-    return MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
-
-
 def markdown_to_html(text: str) -> str:
-    body = _markdown().render(text)
+    # html=False in the parser: raw HTML in the text is shown as text, never passed into the mail.
+    body = markdown.parser(tables=True).render(text)
     return f"<!DOCTYPE html>\n<html><body>\n{body}</body></html>\n"
 
 

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import aiosmtplib
 from aioimaplib import aioimaplib as imap  # type: ignore[import-untyped]
 
+from talkbridge.connectors.boundary import scrub
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -21,13 +22,6 @@ from talkbridge.errors import (
     TransientError,
     UnauthorizedError,
 )
-
-
-def scrub(text: str, *secrets: str | None) -> str:
-    for secret in secrets:
-        if secret and len(secret) >= 3:
-            text = text.replace(secret, "***")
-    return text
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 import aiosmtplib
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.boundary import permanent
 from talkbridge.connectors.email.codec import (
     InboundMail,
     MailContext,
@@ -276,17 +277,15 @@ class EmailConnector(BaseConnector):
             else:
                 raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
         message_id = new_message_id(self.config.address)
-        try:
-            mail = render_reply(
-                message,
-                address=self.config.address,
-                context=context,
-                to=to,
-                message_id=message_id,
-                date=datetime.now(UTC),
-            )
-        except ValueError as exc:
-            raise PermanentError(str(exc)) from None
+        mail = permanent(
+            render_reply,
+            message,
+            address=self.config.address,
+            context=context,
+            to=to,
+            message_id=message_id,
+            date=datetime.now(UTC),
+        )
         async with self._smtp() as smtp:
             with smtp_errors(self._smtp_where, *self._secrets):
                 await smtp.send_message(
@@ -315,10 +314,7 @@ class EmailConnector(BaseConnector):
     async def download(self, attachment: Attachment, *, max_bytes: int | None = None) -> bytes:
         if not attachment.ref:
             raise PermanentError(f"this {attachment.kind} attachment has no reference")
-        try:
-            message_id, index = parse_ref(attachment.ref)
-        except ValueError as exc:
-            raise PermanentError(str(exc)) from None
+        message_id, index = permanent(parse_ref, attachment.ref)
         session = ImapSession(self.config.imap, self.config.timeout)
         try:
             await session.open()

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
+from talkbridge.connectors.boundary import scrub
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -50,13 +51,6 @@ TRANSIENT_CODES = {
     "ratelimited",
 }
 DEFAULT_RETRY_AFTER = 1.0
-
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return text
 
 
 def error_code(exc: SlackApiError) -> str:
@@ -109,15 +103,15 @@ def translate(exc: BaseException, secrets: Iterable[str], *, method: str = "") -
             return PermanentError(f"{where}Slack refused the call: {code}")
         return TransientError(f"{where}Slack answered HTTP {status} without a usable body")
     if isinstance(exc, SlackRequestError):
-        return TransientError(f"{where}{scrub(str(exc), secrets)}")
+        return TransientError(f"{where}{scrub(str(exc), *secrets)}")
     if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
-        message = scrub(str(exc), secrets)
+        message = scrub(str(exc), *secrets)
         return TransientError(
             f"{where}{type(exc).__name__}: {message}" if message else where + type(exc).__name__
         )
     if isinstance(exc, SlackClientError):
-        return PermanentError(f"{where}{scrub(str(exc), secrets)}")
-    return PermanentError(f"{where}{type(exc).__name__}: {scrub(str(exc), secrets)}")
+        return PermanentError(f"{where}{scrub(str(exc), *secrets)}")
+    return PermanentError(f"{where}{type(exc).__name__}: {scrub(str(exc), *secrets)}")
 
 
 HANDLED = (SlackClientError, aiohttp.ClientError, asyncio.TimeoutError, OSError)

@@ -9,13 +9,11 @@ the end of one chunk and reopened in the next.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Mapping
+from typing import ClassVar, Literal
 
-if TYPE_CHECKING:
-    from markdown_it import MarkdownIt
-    from markdown_it.token import Token
+from talkbridge.connectors import markdown
+from talkbridge.connectors.markdown import Dialect
 
 SLACK_TEXT_LIMIT = 4000
 """Slack truncates message text beyond 40,000 characters and advises at most 4,000."""
@@ -36,132 +34,52 @@ def unescape(text: str) -> str:
 # ---- Markdown -> mrkdwn -----------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
-def _markdown() -> MarkdownIt:
-    from markdown_it import MarkdownIt
+class _Mrkdwn(Dialect):
+    marks: ClassVar[Mapping[str, str]] = {
+        "strong_open": "*",
+        "strong_close": "*",
+        "em_open": "_",
+        "em_close": "_",
+        "s_open": "~",
+        "s_close": "~",
+    }
+    heading_marks = ("*", "*")
+    list_indent = "    "
+    rule = "───"
+    quotes_restart_lists = True  # every quoted line starts with "> ", so lists restart there
 
-    # html=False: raw HTML in the Markdown is shown as text.
-    return MarkdownIt("commonmark", {"html": False}).enable("strikethrough")
+    def escape(self, text: str) -> str:
+        return escape(text)
+
+    def code_inline(self, code: str) -> str:
+        return f"`{escape(code)}`"
+
+    def code_block(self, code: str, language: str) -> str:
+        return f"{_FENCE}\n{escape(code)}\n{_FENCE}\n\n"  # mrkdwn has no code languages
+
+    def link(self, href: str, label: str) -> str:
+        safe = href.lower().startswith(_SAFE_SCHEMES) and not re.search(r"[\s<>|]", href)
+        if not safe:
+            return label
+        target = href.replace("&", "&amp;")
+        if unescape(label) in (href, href.removeprefix("mailto:")) or not label:
+            return f"<{target}>"
+        return f"<{target}|{label}>"
+
+    def quote(self, inner: str, depth: int) -> str:
+        lines = inner.strip("\n").split("\n")
+        return "\n".join(f"> {line}" if line else ">" for line in lines) + "\n\n"
 
 
-_INLINE = {
-    "strong_open": "*",
-    "strong_close": "*",
-    "em_open": "_",
-    "em_close": "_",
-    "s_open": "~",
-    "s_close": "~",
-}
+_DIALECT = _Mrkdwn()
 
 
 def render_markdown(text: str) -> str:
-    return _blocks(_markdown().parse(text), 0, None).strip("\n")
+    return markdown.render(text, _DIALECT).strip("\n")
 
 
 def render(text: str, markup: Literal["plain", "markdown"]) -> str:
     return render_markdown(text) if markup == "markdown" else escape(text)
-
-
-def _closing(tokens: Sequence[Token], start: int) -> int:
-    """Index of the token closing the block opened at `start`."""
-    depth = 0
-    for index in range(start, len(tokens)):
-        depth += tokens[index].nesting
-        if depth == 0:
-            return index
-    return len(tokens) - 1
-
-
-def _blocks(tokens: Sequence[Token], start: int, end: int | None) -> str:
-    out: list[str] = []
-    lists: list[list[int]] = []
-    index = start
-    stop = len(tokens) if end is None else end
-    while index < stop:
-        token = tokens[index]
-        kind = token.type
-        if kind == "inline":
-            out.append(_inline(token.children or []))
-        elif kind == "paragraph_close":
-            out.append("\n" if token.hidden else "\n\n")
-        elif kind == "heading_open":
-            out.append("*")
-        elif kind == "heading_close":
-            out.append("*\n\n")
-        elif kind == "bullet_list_open":
-            lists.append([])
-        elif kind == "ordered_list_open":
-            first = token.attrGet("start")
-            lists.append([int(first) if isinstance(first, int | str) else 1])
-        elif kind in ("bullet_list_close", "ordered_list_close"):
-            lists.pop()
-            if not lists:
-                out.append("\n")
-        elif kind == "list_item_open":
-            indent = "    " * (len(lists) - 1)
-            current = lists[-1] if lists else []
-            if current:
-                out.append(f"{indent}{current[0]}. ")
-                current[0] += 1
-            else:
-                out.append(f"{indent}• ")
-        elif kind == "list_item_close":
-            if out and not out[-1].endswith("\n"):
-                out.append("\n")
-        elif kind == "blockquote_open":
-            close = _closing(tokens, index)
-            inner = _blocks(tokens, index + 1, close).strip("\n")
-            out.append("\n".join(f"> {line}" if line else ">" for line in inner.split("\n")))
-            out.append("\n\n")
-            index = close
-        elif kind in ("fence", "code_block"):
-            code = token.content.rstrip("\n")
-            if code:
-                out.append(f"{_FENCE}\n{escape(code)}\n{_FENCE}\n\n")
-        elif kind == "hr":
-            out.append("───\n\n")
-        elif kind == "html_block":
-            out.append(escape(token.content))
-        index += 1
-    return "".join(out)
-
-
-def _inline(tokens: Sequence[Token]) -> str:
-    out: list[str] = []
-    links: list[str | None] = []
-    for token in tokens:
-        kind = token.type
-        if kind == "text":
-            out.append(escape(token.content))
-        elif kind in ("softbreak", "hardbreak"):
-            out.append("\n")
-        elif kind in _INLINE:
-            out.append(_INLINE[kind])
-        elif kind == "code_inline":
-            out.append(f"`{escape(token.content)}`")
-        elif kind == "link_open":
-            given = str(token.attrGet("href") or "")
-            safe = given.lower().startswith(_SAFE_SCHEMES) and not re.search(r"[\s<>|]", given)
-            links.append(given if safe else None)
-            out.append("\x00")  # where the label starts
-        elif kind == "link_close":
-            target = links.pop() if links else None
-            mark = len(out) - 1 - out[::-1].index("\x00")
-            label = "".join(out[mark + 1 :])
-            del out[mark:]
-            if target is None:
-                out.append(label)
-            elif unescape(label) in (target, target.removeprefix("mailto:")) or not label:
-                out.append(f"<{target.replace('&', '&amp;')}>")
-            else:
-                out.append(f"<{target.replace('&', '&amp;')}|{label}>")
-        elif kind == "image":
-            out.append(escape(token.content or str(token.attrGet("alt") or "")))
-        elif kind in ("html_inline", "html_block"):
-            out.append(escape(token.content))
-        elif token.children:
-            out.append(_inline(token.children))
-    return "".join(out)
 
 
 # ---- splitting --------------------------------------------------------------------------------

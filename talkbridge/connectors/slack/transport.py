@@ -25,6 +25,8 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.boundary import permanent, scrub
+from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
     SLACK_TEXT_LIMIT,
     Deletion,
@@ -40,7 +42,7 @@ from talkbridge.connectors.slack.codec import (
     users_to_resolve,
 )
 from talkbridge.connectors.slack.config import SlackConfig
-from talkbridge.connectors.slack.errors import HANDLED, scrub, translate
+from talkbridge.connectors.slack.errors import HANDLED, translate
 from talkbridge.connectors.slack.events_api import EventsServer, RequestCheck
 from talkbridge.connectors.slack.ratelimit import TierGate
 from talkbridge.connectors.slack.socket_mode import Envelope, SocketSession
@@ -55,7 +57,6 @@ from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, S
 from talkbridge.talk import DirectoryEntry
 
 _RECENT_EVENTS = 4096
-_PARTIAL_SENDS = 1024
 _STATUS_REFUSALS = {"not_allowed", "missing_scope", "not_allowed_token_type", "invalid_arguments"}
 EMOJI_NAMES = {
     "👍": "+1",
@@ -112,7 +113,7 @@ class SlackConnector(BaseConnector):
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
         self._channel_names: dict[str, str] = {}
         self._recent: OrderedDict[str, None] = OrderedDict()
-        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._partial = PartialSends()
         self._status_allowed = True
         self._delete_handlers: list[DeleteHandler] = []
         self.socket: SocketSession | None = None
@@ -289,7 +290,7 @@ class SlackConnector(BaseConnector):
         except Exception as exc:
             raise TransientError(
                 f"message {result.id} was not accepted by a subscriber: "
-                f"{scrub(str(exc), self._secrets)}"
+                f"{scrub(str(exc), *self._secrets)}"
             ) from exc
 
     async def _names(self, user_ids: set[str]) -> dict[str, str]:
@@ -307,10 +308,7 @@ class SlackConnector(BaseConnector):
     # ---- send --------------------------------------------------------------------------------
 
     def _target(self, message: OutboundMessage) -> tuple[str, str | None]:
-        try:
-            channel, thread_ts = parse_thread_id(message.thread_id)
-        except ValueError as exc:
-            raise PermanentError(str(exc)) from None
+        channel, thread_ts = _thread(message.thread_id)
         threadable = not channel.startswith("D") and message.reply_to
         if thread_ts is None and self.config.reply_in_thread and threadable:
             assert message.reply_to is not None
@@ -333,10 +331,7 @@ class SlackConnector(BaseConnector):
             raise PermanentError("an attachment has neither data nor ref")
         blocks = None
         if message.buttons:
-            try:
-                blocks = button_blocks(chunks[-1] if chunks else "", message.buttons)
-            except ValueError as exc:
-                raise PermanentError(str(exc)) from None
+            blocks = permanent(button_blocks, chunks[-1] if chunks else "", message.buttons)
         steps: list[Callable[[], Awaitable[list[str]]]] = []
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1
@@ -345,18 +340,9 @@ class SlackConnector(BaseConnector):
             steps.append(self._upload_step(channel, thread_ts, uploads))
         if not steps:
             raise PermanentError("nothing to send: the message rendered to no visible text")
-        key = message.idempotency_key
-        done = self._partial.get(key, []) if key else []
-        sent = list(done)
-        for step in steps[len(done) :]:
-            sent.extend(await step())
-            if key:  # a retry after a failure mid-way resumes here instead of repeating
-                self._partial[key] = sent
-                self._partial.move_to_end(key)
-                while len(self._partial) > _PARTIAL_SENDS:
-                    self._partial.popitem(last=False)
-        if key:
-            self._partial.pop(key, None)
+        sent = await self._partial.run(
+            message.idempotency_key, len(steps), lambda index: steps[index]()
+        )
         return SendResult(message_ids=tuple(sent))
 
     def _post_step(
@@ -576,17 +562,11 @@ def _dedupe_key(payload: Mapping[str, Any]) -> str | None:
 
 
 def _thread(value: str) -> tuple[str, str | None]:
-    try:
-        return parse_thread_id(value)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_thread_id, value)
 
 
 def _message(value: str) -> tuple[str, str]:
-    try:
-        return parse_native_id(value)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_native_id, value)
 
 
 __all__ = ["SlackConnector", "create", "emoji_name"]

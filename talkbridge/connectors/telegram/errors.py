@@ -15,6 +15,7 @@ from typing import NoReturn
 import aiohttp
 from aiogram import exceptions as tg
 
+from talkbridge.connectors import boundary
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -31,12 +32,8 @@ UNAUTHORIZED = (
 
 
 def scrub(text: str, token: str) -> str:
-    if token:
-        text = text.replace(token, "***")
-        _, _, secret = token.partition(":")
-        if secret:
-            text = text.replace(secret, "***")
-    return text
+    """`text` without the token, nor its secret part (what follows the bot id and `:`)."""
+    return boundary.scrub(text, token, token.partition(":")[2])
 
 
 def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> ConnectorError:

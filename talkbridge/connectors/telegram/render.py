@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
+from typing import ClassVar, Literal
 
-if TYPE_CHECKING:
-    from markdown_it import MarkdownIt
-    from markdown_it.token import Token
+from talkbridge.connectors import markdown
+from talkbridge.connectors.markdown import Dialect
 
 TELEGRAM_TEXT_LIMIT = 4096
 TELEGRAM_CAPTION_LIMIT = 1024
@@ -34,132 +32,55 @@ def escape(text: str) -> str:
 
 # ---- Markdown -> HTML -------------------------------------------------------------------------
 
-
-@lru_cache(maxsize=1)
-def _markdown() -> MarkdownIt:
-    from markdown_it import MarkdownIt
-
-    # html=False: raw HTML in the Markdown is shown as text, never passed through to Telegram.
-    return MarkdownIt("commonmark", {"html": False}).enable("strikethrough")
-
-
-_INLINE_TAGS = {
-    "strong_open": "<b>",
-    "strong_close": "</b>",
-    "em_open": "<i>",
-    "em_close": "</i>",
-    "s_open": "<s>",
-    "s_close": "</s>",
-}
 _SAFE_SCHEMES = ("http://", "https://", "tg://", "mailto:")
+
+
+class _TelegramHTML(Dialect):
+    marks: ClassVar[Mapping[str, str]] = {
+        "strong_open": "<b>",
+        "strong_close": "</b>",
+        "em_open": "<i>",
+        "em_close": "</i>",
+        "s_open": "<s>",
+        "s_close": "</s>",
+    }
+    heading_marks = ("<b>", "</b>")
+    rule = "――――――"
+
+    def escape(self, text: str) -> str:
+        return escape(text)
+
+    def code_inline(self, code: str) -> str:
+        return f"<code>{escape(code)}</code>"
+
+    def code_block(self, code: str, language: str) -> str:
+        if language and re.fullmatch(r"[\w+#.-]+", language):
+            return f'<pre><code class="language-{language}">{escape(code)}</code></pre>\n\n'
+        return f"<pre>{escape(code)}</pre>\n\n"
+
+    def link(self, href: str, label: str) -> str:
+        if not href.lower().startswith(_SAFE_SCHEMES):
+            return label
+        return f'<a href="{html.escape(href, quote=True)}">{label}</a>'
+
+    def quote(self, inner: str, depth: int) -> str:
+        # Telegram cannot nest blockquotes: only the outermost one is a tag.
+        if depth > 1:
+            return inner
+        inner = inner.rstrip("\n")
+        return f"<blockquote>{inner}</blockquote>\n\n" if inner else "\n\n"
+
+
+_DIALECT = _TelegramHTML()
 
 
 def render_markdown(text: str) -> str:
     """Render Markdown to the subset of HTML Telegram accepts; everything else is escaped."""
-    out: list[str] = []
-    _render_blocks(_markdown().parse(text), out)
-    return "".join(out).rstrip("\n")
+    return markdown.render(text, _DIALECT).rstrip("\n")
 
 
 def render(text: str, markup: Literal["plain", "markdown"]) -> str:
     return render_markdown(text) if markup == "markdown" else escape(text)
-
-
-def _trim_newlines(out: list[str]) -> None:
-    while out and out[-1].endswith("\n"):
-        out[-1] = out[-1].rstrip("\n")
-        if not out[-1]:
-            out.pop()
-
-
-def _render_blocks(tokens: Sequence[Token], out: list[str]) -> None:
-    lists: list[list[int]] = []  # per open list: [next number] or [] for bullets
-    quotes = 0  # Telegram cannot nest blockquotes: only the outermost one is a tag
-    for token in tokens:
-        kind = token.type
-        if kind == "inline":
-            _render_inline(token.children or [], out)
-        elif kind == "paragraph_close" and not token.hidden:
-            out.append("\n\n")
-        elif kind == "paragraph_close" or kind == "list_item_close":
-            if out and not out[-1].endswith("\n"):
-                out.append("\n")
-        elif kind == "heading_open":
-            out.append("<b>")
-        elif kind == "heading_close":
-            out.append("</b>\n\n")
-        elif kind == "bullet_list_open":
-            lists.append([])
-        elif kind == "ordered_list_open":
-            start = token.attrGet("start")
-            lists.append([int(start) if isinstance(start, int | str) else 1])
-        elif kind in ("bullet_list_close", "ordered_list_close"):
-            lists.pop()
-            if not lists:
-                out.append("\n")
-        elif kind == "list_item_open":
-            indent = "  " * (len(lists) - 1)
-            current = lists[-1] if lists else []
-            if current:
-                out.append(f"{indent}{current[0]}. ")
-                current[0] += 1
-            else:
-                out.append(f"{indent}• ")
-        elif kind == "blockquote_open":
-            quotes += 1
-            if quotes == 1:
-                out.append("<blockquote>")
-        elif kind == "blockquote_close":
-            quotes -= 1
-            if quotes == 0:
-                _trim_newlines(out)
-                if out and out[-1] == "<blockquote>":
-                    out.pop()  # an empty quote
-                else:
-                    out.append("</blockquote>")
-                out.append("\n\n")
-        elif kind in ("fence", "code_block") and not token.content.strip("\n"):
-            continue  # an empty code block renders to nothing visible
-        elif kind in ("fence", "code_block"):
-            code = escape(token.content.rstrip("\n"))
-            language = token.info.strip().split(" ")[0] if kind == "fence" else ""
-            if language and re.fullmatch(r"[\w+#.-]+", language):
-                out.append(f'<pre><code class="language-{language}">{code}</code></pre>\n\n')
-            else:
-                out.append(f"<pre>{code}</pre>\n\n")
-        elif kind == "hr":
-            out.append("――――――\n\n")
-        elif kind == "html_block":  # only reachable if html is enabled; still shown as text
-            out.append(escape(token.content))
-
-
-def _render_inline(tokens: Sequence[Token], out: list[str]) -> None:
-    links: list[bool] = []  # whether each open link emitted an <a>
-    for token in tokens:
-        kind = token.type
-        if kind == "text":
-            out.append(escape(token.content))
-        elif kind in ("softbreak", "hardbreak"):
-            out.append("\n")
-        elif kind in _INLINE_TAGS:
-            out.append(_INLINE_TAGS[kind])
-        elif kind == "code_inline":
-            out.append(f"<code>{escape(token.content)}</code>")
-        elif kind == "link_open":
-            href = str(token.attrGet("href") or "")
-            safe = href.lower().startswith(_SAFE_SCHEMES)
-            links.append(safe)
-            if safe:
-                out.append(f'<a href="{html.escape(href, quote=True)}">')
-        elif kind == "link_close":
-            if links.pop():
-                out.append("</a>")
-        elif kind == "image":
-            out.append(escape(token.content or str(token.attrGet("alt") or "")))
-        elif kind in ("html_inline", "html_block"):
-            out.append(escape(token.content))
-        elif token.children:
-            _render_inline(token.children, out)
 
 
 # ---- splitting --------------------------------------------------------------------------------

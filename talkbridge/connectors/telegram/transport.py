@@ -37,6 +37,8 @@ from aiohttp import web
 
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.boundary import permanent
+from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.telegram.codec import (
     ALLOWED_UPDATES,
     TELEGRAM_CAPTION_LIMIT,
@@ -64,7 +66,6 @@ from talkbridge.message import Attachment, OutboundMessage, SendResult
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _RECENT_UPDATES = 2048
-_PARTIAL_SENDS = 1024
 
 
 def create(config: TelegramConfig, context: ConnectorContext) -> TelegramConnector:
@@ -95,7 +96,7 @@ class TelegramConnector(BaseConnector):
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
         self._recent: OrderedDict[int, None] = OrderedDict()
-        self._partial: OrderedDict[str, list[str]] = OrderedDict()
+        self._partial = PartialSends()
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
@@ -256,34 +257,22 @@ class TelegramConnector(BaseConnector):
     # ---- send ------------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        try:
-            chat_id, topic = parse_thread_id(message.thread_id)
-        except ValueError as exc:
-            raise PermanentError(str(exc)) from None
+        chat_id, topic = _thread(message.thread_id)
         reply = _reply_parameters(message.reply_to, chat_id)
-        markup = None
-        if message.buttons:
-            try:
-                markup = _keyboard(message.buttons)
-            except ValueError as exc:
-                raise PermanentError(str(exc)) from None
+        markup = permanent(_keyboard, message.buttons) if message.buttons else None
         steps = self._plan(message, chat_id, topic, reply, markup)
-        key = message.idempotency_key
-        done = self._partial.get(key, []) if key else []
-        sent = list(done)
-        for step in steps[len(done) :]:
+
+        async def step(index: int) -> list[str]:
             await self._pacer.acquire(chat_id)
             with translated(self._token, chat_scoped=True):
-                result = await self.bot(step)
-            if isinstance(result, Message):
-                sent.append(native_id(result.chat.id, result.message_id))
-            if key:  # a retry after a failure mid-way resumes here instead of repeating
-                self._partial[key] = sent
-                self._partial.move_to_end(key)
-                while len(self._partial) > _PARTIAL_SENDS:
-                    self._partial.popitem(last=False)
-        if key:
-            self._partial.pop(key, None)
+                result = await self.bot(steps[index])
+            return (
+                [native_id(result.chat.id, result.message_id)]
+                if isinstance(result, Message)
+                else []
+            )
+
+        sent = await self._partial.run(message.idempotency_key, len(steps), step)
         if not sent:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         return SendResult(message_ids=tuple(sent))
@@ -393,17 +382,11 @@ def _bound_port(runner: web.AppRunner) -> int | None:
 
 
 def _thread(thread_id: str) -> tuple[int | str, int | None]:
-    try:
-        return parse_thread_id(thread_id)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_thread_id, thread_id)
 
 
 def _message(message_id: str) -> tuple[int | str, int]:
-    try:
-        return parse_native_id(message_id)
-    except ValueError as exc:
-        raise PermanentError(str(exc)) from None
+    return permanent(parse_native_id, message_id)
 
 
 def _reply_parameters(reply_to: str | None, chat_id: int | str) -> ReplyParameters | None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
 from tests.peers.discord import DiscordPeer
+from tests.support.cli import talkbridge
 
 
 async def test_check_reports_the_bot_name_and_guild_count_or_the_failure(
@@ -33,11 +32,8 @@ connections:
 """,
         encoding="utf-8",
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "talkbridge", "check", "--config", str(config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "DISCORD_TOKEN": TOKEN, "OLD_TOKEN": TOKEN_B},
-    )  # fmt: skip
+    env = {"DISCORD_TOKEN": TOKEN, "OLD_TOKEN": TOKEN_B}
+    process = await talkbridge("check", "--config", str(config), env=env)
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1, err.decode()  # one connection failed
     lines = out.decode().splitlines()

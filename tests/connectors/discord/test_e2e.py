@@ -8,37 +8,18 @@ from typing import Any
 
 import pytest
 
-from talkbridge.bridge import Bridge
-from talkbridge.config import parse_config
 from talkbridge.registry import ConnectionState
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B, connection
 from tests.peers.discord import GENERAL, MODERATORS_ROLE, THREAD, DiscordPeer
+from tests.support.bridge import StartBridge, bridges
 
 ROUTE = "/channels/{channel_id}/messages"
 
 
 @pytest.fixture
-async def bridge(peer: DiscordPeer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Bridge] = []
-
-    async def make(*connections: dict[str, Any]) -> Bridge:
-        data = {
-            "store": f"sqlite:///{tmp_path}/talkbridge.db",
-            "connections": [connection(peer, **c) for c in connections],
-        }
-        config, secrets = parse_config(data, tmp_path)
-        instance = Bridge(config, secrets, with_webchat=False)
-        await instance.start()
-        started.append(instance)
-        for c in connections:
-            await instance.registry.wait_for(
-                c["id"], ConnectionState.UP, ConnectionState.DOWN, timeout=10
-            )
-        return instance
-
-    yield make
-    for instance in started:
-        await instance.stop(drain_timeout=2)
+async def bridge(peer: DiscordPeer, tmp_path: Path) -> AsyncIterator[StartBridge]:
+    async with bridges(tmp_path, lambda c: connection(peer, **c)) as start:
+        yield start
 
 
 async def test_a_trusted_dm_is_answered_by_the_echo_agent(

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import make_msgid
 from typing import Any
@@ -20,6 +18,7 @@ from talkbridge.message import NormalizedMessage
 from talkbridge.store import SqliteStore
 from tests.conftest import require
 from tests.peers.email import DovecotPeer, SmtpPeer, dovecot_available
+from tests.support import running
 
 USERS = {"help": "imap-pw-help", "other": "imap-pw-other"}
 SMTP_USERS = {"help": "smtp-pw-help", "other": "smtp-pw-other"}
@@ -87,70 +86,14 @@ def connection(
     }
 
 
-class Status:
-    def __init__(self) -> None:
-        self.reports: list[tuple[str, str]] = []
-
-    def up(self) -> None:
-        self.reports.append(("up", ""))
-
-    def degraded(self, reason: str) -> None:
-        self.reports.append(("degraded", reason))
-
-
 @dataclass
-class Inbox:
-    messages: list[NormalizedMessage] = field(default_factory=list)
-    fail_on: set[str] = field(default_factory=set)
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+class Inbox(running.Inbox):
+    """Refuses by text: a mail's id is a Message-ID the test may not know."""
 
-    async def __call__(self, message: NormalizedMessage) -> None:
-        if message.text in self.fail_on:
-            self.fail_on.discard(message.text)
-            raise RuntimeError("store unavailable")
-        self.messages.append(message)
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
+    wait_timeout = 15.0  # IMAP IDLE and polling take longer than a bot API
 
-    async def wait_count(self, count: int, timeout: float = 15.0) -> list[NormalizedMessage]:
-        async def wait() -> None:
-            while len(self.messages) < count:
-                await self._changed.wait()
-
-        await asyncio.wait_for(wait(), timeout)
-        return self.messages
-
-
-@dataclass
-class Running:
-    connector: EmailConnector
-    status: Status
-    inbox: Inbox
-    task: asyncio.Task[None]
-
-    async def stop(self) -> BaseException | None:
-        if not self.task.done():
-            self.task.cancel()
-        error: BaseException | None = None
-        with contextlib.suppress(asyncio.CancelledError):
-            try:
-                await self.task
-            except Exception as exc:
-                error = exc
-        await self.connector.close()
-        return error
-
-
-async def until(
-    condition: Callable[[], bool], changed: Callable[[], Any], timeout: float = 15
-) -> None:
-    """Wait for `condition`, re-checking whenever `changed()` (an awaitable factory) fires."""
-
-    async def wait() -> None:
-        while not condition():
-            await changed()
-
-    await asyncio.wait_for(wait(), timeout)
+    def refusal_key(self, message: NormalizedMessage) -> str:
+        return message.text
 
 
 @pytest.fixture
@@ -167,20 +110,8 @@ def make_connector(
 @pytest.fixture
 async def start(
     make_connector: Callable[..., EmailConnector],
-) -> AsyncIterator[Callable[..., Any]]:
-    """`await start(**config)` runs a connector and waits until it reported up."""
-    running: list[Running] = []
-
-    async def start_one(inbox: Inbox | None = None, **overrides: Any) -> Running:
-        connector = make_connector(**overrides)
-        status = Status()
-        inbox = inbox if inbox is not None else Inbox()
-        connector.subscribe(inbox)
-        task = asyncio.create_task(connector.run(status))
-        handle = Running(connector, status, inbox, task)
-        running.append(handle)
-        return handle
-
-    yield start_one
-    for handle in running:
-        await handle.stop()
+) -> AsyncIterator[running.Starter[EmailConnector]]:
+    """`await start(**config)` runs a connector; it does not wait until it is up."""
+    starter = running.Starter(make_connector, inbox=Inbox, wait=False)
+    yield starter
+    await starter.stop_all()

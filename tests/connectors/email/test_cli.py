@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 from tests.connectors.email.conftest import SMTP_USERS, USERS
 from tests.peers.email import DovecotPeer, SmtpPeer
+from tests.support.cli import talkbridge
 
 
 def entry(dovecot: DovecotPeer, smtp: SmtpPeer, cid: str, user: str, smtp_password: str) -> str:
@@ -34,17 +33,8 @@ async def test_check_reports_imap_and_smtp_for_each_mailbox(
         + entry(dovecot, smtp, "stale", "help", "wrong-smtp-secret"),
         encoding="utf-8",
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "talkbridge",
-        "check",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "IMAP_PASSWORD": USERS["help"]},
-    )
+    env = {"IMAP_PASSWORD": USERS["help"]}
+    process = await talkbridge("check", "--config", str(config), env=env)
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1, out.decode() + err.decode()
     lines = out.decode().splitlines()

@@ -9,39 +9,19 @@ from typing import Any
 
 import pytest
 
-from talkbridge.bridge import Bridge
-from talkbridge.config import parse_config
 from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.registry import ConnectionState
 from tests.connectors.email.conftest import connection, mail
 from tests.peers.email import DovecotPeer, ReceivedMail, SmtpPeer
+from tests.support.bridge import StartBridge, bridges
 
 
 @pytest.fixture
 async def bridge(
     dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
-) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Bridge] = []
-
-    async def make(*connections: dict[str, Any]) -> Bridge:
-        data = {
-            "store": f"sqlite:///{tmp_path}/talkbridge.db",
-            "connections": [connection(dovecot, smtp, **c) for c in connections],
-        }
-        config, secrets = parse_config(data, tmp_path)
-        instance = Bridge(config, secrets, with_webchat=False)
-        await instance.start()
-        started.append(instance)
-        for c in connections:
-            await instance.registry.wait_for(
-                c.get("user", "help"), ConnectionState.UP, ConnectionState.DOWN, timeout=15
-            )
-        return instance
-
-    yield make
-    for instance in started:
-        if instance._started:
-            await instance.stop(drain_timeout=2)
+) -> AsyncIterator[StartBridge]:
+    async with bridges(tmp_path, lambda c: connection(dovecot, smtp, **c), timeout=15) as start:
+        yield start
 
 
 def to(smtp: SmtpPeer, address: str) -> list[ReceivedMail]:

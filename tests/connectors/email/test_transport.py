@@ -81,7 +81,8 @@ async def test_a_server_without_idle_is_polled(
     async with DovecotPeer({"help": "imap-pw-help"}, no_idle=True) as plain:
         from talkbridge.connectors.email.config import EmailConfig
         from talkbridge.connectors.email.transport import create
-        from tests.connectors.email.conftest import Status, connection
+        from tests.connectors.email.conftest import connection
+        from tests.support.running import Status
 
         base = make_connector()
         config = EmailConfig.model_validate(connection(plain, smtp, poll_interval=0.1))

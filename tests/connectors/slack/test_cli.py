@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from pathlib import Path
 
 from tests.peers.slack import SlackPeer, Workspace
+from tests.support.cli import talkbridge
 
 GOOD = Workspace("xoxb-good-bot", app_token="xapp-good-app", team="Acme", team_id="T0ACME001")
 BAD = Workspace("xoxb-bad-bot", app_token="xapp-bad-app", team="Initech", team_id="T0INITECH")
@@ -34,21 +33,8 @@ connections:
 """,
             encoding="utf-8",
         )
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "talkbridge",
-            "check",
-            "--config",
-            str(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={
-                **os.environ,
-                "SLACK_BOT_TOKEN": GOOD.bot_token,
-                "SLACK_APP_TOKEN": str(GOOD.app_token),
-            },
-        )
+        env = {"SLACK_BOT_TOKEN": GOOD.bot_token, "SLACK_APP_TOKEN": str(GOOD.app_token)}
+        process = await talkbridge("check", "--config", str(config), env=env)
         out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1, err.decode()  # one connection failed
     lines = out.decode().splitlines()

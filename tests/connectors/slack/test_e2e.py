@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from talkbridge.bridge import Bridge
-from talkbridge.config import parse_config
 from talkbridge.registry import ConnectionState
 from tests.peers.slack import SlackPeer, Workspace, message_event
+from tests.support.bridge import StartBridge, bridges
 
 ACME = Workspace("xoxb-acme-bot", app_token="xapp-acme-app", team_id="T0ACME001", team="Acme")
 GLOBEX = Workspace(
@@ -42,29 +41,12 @@ def connection(cid: str, workspace: Workspace, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def bridge(peer: SlackPeer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Bridge] = []
+async def bridge(peer: SlackPeer, tmp_path: Path) -> AsyncIterator[StartBridge]:
+    def slack(c: dict[str, Any]) -> dict[str, Any]:
+        return {"channel": "slack", "api_base": peer.api_base, **c}
 
-    async def make(*connections: dict[str, Any]) -> Bridge:
-        data = {
-            "store": f"sqlite:///{tmp_path}/talkbridge.db",
-            "connections": [
-                {"channel": "slack", "api_base": peer.api_base, **c} for c in connections
-            ],
-        }
-        config, secrets = parse_config(data, tmp_path)
-        instance = Bridge(config, secrets, with_webchat=False)
-        await instance.start()
-        started.append(instance)
-        for conn in connections:
-            await instance.registry.wait_for(
-                conn["id"], ConnectionState.UP, ConnectionState.DOWN, timeout=10
-            )
-        return instance
-
-    yield make
-    for instance in started:
-        await instance.stop(drain_timeout=2)
+    async with bridges(tmp_path, slack) as start:
+        yield start
 
 
 async def test_a_trusted_dm_is_answered_by_the_echo_agent(

@@ -9,8 +9,9 @@ import pytest
 
 from talkbridge.errors import UnauthorizedError
 from talkbridge.message import NormalizedMessage
-from tests.connectors.slack.conftest import APP_TOKEN, BOT_TOKEN, Inbox
+from tests.connectors.slack.conftest import APP_TOKEN, BOT_TOKEN
 from tests.peers.slack import SlackPeer, message_event
+from tests.support.running import Inbox
 
 
 async def test_a_dm_is_delivered_with_names_resolved(

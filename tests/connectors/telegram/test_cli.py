@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from pathlib import Path
 
 from tests.connectors.telegram.conftest import TOKEN
 from tests.peers.telegram import TelegramBotAPIPeer, private_text
+from tests.support.cli import talkbridge
+
+ENV = {"TELEGRAM_TOKEN": TOKEN}
 
 
 def write_config(tmp_path: Path, peer: TelegramBotAPIPeer) -> Path:
@@ -30,18 +31,6 @@ connections:
     return path
 
 
-async def talkbridge(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "talkbridge",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "TELEGRAM_TOKEN": TOKEN},
-    )
-
-
 async def test_check_reports_the_bot_username_or_the_failure(
     peer: TelegramBotAPIPeer, tmp_path: Path
 ) -> None:
@@ -54,7 +43,7 @@ async def test_check_reports_the_bot_username_or_the_failure(
             f"  - id: old-bot\n    channel: telegram\n    token: {revoked}\n"
             f"    api_base: {peer.base_url}\n"
         )
-    process = await talkbridge("check", "--config", str(config))
+    process = await talkbridge("check", "--config", str(config), env=ENV)
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1  # one connection failed
     lines = out.decode().splitlines()
@@ -71,7 +60,7 @@ async def test_run_answers_a_telegram_message_end_to_end(
     peer: TelegramBotAPIPeer, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, peer)
-    process = await talkbridge("run", "--config", str(config), "--port", "0")
+    process = await talkbridge("run", "--config", str(config), "--port", "0", env=ENV)
     try:
         assert process.stdout is not None
         while b"Press Ctrl-C" not in await asyncio.wait_for(process.stdout.readline(), 60):

@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
-from talkbridge.bridge import Bridge
-from talkbridge.config import parse_config
 from talkbridge.registry import ConnectionState
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
+from tests.support.bridge import StartBridge, bridges
 
 TOKEN_A = "111111:AAAA-token"
 TOKEN_B = "222222:BBBB-token"
@@ -24,30 +23,12 @@ async def peer() -> AsyncIterator[TelegramBotAPIPeer]:
 
 
 @pytest.fixture
-async def bridge(peer: TelegramBotAPIPeer, tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
-    started: list[Bridge] = []
+async def bridge(peer: TelegramBotAPIPeer, tmp_path: Path) -> AsyncIterator[StartBridge]:
+    def connection(c: dict[str, Any]) -> dict[str, Any]:
+        return {"channel": "telegram", "api_base": peer.base_url, "poll_timeout": 5, **c}
 
-    async def make(*connections: dict[str, Any]) -> Bridge:
-        data = {
-            "store": f"sqlite:///{tmp_path}/talkbridge.db",
-            "connections": [
-                {"channel": "telegram", "api_base": peer.base_url, "poll_timeout": 5, **c}
-                for c in connections
-            ],
-        }
-        config, secrets = parse_config(data, tmp_path)
-        instance = Bridge(config, secrets, with_webchat=False)
-        await instance.start()
-        started.append(instance)
-        for connection in connections:
-            await instance.registry.wait_for(
-                connection["id"], ConnectionState.UP, ConnectionState.DOWN, timeout=10
-            )
-        return instance
-
-    yield make
-    for instance in started:
-        await instance.stop(drain_timeout=2)
+    async with bridges(tmp_path, connection) as start:
+        yield start
 
 
 def sent_by(peer: TelegramBotAPIPeer, token: str) -> list[dict[str, Any]]:

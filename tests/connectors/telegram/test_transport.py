@@ -19,8 +19,10 @@ from talkbridge.errors import (
 )
 from talkbridge.message import Attachment, OutboundMessage
 from talkbridge.store import SqliteStore
-from tests.connectors.telegram.conftest import TOKEN, Inbox, free_port
+from tests.connectors.telegram.conftest import TOKEN
+from tests.peers.http import free_port
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
+from tests.support.running import Inbox
 
 Start = Callable[..., Any]
 

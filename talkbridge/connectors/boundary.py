@@ -1,0 +1,34 @@
+"""Two rules every connector applies where talkbridge meets the platform.
+
+A caller's bad input (an id that is not ours, a malformed button) is a `PermanentError`:
+retrying cannot help. And no secret leaves in an error message: SDKs quote URLs and requests
+that may hold a token, so every message built from an SDK's words is scrubbed first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from talkbridge.errors import PermanentError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def permanent(parse: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`parse(*args, **kwargs)`, its ValueError raised again as a PermanentError (same words)."""
+    try:
+        return parse(*args, **kwargs)
+    except ValueError as exc:
+        raise PermanentError(str(exc)) from None
+
+
+def scrub(text: str, *secrets: str | None) -> str:
+    """`text` with each secret replaced by `***`, longest first.
+
+    Secrets under three characters are left alone: they would blank out ordinary words.
+    """
+    for secret in sorted((s for s in secrets if s and len(s) >= 3), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -1,0 +1,32 @@
+"""`talkbridge` as a real subprocess (`python -m talkbridge`), as a user runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+
+async def talkbridge(
+    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start `talkbridge *args` with piped output; `env` is added to this process's environment."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "talkbridge",
+        *args,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    """Wait for the process to end: its exit code, stdout and stderr."""
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
