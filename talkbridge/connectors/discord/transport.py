@@ -247,14 +247,7 @@ class DiscordConnector(BaseConnector):
         decoded = decode_delete(payload)
         if decoded is None:
             return
-        thread_id, message_id = decoded
-        reply = await self.context.store.lookup_id(self.connection_id, message_id)
-        if reply is None:
-            return
-        try:
-            await self.delete(thread_id, reply)
-        except ConnectorError as exc:
-            self._log.info("could not delete the reply to deleted %s: %s", message_id, exc)
+        await self.withdraw_reply(*decoded)
 
     def _guild(self, payload: Mapping[str, Any]) -> discord.Guild | None:
         guild_id = payload.get("guild_id")

@@ -282,6 +282,7 @@ class SlackConnector(BaseConnector):
             for handler in list(self._delete_handlers):
                 await handler(result)
             self._log.info("message %s was deleted in Slack", result.message_id)
+            await self.withdraw_reply(result.thread_id, result.message_id)
             return
         try:
             await self.deliver(result)

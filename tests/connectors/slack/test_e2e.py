@@ -165,3 +165,26 @@ async def test_an_edited_message_updates_the_earlier_reply(
     [update] = [c.params for c in peer.calls_of("chat.update")]
     assert update["text"] == "hello" and update["channel"] == "D0DM00001"
     assert len(peer.posted(ACME.bot_token)) == 1  # no second reply
+
+
+async def test_a_deleted_message_takes_its_answer_along(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    question = message_event("U0ADA0001", "oops, wrong channel", ts="1700000005.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    deletion = {
+        "type": "message",
+        "subtype": "message_deleted",
+        "hidden": True,
+        "channel": "D0DM00001",
+        "ts": "1700000006.000100",
+        "deleted_ts": "1700000005.000100",
+        "channel_type": "im",
+    }
+    await peer.send_event(deletion, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.delete")) == 1)
+    [call] = peer.calls_of("chat.delete")
+    assert call.params["channel"] == "D0DM00001"
+    assert call.params["ts"] != "1700000005.000100"  # our reply, not the user's message
