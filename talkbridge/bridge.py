@@ -4,7 +4,8 @@
       --> channel-message hooks (decision) --> default trust routing --> agent turn
       --> router.send (per-connection queue) --> connector
 
-It is also what `talkbridge run` starts and what apps embed.
+It is also what `talkbridge run` starts and what apps embed. With a Redis store it is one node
+of a distributed bridge (`talkbridge.cluster`): same path, with the hops between nodes on Redis.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets as pysecrets
+import sys
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
@@ -39,6 +41,9 @@ from talkbridge.registry import ConnectionRegistry
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
 from talkbridge.talk import Activity, Edit, Streaming, Talk
+
+if TYPE_CHECKING:
+    from talkbridge.cluster import Cluster
 
 log = logging.getLogger("talkbridge")
 
@@ -69,6 +74,7 @@ class Bridge:
         hooks: HookRegistry | None = None,
         app_id: str = "talkbridge",
         with_webchat: bool = True,
+        node_id: str | None = None,
     ) -> None:
         self.config = config or BridgeConfig()
         self.secrets = secrets or Secrets()
@@ -77,6 +83,11 @@ class Bridge:
         self.hooks = hooks or HookRegistry(environment=self.config.environment)
         self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
         self.registry = ConnectionRegistry(self.store, self.secrets, on_attach=self.router.attach)
+        self.cluster: Cluster | None = _cluster_for(self.store, self.config, node_id)
+        """Distributed mode (a Redis store): this node's part of the cluster; else None."""
+        if self.cluster is not None:
+            self.router.use_cluster(self.cluster)
+            self.registry.use_cluster(self.cluster)
         builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
         builtin.update(agents or {})
         self.runner = AgentRunner(
@@ -94,12 +105,22 @@ class Bridge:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    @property
+    def node_id(self) -> str | None:
+        """This node's id in distributed mode; None when embedded."""
+        return self.cluster.node_id if self.cluster is not None else None
+
     async def start(self) -> None:
         await self.store.open()
+        if self.cluster is not None:
+            await self.cluster.start()
         self._add_configured_agents()
         self.registry.build(self.config, self.context)
         if self._with_webchat:
             self._add_webchat()
+            if self.cluster is not None:
+                self.webchat.use_fanout(self.cluster.fanout)
+                await self.cluster.fanout.start()
         deps = HookDeps(
             app_id=self.app_id,
             logger=logging.getLogger(f"talkbridge.hooks.{self.app_id}"),
@@ -121,19 +142,27 @@ class Bridge:
         self.router.on_arrival(self._prefetch)
         await self.router.recover()
         await self.registry.start()
+        if self.cluster is not None:
+            await self.cluster.inbound.start()
         await self.durable.start()  # durable hooks (issue 5)
         self._started = True
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Stop taking traffic, let in-flight turns and sends finish, then close everything."""
         if not self._started:
+            if self.cluster is not None:
+                await self.cluster.stop()
             await self.store.close()
             return
         self._started = False
+        if self.cluster is not None:
+            await self.cluster.quiesce()  # no new entries or send requests from other nodes
         with suppress(TimeoutError):
             async with asyncio.timeout(drain_timeout):
                 await self.router.join()
-        await self.registry.stop()
+        await self.registry.stop()  # releases connection leases: other nodes take over now
+        if self.cluster is not None:
+            await self.cluster.stop()  # releases shards (what was not acked is claimed)
         await self.router.close()
         await self.hooks.drain()
         await self.durable.stop()  # durable hooks (issue 5)
@@ -177,11 +206,16 @@ class Bridge:
             tokens = [self.webchat_token]
         for token in tokens:
             self.secrets.add(token)
-        self.webchat = WebchatConnector(settings, self.context, tokens, self.registry.states)
+        self.webchat = WebchatConnector(
+            settings, self.context, tokens, self.registry.states, node_info=self._node_info
+        )
         self.registry.add(
             self.webchat,
             ConnectionConfig(id="webchat", channel="webchat", trusted=settings.trusted),
         )
+
+    def _node_info(self) -> dict[str, Any]:
+        return self.cluster.describe() if self.cluster is not None else {}
 
     async def webchat_url(self, timeout: float = 30.0) -> str:
         """The address to open once the webchat listens; with the token if we generated it."""
@@ -368,3 +402,13 @@ class Bridge:
 
     async def approve_pairing(self, code: str) -> bool:
         return await self.store.approve_pairing(code) is not None
+
+
+def _cluster_for(store: Store, config: BridgeConfig, node_id: str | None) -> Cluster | None:
+    """A Redis store means distributed mode; embedded mode never imports redis."""
+    redis_store = sys.modules.get("talkbridge.store.redis")
+    if redis_store is None or not isinstance(store, redis_store.RedisStore):
+        return None
+    from talkbridge.cluster import Cluster
+
+    return Cluster(store, config.cluster, node_id)

@@ -69,7 +69,7 @@ async def _run(args: argparse.Namespace) -> int:
     if overrides:
         config = config.model_copy(update={"webchat": config.webchat.model_copy(update=overrides)})
     _setup_logging(args.log_level, secrets)
-    bridge = Bridge(config, secrets)
+    bridge = Bridge(config, secrets, node_id=args.node_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,6 +88,12 @@ async def _run(args: argparse.Namespace) -> int:
         await bridge.stop()
         return EXIT_RUNTIME
     ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
+    if bridge.node_id is not None:
+        print(
+            f"talkbridge node {bridge.node_id} (distributed mode, "
+            f"key prefix {config.store_prefix!r})",
+            flush=True,
+        )
     print(
         f"talkbridge is running (store: {_describe_store(config.store)}; "
         f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:",
@@ -251,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_arg(run)
     run.add_argument("--host", help="webchat listen address (default 127.0.0.1)")
     run.add_argument("--port", type=int, help="webchat port (default 8765; 0 picks a free one)")
+    run.add_argument(
+        "--node-id",
+        default=os.environ.get("TALKBRIDGE_NODE_ID"),
+        help="this node's id in distributed mode (default: hostname-pid)",
+    )
     run.add_argument(
         "--log-level", default=os.environ.get("TALKBRIDGE_LOG", "info"), help="debug|info|warning"
     )

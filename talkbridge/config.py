@@ -119,6 +119,21 @@ class RouterConfig(_Model):
     """First retry of a failed send waits about this long; later ones back off exponentially."""
 
 
+class ClusterConfig(_Model):
+    """Distributed mode (a `redis://` store): leases, inbound shards, cross-node sends."""
+
+    lease_ttl: float = Field(default=10.0, gt=0)
+    """Seconds a lease (a connection's transport, an inbound shard) lives unless renewed; it is
+    renewed every third of this, and a dead node's work moves to another within about this."""
+    shards: int = Field(default=16, ge=1, le=1024)
+    """Inbound streams; threads are hashed onto them and live nodes share them out."""
+    claim_idle: float = Field(default=60.0, gt=0)
+    """Seconds an inbound entry may sit unacknowledged in a held shard before its holder takes
+    it over (a straggler read by a node that had just lost the shard)."""
+    send_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a send through another node (the connection's owner) may take before it fails."""
+
+
 class BridgeConfig(_Model):
     store: str = "sqlite:///talkbridge.db"
     store_prefix: str = "talkbridge"
@@ -129,6 +144,7 @@ class BridgeConfig(_Model):
     hooks: tuple[str, ...] = ()
     connections: tuple[ConnectionConfig, ...] = ()
     router: RouterConfig = RouterConfig()
+    cluster: ClusterConfig = ClusterConfig()
     base_dir: Path = Field(default=Path("."), exclude=True)
 
     @field_validator("connections")

@@ -4,6 +4,11 @@ Each transport runs under a supervisor task: it is (re)started with capped expon
 and jitter after a failure, stopped for good when the platform rejects its credentials (no retry
 storm), and its state (`starting, up, degraded, down, stopped`) is kept with the last error in
 plain words, scrubbed of secrets.
+
+In distributed mode (`use_cluster`) a connection's transport runs only on the node holding its
+lease (`lease:conn:<id>`): the others stand by and keep trying, so when the owner dies another
+node takes over within about the lease TTL. A lost renewal stops the transport at once.
+Connectors marked `runs_everywhere` (the webchat) run on every node.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
@@ -35,6 +40,9 @@ from talkbridge.message import utcnow
 from talkbridge.store.base import Store
 from talkbridge.talk import Talk
 
+if TYPE_CHECKING:
+    from talkbridge.cluster import Cluster, Lease
+
 log = logging.getLogger("talkbridge.registry")
 
 STABLE_AFTER = 30.0
@@ -47,6 +55,8 @@ class ConnectionState(StrEnum):
     DEGRADED = "degraded"
     DOWN = "down"
     STOPPED = "stopped"
+    STANDBY = "standby"
+    """Distributed mode: another node runs this connection (see `owner`)."""
 
 
 @dataclass(slots=True)
@@ -57,15 +67,22 @@ class ConnectionHealth:
     last_error: str | None = None
     since: datetime | None = None
     restarts: int = 0
+    leased: bool = False
+    """Distributed mode: runs on one node at a time."""
+    owner: str | None = None
+    """The node running it, when leased (None: no node holds it right now)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        found = {
             "channel": self.channel,
             "state": self.state.value,
             "last_error": self.last_error,
             "since": self.since.isoformat() if self.since else None,
             "restarts": self.restarts,
         }
+        if self.leased:
+            found["owner"] = self.owner
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +138,14 @@ class ConnectionRegistry:
         self._waiters: list[
             tuple[str, frozenset[ConnectionState], asyncio.Future[ConnectionHealth]]
         ] = []
+        self._cluster: Cluster | None = None
+        self._leases: dict[str, Lease] = {}
+        self._work: dict[str, asyncio.Task[None]] = {}
+        """Distributed mode: each leased connection's transport supervisor while it is owned."""
+
+    def use_cluster(self, cluster: Cluster) -> None:
+        """Distributed mode: run each leased connection only while this node holds its lease."""
+        self._cluster = cluster
 
     # -- building -------------------------------------------------------------------------------
 
@@ -178,9 +203,13 @@ class ConnectionRegistry:
                 continue
             if isinstance(connector, Transport):
                 self._set_state(cid, ConnectionState.STARTING, None)
-                self._tasks[cid] = asyncio.create_task(
-                    self._supervise(cid, connector), name=f"transport:{cid}"
-                )
+                if self._cluster is not None and not getattr(connector, "runs_everywhere", False):
+                    self._cluster.leased.add(cid)
+                    self._health[cid].leased = True
+                    work = self._own(cid, connector, self._cluster)
+                else:
+                    work = self._supervise(cid, connector)
+                self._tasks[cid] = asyncio.create_task(work, name=f"transport:{cid}")
             else:  # a pure Talk with nothing to run is up as soon as it exists
                 self._set_state(cid, ConnectionState.UP, None)
 
@@ -190,6 +219,7 @@ class ConnectionRegistry:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._stop_owned()
         for cid, connector in self._connectors.items():
             if isinstance(connector, Closable):
                 try:
@@ -197,6 +227,59 @@ class ConnectionRegistry:
                 except Exception as exc:
                     log.warning("%s: close failed: %s", cid, self.redact(describe_error(exc)))
             self._set_state(cid, ConnectionState.STOPPED, self._health[cid].last_error)
+
+    def owned(self) -> list[str]:
+        """Distributed mode: the leased connections this node runs now."""
+        return sorted(self._cluster.owned) if self._cluster is not None else []
+
+    async def _own(self, cid: str, transport: Transport, cluster: Cluster) -> None:
+        """Wait for the connection's lease, run the transport while it is held, stand by again
+        when it is lost. On cancel, `stop` stops the transport and releases the lease (in one
+        place, for every owned connection, rather than in each cancelled task)."""
+        lease = self._leases[cid] = cluster.lease("conn", cid)
+        health = self._health[cid]
+        lost: str | None = None
+        while True:
+            try:
+                state = await lease.acquire()
+            except Exception as exc:  # redis unreachable: nobody can take it either
+                reason = self.redact(describe_error(exc))
+                self._set_state(cid, ConnectionState.DEGRADED, f"lease unavailable: {reason}")
+                await asyncio.sleep(lease.renew_every)
+                continue
+            health.owner = state.holder
+            if not state.held:
+                self._set_state(cid, ConnectionState.STANDBY, lost)
+                lost = None
+                await asyncio.sleep(lease.retry_delay(state))
+                continue
+            log.info("%s: node %s owns the connection now", cid, cluster.node_id)
+            self._set_state(cid, ConnectionState.STARTING, None)
+            await cluster.acquired(cid)
+            work = self._work[cid] = asyncio.create_task(self._supervise(cid, transport))
+            await lease.keep()  # returns only when the lease is lost (cancelled: see `stop`)
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            cluster.lost(cid)
+            lost = "this node lost the lease and stopped the transport"
+
+    async def _stop_owned(self) -> None:
+        """Stop the transports this node owns and release their leases at once, so another
+        node takes over without waiting for them to run out."""
+        work = list(self._work.values())
+        for task in work:
+            task.cancel()
+        await asyncio.gather(*work, return_exceptions=True)
+        self._work.clear()
+        cluster = self._cluster
+        for cid, lease in self._leases.items():
+            if cluster is not None and cid in cluster.owned:
+                cluster.lost(cid)
+            try:
+                await lease.release()
+            except Exception as exc:
+                log.info("%s: releasing the lease failed (it runs out by itself): %s", cid, exc)
+        self._leases.clear()
 
     async def _supervise(self, cid: str, transport: Transport) -> None:
         backoff = self._new_backoff()

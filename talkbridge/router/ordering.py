@@ -1,8 +1,10 @@
 """Strict order within a key, concurrency across keys, bounded both ways.
 
-Inbound messages are keyed by thread; outbound sends by destination thread. One worker task runs
-per active key and drains that key's queue; at most `max_active` keys run at once and at most
-`max_pending` items wait in all, so a flood applies back-pressure to whoever submits.
+Inbound messages are keyed by thread; outbound sends by destination thread. A pool of long-lived
+worker tasks (at most `max_active`) takes keys that have work from a ready queue and drains each
+key's items in order, so one key is never handled by two workers at once and no task is created
+per message. At most `max_pending` items wait in all, so a flood applies back-pressure to whoever
+submits.
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._handler = handler
         self._max_active = max_active
         self._queues: dict[K, deque[T]] = {}
-        self._waiting: deque[K] = deque()
-        self._active = 0
+        """Keys with work, queued or in hand (a worker's or a claimer's)."""
+        self._ready: deque[K] = deque()
+        """Keys with work that no worker has taken yet."""
+        self._busy = 0
+        """Workers draining a key, plus callers holding a claim."""
+        self._workers: set[asyncio.Task[None]] = set()
+        self._sleepers: deque[asyncio.Future[None]] = deque()
         self._max_pending = max_pending
         self._queued = 0
         self._space_waiters: deque[asyncio.Future[None]] = deque()
-        self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._name = name
@@ -58,66 +64,76 @@ class KeyedSerialExecutor(Generic[K, T]):
             return
         self._queues[key] = deque((item,))
         self._idle.clear()
-        if self._active < self._max_active:
-            self._start(key)
-        else:
-            self._waiting.append(key)
+        self._make_ready(key)
 
-    def _start(self, key: K) -> None:
-        self._active += 1
-        task = asyncio.create_task(self._drain(key), name=f"{self._name}:{key!r}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _make_ready(self, key: K) -> None:
+        self._ready.append(key)
+        while self._sleepers:
+            sleeper = self._sleepers.popleft()
+            if not sleeper.done():
+                sleeper.set_result(None)
+                return
+        if len(self._workers) < self._max_active:
+            task = asyncio.create_task(self._work(), name=f"{self._name}-worker")
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._ready or self._busy >= self._max_active:
+                sleeper = loop.create_future()
+                self._sleepers.append(sleeper)
+                await sleeper
+                continue
+            key = self._ready.popleft()
+            self._busy += 1
+            try:
+                await self._drain(key)
+            finally:
+                self._busy -= 1
+                self._done_with(key)
 
     async def _drain(self, key: K) -> None:
         queue = self._queues[key]
-        try:
-            while queue:
-                item = queue[0]
-                try:
-                    await self._handler(key, item)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("%s: handler failed for %r", self._name, key)
-                finally:
-                    queue.popleft()
-                    self._release(1)
-        finally:
-            if not queue:
-                del self._queues[key]
-            else:  # cancelled with work left: drop our claim so join() can still finish
-                self._release(len(queue))
-                del self._queues[key]
-            self._active -= 1
-            self._start_waiting()
+        while queue:
+            item = queue[0]
+            try:
+                await self._handler(key, item)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s: handler failed for %r", self._name, key)
+            finally:
+                queue.popleft()
+                self._release(1)
 
-    def _start_waiting(self) -> None:
-        while self._waiting and self._active < self._max_active:
-            waiting_key = self._waiting.popleft()
-            if waiting_key in self._queues:
-                self._start(waiting_key)
+    def _done_with(self, key: K) -> None:
+        queue = self._queues.get(key)
+        if queue:  # cancelled with work left (shutdown): drop it, it is still in the store
+            self._release(len(queue))
+        self._queues.pop(key, None)
         if not self._queues:
             self._idle.set()
 
     def try_claim(self, key: K) -> bool:
-        """Claim an idle `key` so the caller handles one item in its own task (no worker task,
-        no hand-off); items submitted meanwhile wait behind it. Pair with `release_claim`."""
-        if key in self._queues or self._active >= self._max_active:
+        """Claim an idle `key` so the caller handles one item in its own task (no hand-off to a
+        worker); items submitted meanwhile wait behind it. Pair with `release_claim`."""
+        if key in self._queues or self._busy >= self._max_active:
             return False
         self._queues[key] = deque()
-        self._active += 1
+        self._busy += 1
         self._idle.clear()
         return True
 
     def release_claim(self, key: K) -> None:
-        queue = self._queues[key]
-        self._active -= 1
-        if queue:  # items arrived while the caller worked: a worker takes them over
-            self._start(key)
+        self._busy -= 1
+        if self._queues[key]:  # items arrived while the caller worked: a worker takes them over
+            self._make_ready(key)
         else:
             del self._queues[key]
-            self._start_waiting()
+            if not self._queues:
+                self._idle.set()
 
     def _release(self, count: int) -> None:
         self._queued -= count
@@ -132,7 +148,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         await self._idle.wait()
 
     async def cancel(self) -> None:
-        for task in list(self._tasks):
+        for task in list(self._workers):
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._workers:
+            await asyncio.gather(*self._workers, return_exceptions=True)

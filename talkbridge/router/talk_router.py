@@ -3,14 +3,18 @@
 Inbound, every message is deduped by (connection id, native id) in the store, recorded, and then
 handed to subscribers strictly in order per thread, different threads concurrently (bounded).
 Outbound, each connection has its own `OutboundQueue`.
+
+In distributed mode (`use_cluster`) the owner of a connection puts accepted messages on the
+Redis inbound bus instead, the node holding the thread's shard feeds them to the same per-thread
+executor, and a send to a connection another node owns goes to that node (`talkbridge.cluster`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import RouterConfig
@@ -21,9 +25,15 @@ from talkbridge.router.outbound import OutboundQueue
 from talkbridge.store.base import Store
 from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
 
+if TYPE_CHECKING:
+    from talkbridge.cluster import Cluster
+
 log = logging.getLogger("talkbridge.router")
 
 ArrivalListener = Callable[[NormalizedMessage], None]
+Ack = Callable[[], Awaitable[None]]
+_Item = tuple[NormalizedMessage, asyncio.Future[bool] | None, Ack | None]
+"""(message, the store's dedupe verdict still to come, the bus acknowledgement)."""
 
 
 class RoutedTalk:
@@ -63,13 +73,18 @@ class TalkRouter:
         self._all_handlers: list[MessageHandler] = []
         self._arrival: list[ArrivalListener] = []
         self._recovered: set[tuple[str, str]] = set()
-        self._inbound: KeyedSerialExecutor[
-            str, tuple[NormalizedMessage, asyncio.Future[bool] | None]
-        ] = KeyedSerialExecutor(
+        self._cluster: Cluster | None = None
+        self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
             max_active=self._config.max_concurrent_threads,
             name="inbound",
         )
+
+    def use_cluster(self, cluster: Cluster) -> None:
+        """Distributed mode: inbound through the Redis bus, sends through connection owners."""
+        self._cluster = cluster
+        cluster.inbound.set_handler(self._from_bus)
+        cluster.outbound.set_local(self._send_local)
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -140,12 +155,20 @@ class TalkRouter:
     # -- inbound --------------------------------------------------------------------------------
 
     async def _accept(self, message: NormalizedMessage, keeps_history: bool) -> None:
+        if self._cluster is not None:
+            # Dedupe and onto the bus in one step; the shard's holder handles it.
+            if not await self._cluster.inbound.publish(message, record_history=not keeps_history):
+                log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
+            return
         # The thread slot is taken before the store answers, so messages delivered concurrently
         # keep their arrival order; `deliver` returns once the store has the message.
         verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        await self._inbound.submit(message.thread_key, (message, verdict))
+        await self._inbound.submit(message.thread_key, (message, verdict, None))
         try:
             accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
+        except asyncio.CancelledError:
+            verdict.cancel()  # the connector gave up delivering; it will deliver again
+            raise
         except BaseException as exc:
             verdict.set_exception(exc)
             raise
@@ -154,34 +177,55 @@ class TalkRouter:
             for listener in self._arrival:
                 listener(message)
 
+    async def _from_bus(self, message: NormalizedMessage, recovered: bool, ack: Ack) -> None:
+        """A message from a held inbound shard; `recovered` when another node may have worked
+        on it already (it was left unacknowledged)."""
+        if recovered:
+            self._recovered.add((message.connection_id, message.id))
+        for listener in self._arrival:
+            listener(message)
+        await self._inbound.submit(message.thread_key, (message, None, ack))
+
     async def recover(self) -> int:
-        """Re-dispatch messages accepted before a crash but never completed."""
+        """Re-dispatch messages accepted before a crash but never completed.
+
+        In distributed mode the inbound bus does this: unacknowledged entries are claimed by
+        whichever node takes their shard, so this node must not replay other nodes' work.
+        """
+        if self._cluster is not None:
+            return 0
         pending = await self._store.pending_inbound()
         for message in pending:
             self._recovered.add((message.connection_id, message.id))
             for listener in self._arrival:
                 listener(message)
-            await self._inbound.submit(message.thread_key, (message, None))
+            await self._inbound.submit(message.thread_key, (message, None, None))
         return len(pending)
 
-    async def _dispatch(
-        self, _thread_key: str, item: tuple[NormalizedMessage, asyncio.Future[bool] | None]
-    ) -> None:
-        message, accepted = item
+    async def _dispatch(self, _thread_key: str, item: _Item) -> None:
+        message, accepted, ack = item
         if accepted is not None:
             try:
                 if not await accepted:
                     log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
                     return
-            except BaseException:  # the store refused it: `deliver` raised to the connector already
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being stopped, not the delivery
+                return  # the delivery was abandoned before the store took it
+            except Exception:  # the store refused it: `deliver` raised to the connector already
                 return
         for handler in self._handlers.get(message.connection_id, ()):
             await self._call(handler, message)
         for handler in self._all_handlers:
             await self._call(handler, message)
         # Not reached when cancelled (shutdown, crash): the message stays pending and is
-        # handled again by `recover()` at the next start.
-        await self._store.complete_inbound(message.connection_id, message.id)
+        # handled again by `recover()` at the next start (or by the shard's next holder).
+        if ack is not None:
+            await ack()
+        else:
+            await self._store.complete_inbound(message.connection_id, message.id)
         self._recovered.discard((message.connection_id, message.id))
 
     def was_recovered(self, message: NormalizedMessage) -> bool:
@@ -207,7 +251,11 @@ class TalkRouter:
     ) -> SendResult:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
         connector = self._known(connection_id)
-        result = await self._outbound[connection_id].send(message, check_sent=check_sent)
+        cluster = self._cluster
+        if cluster is not None and cluster.is_remote(connection_id):
+            result = await cluster.outbound.request(connection_id, message, check_sent=check_sent)
+        else:
+            result = await self._outbound[connection_id].send(message, check_sent=check_sent)
         if not getattr(connector, "keeps_history", False):
             self._store.queue_history(
                 thread_key(connection_id, message.thread_id),
@@ -217,6 +265,13 @@ class TalkRouter:
                 message.text,
             )
         return result
+
+    async def _send_local(
+        self, connection_id: str, message: OutboundMessage, check_sent: bool
+    ) -> SendResult:
+        """A send another node asked this one (the owner) for; that node records history."""
+        self._known(connection_id)
+        return await self._outbound[connection_id].send(message, check_sent=check_sent)
 
     async def close(self) -> None:
         for cid in list(self._subscriptions):

@@ -341,6 +341,11 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.keys.prefix!r})"
 
+    @property
+    def url(self) -> str:
+        """The URL it was opened with (may hold a password: never log it)."""
+        return self._url
+
     async def open(self) -> None:
         if self._writer is not None:
             return

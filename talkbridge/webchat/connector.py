@@ -11,7 +11,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from websockets.asyncio.server import ServerConnection, broadcast, serve
@@ -42,6 +42,9 @@ from talkbridge.webchat.protocol import (
 from talkbridge.webchat.routes import HttpRoutes, tokens_match
 from talkbridge.webchat.sessions import Sessions, split_thread
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
+
+if TYPE_CHECKING:
+    from talkbridge.cluster.fanout import WebchatFanout
 
 CONNECTION_ID = "webchat"
 USER_DISPLAY_NAME = "Webchat user"
@@ -76,6 +79,8 @@ class WebchatConnector(BaseConnector):
     channel = "webchat"
     keeps_history = True
     """The router must not write history for this connector: it does so itself, with seqs."""
+    runs_everywhere = True
+    """Distributed mode: served by every node (no lease); frames fan out through Redis."""
     frame_rate = 20.0
     frame_burst = 60
     auth_timeout = 10.0
@@ -86,6 +91,8 @@ class WebchatConnector(BaseConnector):
         context: ConnectorContext,
         tokens: Sequence[str],
         health: Callable[[], dict[str, Any]],
+        *,
+        node_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         if not tokens or not all(tokens):
             raise ValueError("the webchat needs at least one non-empty token")
@@ -93,7 +100,8 @@ class WebchatConnector(BaseConnector):
         self.config = config
         self.log = context.logger.getChild("webchat")
         self._tokens = list(tokens)
-        self._routes = HttpRoutes(self._tokens, health)
+        self._routes = HttpRoutes(self._tokens, health, node_info=node_info)
+        self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
         self._undelivered: dict[str, NormalizedMessage] = {}
@@ -375,15 +383,28 @@ class WebchatConnector(BaseConnector):
             out["ref"] = frame.ref
         await ws.send(dumps(out))
 
-    async def _publish(self, session_id: str, frame: dict[str, Any]) -> None:
-        """Send a frame to every socket of a session (every tab and device).
+    def use_fanout(self, fanout: WebchatFanout) -> None:
+        """Distributed mode: frames also reach this session's sockets on the other nodes."""
+        self._fanout = fanout
+        fanout.set_receiver(self.broadcast_local)
 
-        The one place fan-out happens, so a multi-node deployment can publish here instead.
-        `broadcast` writes to each socket without waiting, so a slow tab never stalls the rest.
+    async def _publish(self, session_id: str, frame: dict[str, Any]) -> None:
+        """Send a frame to every socket of a session (every tab and device, on every node).
+
+        The one place fan-out happens: this node's sockets get it at once, other nodes' through
+        the fan-out (distributed mode). `broadcast` writes to each socket without waiting, so a
+        slow tab never stalls the rest.
         """
+        text = dumps(frame)
+        self.broadcast_local(session_id, text)
+        if self._fanout is not None:
+            await self._fanout.publish(session_id, text)
+
+    def broadcast_local(self, session_id: str, text: str) -> None:
+        """Write a frame to this process's sockets of a session."""
         sockets = self._sockets.get(session_id)
         if sockets:
-            broadcast(sockets, dumps(frame))
+            broadcast(sockets, text)
 
     # ---- Talk --------------------------------------------------------------------------------
 

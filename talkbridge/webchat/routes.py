@@ -65,9 +65,12 @@ def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
 
 
 def health_status(connections: dict[str, Any]) -> str:
-    """`ok` when every connection reports `up`, else `degraded`."""
+    """`ok` when every connection reports `up` (or, in distributed mode, `standby` while another
+    node owns it), else `degraded`."""
     for value in connections.values():
         state = value.get("state") if isinstance(value, dict) else value
+        if state == "standby" and isinstance(value, dict) and value.get("owner"):
+            continue
         if state != "up":
             return "degraded"
     return "ok"
@@ -79,9 +82,13 @@ class HttpRoutes:
         tokens: Sequence[str],
         health: Callable[[], dict[str, Any]],
         assets: dict[str, Asset] | None = None,
+        *,
+        node_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._tokens = list(tokens)
         self._health = health
+        self._node_info = node_info
+        """Distributed mode: this node's id and what it owns, shown by /healthz."""
         self._assets = assets if assets is not None else load_assets()
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -116,12 +123,15 @@ class HttpRoutes:
         return _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
 
     def _healthz(self) -> Response:
+        node: dict[str, Any] = {}
         try:
             connections = self._health()
             status = health_status(connections)
+            if self._node_info is not None:
+                node = self._node_info()
         except Exception:
             connections, status = {}, "unknown"
-        body = json.dumps({"status": status, "connections": connections}, default=str)
+        body = json.dumps({"status": status, **node, "connections": connections}, default=str)
         return _response(200, body.encode(), "application/json")
 
 

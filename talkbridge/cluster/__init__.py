@@ -1,0 +1,125 @@
+"""Distributed mode: several nodes on one Redis (`store: redis://…`) act as one bridge.
+
+- a connection's transport runs on the one node holding its lease (`lease.py`, the registry);
+- inbound messages go onto shard streams read by the nodes holding the shards (`inbound.py`);
+- sends go to the node that owns the destination connection (`outbound.py`);
+- webchat frames reach every node's sockets of their session (`fanout.py`).
+
+`Cluster` ties these to one node id and one Redis client; the Bridge makes one when its store is
+a `RedisStore`. Every key comes from `ClusterKeys`, the store's key builder with the same prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from talkbridge.cluster.fanout import WebchatFanout
+from talkbridge.cluster.inbound import InboundBus
+from talkbridge.cluster.keys import ClusterKeys
+from talkbridge.cluster.lease import Lease, LeaseState, Membership
+from talkbridge.cluster.outbound import OutboundBus
+from talkbridge.config import ClusterConfig
+from talkbridge.errors import StoreError
+from talkbridge.store.redis import RedisStore
+
+MAX_CONNECTIONS = 64
+"""Per node: four are held by blocking reads (inbound, sends, replies, webchat fan-out)."""
+
+
+def default_node_id() -> str:
+    """hostname-pid: unique per process, readable in logs and /healthz."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Cluster:
+    def __init__(
+        self, store: RedisStore, config: ClusterConfig | None = None, node_id: str | None = None
+    ) -> None:
+        self.config = config or ClusterConfig()
+        self.node_id = node_id or default_node_id()
+        self.keys = ClusterKeys(store.keys.prefix)
+        self._url = store.url
+        # A blocking pool: a burst of acknowledgements waits for a free connection instead of
+        # failing with "Too many connections" (the plain pool's behaviour at its limit).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            store.url, max_connections=MAX_CONNECTIONS, timeout=30, decode_responses=True
+        )
+        self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
+        self.membership = Membership(
+            self.client, self.keys.nodes(), self.node_id, self.config.lease_ttl
+        )
+        self.inbound = InboundBus(self.client, self.keys, self.membership, self.config)
+        self.outbound = OutboundBus(
+            self.client,
+            self.keys,
+            self.node_id,
+            timeout=self.config.send_timeout,
+            block_ms=self.inbound.block_ms,
+        )
+        self.fanout = WebchatFanout(self.client, self.keys, self.node_id)
+        self.leased: set[str] = set()
+        """Connections whose transport runs on one node at a time."""
+        self.owned: set[str] = set()
+        """Of those, the ones this node runs now."""
+
+    def lease(self, kind: str, name: str) -> Lease:
+        return Lease(self.client, self.keys.lease(kind, name), self.node_id, self.config.lease_ttl)
+
+    def is_remote(self, connection_id: str) -> bool:
+        """True when sends to this connection must go through its owner on another node."""
+        return connection_id in self.leased and connection_id not in self.owned
+
+    async def start(self) -> None:
+        """Connect, say this node is alive and listen for send replies (before any traffic)."""
+        try:
+            await self.membership.beat()
+            await self.outbound.start()
+        except (RedisError, OSError) as exc:
+            await self.client.aclose()
+            raise StoreError(f"distributed mode cannot use redis: {exc}") from exc
+
+    async def acquired(self, connection_id: str) -> None:
+        self.owned.add(connection_id)
+        await self.outbound.own(connection_id)
+
+    def lost(self, connection_id: str) -> None:
+        self.owned.discard(connection_id)
+        self.outbound.disown(connection_id)
+
+    async def quiesce(self) -> None:
+        """Take no new work (inbound entries, send requests); what was taken still finishes."""
+        await self.inbound.stop_reading()
+        await self.outbound.stop_serving()
+
+    async def stop(self) -> None:
+        await self.inbound.stop()
+        await self.outbound.stop()
+        await self.fanout.stop()
+        with contextlib.suppress(RedisError, OSError):
+            await self.membership.leave()
+        await self.client.aclose()
+
+    def describe(self) -> dict[str, Any]:
+        """What /healthz shows about this node."""
+        return {
+            "node_id": self.node_id,
+            "live_nodes": self.membership.live,
+            "owns": sorted(self.owned),
+            "shards": self.inbound.held,
+        }
+
+
+__all__ = [
+    "Cluster",
+    "ClusterKeys",
+    "Lease",
+    "LeaseState",
+    "Membership",
+    "default_node_id",
+]

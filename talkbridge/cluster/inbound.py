@@ -1,0 +1,339 @@
+"""The inbound bus: accepted messages go onto shard streams; live nodes share the shards.
+
+    owner of a connection --accept+XADD--> bus:in:<hash(thread) % shards>
+    holder of that shard's lease --XREADGROUP--> router's per-thread executor --> handler
+      --> complete + XACK (one script)
+
+A thread always lands on the same shard and a shard is read by one node at a time (its lease),
+so the messages of one thread are handled in order by one worker; threads of different shards
+run on different nodes. Every node holds at most ceil(shards / live nodes) shards and lets go of
+extras (after finishing what it had read of them), so load spreads when nodes join. A node that
+takes a shard first claims whatever the previous holder left unacknowledged (XAUTOCLAIM, any
+consumer, no idle minimum: the lease makes it the only reader) and hands those over marked
+*recovered*, before reading new entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import random
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from talkbridge.cluster import scripts
+from talkbridge.cluster.keys import ClusterKeys
+from talkbridge.cluster.lease import Lease, Membership
+from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
+from talkbridge.config import ClusterConfig
+from talkbridge.message import NormalizedMessage
+from talkbridge.store.redis import _SEP, _history_json
+
+log = logging.getLogger("talkbridge.cluster.inbound")
+
+GROUP = "workers"
+READ_COUNT = 256
+
+Ack = Callable[[], Awaitable[None]]
+Take = Callable[[NormalizedMessage, bool, Ack], Awaitable[None]]
+"""(message, recovered, ack): queue the message for its thread; call `ack` once handled."""
+
+
+def shard_of(thread_key: str, shards: int) -> int:
+    """Stable across processes and restarts (unlike `hash`)."""
+    return zlib.crc32(thread_key.encode("utf-8")) % shards
+
+
+@dataclass(slots=True, eq=False)
+class _Shard:
+    number: int
+    stream: str
+    lease: Lease
+    active: bool = False
+    """Read by the reader loop (false while claiming, releasing, or after the lease was lost)."""
+    releasing: bool = False
+    renewed_at: float = 0.0
+    inflight: set[str] = field(default_factory=set)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class InboundBus:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: ClusterKeys,
+        membership: Membership,
+        config: ClusterConfig,
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._membership = membership
+        self._node = membership.node_id
+        self._config = config
+        self._take: Take | None = None
+        self._held: dict[int, _Shard] = {}
+        self._by_stream: dict[str, _Shard] = {}
+        self._accept = client.register_script(scripts.ACCEPT_PUBLISH)
+        self._complete = client.register_script(scripts.COMPLETE_ACK)
+        self._ack = client.register_script(scripts.ACK)
+        self._balancer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._releases: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._cycles = Cycles()
+        self._reading = False
+        self.block_ms = max(10, min(1000, round(config.lease_ttl * 1000 / 6)))
+
+    def set_handler(self, take: Take) -> None:
+        self._take = take
+
+    def shard_of(self, thread_key: str) -> int:
+        return shard_of(thread_key, self._config.shards)
+
+    @property
+    def held(self) -> list[int]:
+        """Shards this node reads now."""
+        return sorted(n for n, s in self._held.items() if s.active)
+
+    # -- publishing (on the node that received the message) -----------------------------------
+
+    async def publish(self, message: NormalizedMessage, *, record_history: bool) -> bool:
+        """Dedupe and put on the bus in one step; False for a message seen before."""
+        k = self._keys
+        cid = message.connection_id
+        keys = [k.seen(cid), k.pending(), k.bodies(), k.arrival()]
+        keys.append(k.bus_in(self.shard_of(message.thread_key)))
+        args = [message.id, cid + _SEP + message.id, message.model_dump_json()]
+        if record_history:
+            keys.append(k.history(message.thread_key))
+            data = {"edit_of": message.edit_of} if message.edit_of else {}
+            sender = message.display_name or message.channel_user_id
+            now = datetime.now(UTC)
+            args.append(_history_json("user", message.id, sender, message.text, now, data))
+        return bool(await self._accept(keys=keys, args=args))
+
+    # -- consuming ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._balancer is not None:
+            return
+        self._reading = True
+        await self._balance()
+        self._balancer = asyncio.create_task(self._balance_loop(), name="cluster:balance")
+        self._reader = asyncio.create_task(self._read_loop(), name="cluster:inbound")
+
+    async def stop_reading(self) -> None:
+        """Stop taking entries (what was read still runs); leases are still renewed."""
+        self._reading = False
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        for shard in self._held.values():
+            shard.active = False
+
+    async def stop(self) -> None:
+        """Stop everything and hand every shard back at once (after `stop_reading` + drain)."""
+        await self.stop_reading()
+        tasks = [t for t in (self._balancer, *self._releases) if t is not None]
+        self._balancer = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for shard in list(self._held.values()):
+            with contextlib.suppress(RedisError, OSError):
+                await shard.lease.release()
+        self._held.clear()
+        self._by_stream.clear()
+
+    async def _balance_loop(self) -> None:
+        next_reclaim = asyncio.get_running_loop().time() + self._config.claim_idle / 2
+        while True:
+            await asyncio.sleep(self._config.lease_ttl / 3)
+            try:
+                await self._balance()
+                now = asyncio.get_running_loop().time()
+                if now >= next_reclaim:
+                    next_reclaim = now + self._config.claim_idle / 2
+                    await self._reclaim_stragglers()
+            except (RedisError, OSError) as exc:
+                log.warning("shard balancing failed: %s; retrying", exc)
+
+    async def _balance(self) -> None:
+        live = await self._membership.beat()
+        await self._renew()
+        if not self._reading:
+            return
+        target = math.ceil(self._config.shards / live)
+        mine = [s for s in self._held.values() if not s.releasing]
+        if len(mine) > target:
+            for shard in sorted(mine, key=lambda s: s.number, reverse=True)[: len(mine) - target]:
+                self._release(shard)
+            return
+        free = [n for n in range(self._config.shards) if n not in self._held]
+        random.shuffle(free)
+        for number in free:
+            if len(mine) >= target:
+                break
+            taken = await self._try_take(number)
+            if taken is not None:
+                mine.append(taken)
+
+    async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        for shard in list(self._held.values()):
+            try:
+                if await shard.lease.renew():
+                    shard.renewed_at = loop.time()
+                    continue
+            except (RedisError, OSError) as exc:
+                if loop.time() - shard.renewed_at <= self._config.lease_ttl * 0.8:
+                    log.info("shard %d: renewal failed (%s); retrying", shard.number, exc)
+                    continue
+            log.warning("shard %d: lease lost; no longer reading it", shard.number)
+            self._drop(shard)
+
+    def _drop(self, shard: _Shard) -> None:
+        shard.active = False
+        self._held.pop(shard.number, None)
+        self._by_stream.pop(shard.stream, None)
+
+    async def _try_take(self, number: int) -> _Shard | None:
+        lease = Lease(self._client, self._keys.lease("shard", str(number)), self._node, self._ttl)
+        if not (await lease.acquire()).held:
+            return None
+        shard = _Shard(number, self._keys.bus_in(number), lease)
+        shard.renewed_at = asyncio.get_running_loop().time()
+        self._held[number] = shard
+        self._by_stream[shard.stream] = shard
+        try:
+            await ensure_group(self._client, shard.stream, GROUP)
+            claimed = await claim_all(
+                self._client,
+                shard.stream,
+                GROUP,
+                self._node,
+                0,
+                functools.partial(self._recover, shard),
+            )
+        except BaseException:
+            self._drop(shard)
+            with contextlib.suppress(RedisError, OSError):
+                await lease.release()
+            raise
+        if claimed:
+            log.info("shard %d: took over %d unacknowledged message(s)", number, claimed)
+        if self._held.get(number) is shard:
+            shard.active = True
+            self._wake.set()
+        return shard
+
+    @property
+    def _ttl(self) -> float:
+        return self._config.lease_ttl
+
+    def _release(self, shard: _Shard) -> None:
+        """Let go of a shard another node should have: stop reading it, finish what was read
+        of it, then release the lease so the other node need not wait for it to run out."""
+        shard.releasing = True
+        shard.active = False
+        seen = self._cycles.count
+
+        async def release() -> None:
+            await self._cycles.wait_past(seen)  # no read that might include it is outstanding
+            while shard.inflight:
+                shard.idle.clear()
+                await shard.idle.wait()
+            if self._held.get(shard.number) is shard:
+                self._drop(shard)
+                with contextlib.suppress(RedisError, OSError):
+                    await shard.lease.release()
+
+        task = asyncio.create_task(release(), name=f"cluster:release-shard-{shard.number}")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _reclaim_stragglers(self) -> None:
+        """Entries left unacknowledged in a held shard for `claim_idle` (read by a node in the
+        instant it lost the shard) are taken over; what this node is working on is skipped."""
+        idle_ms = round(self._config.claim_idle * 1000)
+        for shard in [s for s in self._held.values() if s.active]:
+            await claim_all(
+                self._client,
+                shard.stream,
+                GROUP,
+                self._node,
+                idle_ms,
+                functools.partial(self._recover, shard),
+            )
+
+    async def _recover(self, shard: _Shard, entry: Entry) -> None:
+        await self._dispatch(shard, entry, recovered=True)
+
+    async def _read_loop(self) -> None:
+        while self._reading:
+            streams: dict[Any, Any] = {s.stream: ">" for s in self._held.values() if s.active}
+            if not streams:
+                self._wake.clear()
+                self._cycles.bump()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.block_ms / 1000)
+                continue
+            try:
+                result = await self._client.xreadgroup(
+                    GROUP, self._node, streams, count=READ_COUNT, block=self.block_ms
+                )
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                for name in streams:  # the stream was deleted under us: make it again
+                    await ensure_group(self._client, name, GROUP)
+                continue
+            except (RedisError, OSError) as exc:
+                log.warning("reading the inbound bus failed: %s; retrying", exc)
+                self._cycles.bump()
+                await asyncio.sleep(self.block_ms / 1000)
+                continue
+            for name, entries in read_entries(result):
+                shard = self._by_stream.get(name)
+                for entry in entries:
+                    if shard is None:  # lost while reading: whoever holds it claims these later
+                        continue
+                    await self._dispatch(shard, entry, recovered=False)
+            self._cycles.bump()  # after dispatching: a shard being released counts them in
+
+    async def _dispatch(self, shard: _Shard, entry: Entry, *, recovered: bool) -> None:
+        entry_id, fields = entry
+        if entry_id in shard.inflight:
+            return
+        try:
+            message = NormalizedMessage.model_validate_json(fields["m"])
+        except (KeyError, ValueError) as exc:
+            log.error("shard %d: dropping unreadable entry %s: %s", shard.number, entry_id, exc)
+            await self._ack(keys=[shard.stream], args=[GROUP, entry_id])
+            return
+        assert self._take is not None, "InboundBus.set_handler was not called"
+        shard.inflight.add(entry_id)
+        member = message.connection_id + _SEP + message.id
+        keys = [self._keys.pending(), self._keys.bodies(), shard.stream]
+
+        async def ack() -> None:
+            try:
+                await self._complete(keys=keys, args=[member, GROUP, entry_id])
+            except (RedisError, OSError) as exc:  # stays pending: handled again, idempotently
+                log.warning("acknowledging %s failed: %s", entry_id, exc)
+            finally:
+                shard.inflight.discard(entry_id)
+                if not shard.inflight:
+                    shard.idle.set()
+
+        await self._take(message, recovered, ack)

@@ -1,0 +1,33 @@
+"""The cluster's Redis key names, made by the store's own builder (same prefix, same escaping)."""
+
+from __future__ import annotations
+
+from talkbridge.store.redis import RedisKeys
+
+
+class ClusterKeys(RedisKeys):
+    """`RedisKeys` plus the names distributed mode needs; nothing else makes key names."""
+
+    def nodes(self) -> str:
+        """Sorted set: node id -> the time (ms) its liveness runs out."""
+        return self._key("cluster", "nodes")
+
+    def lease(self, kind: str, name: str) -> str:
+        """`lease:conn:<id>` or `lease:shard:<n>`: the node id holding it, with a TTL."""
+        return self._key("lease", kind, name)
+
+    def bus_in(self, shard: int) -> str:
+        return self._key("bus", "in", str(shard))
+
+    def bus_out(self, connection_id: str) -> str:
+        return self._key("bus", "out", connection_id)
+
+    def bus_reply(self, node_id: str) -> str:
+        return self._key("bus", "reply", node_id)
+
+    def webchat_channel(self, session_id: str) -> str:
+        return self._key("webchat", session_id)
+
+    def webchat_pattern(self) -> str:
+        """Pub/sub pattern matching every `webchat_channel` of this prefix."""
+        return self.pattern()[: -len("*")] + "webchat:*"

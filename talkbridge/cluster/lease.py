@@ -1,0 +1,117 @@
+"""Leases: one node at a time holds a named piece of work (a connection, an inbound shard).
+
+`SET key node NX PX ttl` takes a free lease; renewing and releasing compare the holder first (Lua),
+so a node can never extend or drop a lease another node took after its own ran out. The holder
+renews every third of the TTL; when a renewal fails (the key expired or another node holds it,
+or Redis stayed unreachable for most of a TTL) the lease is lost and the guarded work must stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from talkbridge.cluster import scripts
+
+log = logging.getLogger("talkbridge.cluster")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    held: bool
+    """True when this node holds the lease now."""
+    holder: str | None
+    """The node holding it (None: nobody)."""
+    ttl_left: float
+    """Seconds until it runs out unless renewed."""
+
+
+class Lease:
+    def __init__(self, client: aioredis.Redis, key: str, node_id: str, ttl: float) -> None:
+        self.client = client
+        self.key = key
+        self.node_id = node_id
+        self.ttl = ttl
+        self._ms = max(1, round(ttl * 1000))
+        self._acquire = client.register_script(scripts.ACQUIRE)
+        self._renew = client.register_script(scripts.RENEW)
+        self._release = client.register_script(scripts.RELEASE)
+
+    @property
+    def renew_every(self) -> float:
+        return self.ttl / 3
+
+    async def acquire(self) -> LeaseState:
+        """Take the lease if it is free (or already ours, which renews it)."""
+        held, left, holder = await self._acquire(keys=[self.key], args=[self.node_id, self._ms])
+        return LeaseState(bool(held), _text(holder) if holder else None, max(0, int(left)) / 1000)
+
+    async def renew(self) -> bool:
+        return bool(await self._renew(keys=[self.key], args=[self.node_id, self._ms]))
+
+    async def release(self) -> bool:
+        """Give the lease up now (only if it is still ours), so another node need not wait."""
+        return bool(await self._release(keys=[self.key], args=[self.node_id]))
+
+    async def holder(self) -> str | None:
+        value = await self.client.get(self.key)
+        return _text(value) if value is not None else None
+
+    def retry_delay(self, state: LeaseState) -> float:
+        """How long a node that did not get the lease waits before trying again: until it runs
+        out, but at least every third of the TTL (it may be released early), with jitter."""
+        return min(state.ttl_left, self.renew_every) + random.uniform(0.0, self.ttl / 30)
+
+    async def keep(self) -> None:
+        """Renew every third of the TTL; return when the lease is lost (never while it is held).
+
+        A Redis error is retried; the lease counts as lost once most of a TTL passed without a
+        successful renewal, because by then another node may have taken it.
+        """
+        loop = asyncio.get_running_loop()
+        renewed_at = loop.time()
+        while True:
+            await asyncio.sleep(self.renew_every)
+            try:
+                if not await self.renew():
+                    log.warning("lease %s lost: another node holds it or it ran out", self.key)
+                    return
+                renewed_at = loop.time()
+            except (RedisError, OSError) as exc:
+                if loop.time() - renewed_at > self.ttl * 0.8:
+                    log.warning("lease %s lost: cannot renew it: %s", self.key, exc)
+                    return
+                log.info("lease %s: renewal failed (%s); retrying", self.key, exc)
+
+
+class Membership:
+    """Which nodes are alive: each one refreshes its entry every third of the lease TTL."""
+
+    def __init__(self, client: aioredis.Redis, key: str, node_id: str, ttl: float) -> None:
+        self._client = client
+        self._key = key
+        self.node_id = node_id
+        self._ms = max(1, round(ttl * 1000))
+        self._beat = client.register_script(scripts.HEARTBEAT)
+        self.live = 1
+
+    async def beat(self) -> int:
+        """Say this node is alive; returns the number of live nodes (this one included)."""
+        self.live = max(1, int(await self._beat(keys=[self._key], args=[self.node_id, self._ms])))
+        return self.live
+
+    async def leave(self) -> None:
+        await self._client.zrem(self._key, self.node_id)
+
+    async def nodes(self) -> list[str]:
+        return [_text(n) for n in await self._client.zrange(self._key, 0, -1)]

@@ -1,0 +1,82 @@
+"""Lua scripts of distributed mode: each multi-step change is one atomic step on the server."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# KEYS: lease  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
+ACQUIRE: Final = """
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+  return {1, tonumber(ARGV[2]), ARGV[1]}
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(ARGV[2]), cur}
+end
+return {0, redis.call('PTTL', KEYS[1]), cur}
+"""
+
+# KEYS: lease  ARGV: node, ttl_ms  -> 1 renewed, 0 not ours (any more)
+RENEW: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS: lease  ARGV: node  -> 1 released, 0 not ours
+RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# KEYS: nodes  ARGV: node, ttl_ms  -> live nodes (this one included); server time, no skew
+HEARTBEAT: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+# The store's ACCEPT (dedupe + pending inbox [+ history]) and the XADD onto the inbound bus in
+# one step: a crash can never leave a message accepted (so deduped) but not on the bus.
+# KEYS: seen, pending, bodies, arrival, stream[, history]
+# ARGV: message_id, member, body[, history entry]  -> 0 duplicate, 1 accepted
+ACCEPT_PUBLISH: Final = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
+redis.call('XADD', KEYS[5], '*', 'm', ARGV[3])
+if #KEYS == 6 then
+  local seq = redis.call('HINCRBY', KEYS[6], 'n', 1)
+  redis.call('HSET', KEYS[6], tostring(seq), ARGV[4])
+end
+return 1
+"""
+
+# The store's COMPLETE plus the acknowledgement of the bus entry, in one step.
+# KEYS: pending, bodies, stream  ARGV: member, group, entry id
+COMPLETE_ACK: Final = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('XACK', KEYS[3], ARGV[2], ARGV[3])
+return redis.call('XDEL', KEYS[3], ARGV[3])
+"""
+
+# KEYS: stream  ARGV: group, entry id
+ACK: Final = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('XDEL', KEYS[1], ARGV[2])
+"""
+
+# KEYS: reply stream  ARGV: ttl_ms, then field/value pairs
+REPLY: Final = """
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return id
+"""

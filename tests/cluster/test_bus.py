@@ -1,0 +1,88 @@
+"""The inbound bus and cross-node sends, with real Redis and two or three Bridges in-process."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+from talkbridge.bridge import Bridge
+from talkbridge.errors import PermanentError, SendFailedError
+from talkbridge.message import NormalizedMessage, OutboundMessage
+from tests.cluster.conftest import Cluster, connector, owner, wait_until
+from tests.support.talk_connector import make_message
+
+
+def _balanced(nodes: list[Bridge], shards: int = 4) -> bool:
+    held = [n.cluster.inbound.held for n in nodes if n.cluster is not None]
+    return sum(len(h) for h in held) == shards and all(held)
+
+
+async def test_every_message_gets_one_reply_in_thread_order_across_nodes(cluster: Cluster) -> None:
+    a = await cluster.node("a")
+    b = await cluster.node("b")
+    await wait_until(lambda: _balanced([a, b]) and owner([a, b]) is not None)
+    node = owner([a, b])
+    assert node is not None
+    handled: dict[str, list[str]] = defaultdict(list)  # node -> message texts it handled
+    for bridge in (a, b):
+        bridge.router.subscribe_all(
+            lambda m, n=bridge.node_id: _record(handled[str(n)], m)  # type: ignore[misc]
+        )
+    threads, per_thread = 12, 15
+    messages = [
+        make_message(f"{t}:{i}", thread_id=f"t{t}", message_id=f"m{t}-{i}")
+        for i in range(per_thread)
+        for t in range(threads)
+    ]
+    for message in messages:
+        await connector(node).inject(message)
+    sent = await connector(node).wait_sent(len(messages), timeout=30)
+    await asyncio.sleep(0)  # let any duplicate reach the connector too (there must be none)
+    assert len(sent) == len(messages)
+    assert sorted(s.message.reply_to or "" for s in sent) == sorted(m.id for m in messages)
+    for t in range(threads):
+        replies = [s.message.text for s in sent if s.message.thread_id == f"t{t}"]
+        assert replies == [f"{t}:{i}" for i in range(per_thread)]
+    assert handled["a"] and handled["b"], "threads should spread over both nodes"
+    other = b if node is a else a
+    assert connector(other).sent == []  # only the owner talks to the platform
+
+
+async def _record(into: list[str], message: NormalizedMessage) -> None:
+    into.append(message.text)
+
+
+async def test_a_send_from_another_node_goes_through_the_owner(cluster: Cluster) -> None:
+    a = await cluster.node("a")
+    await wait_until(lambda: owner([a]) is a)
+    b = await cluster.node("b")
+    assert b.cluster is not None and b.cluster.is_remote("test")
+    result = await b.router.send("test", OutboundMessage(thread_id="t1", text="from b"))
+    assert [s.message.text for s in connector(a).sent] == ["from b"]
+    assert connector(b).sent == []
+    assert result.message_ids == connector(a).sent[0].ids
+    # the owner's failure reaches the sender with its reason, naming the connection
+    connector(a).script.append(PermanentError("chat not found"))
+    try:
+        await b.router.send("test", OutboundMessage(thread_id="t2", text="lost"))
+    except SendFailedError as exc:
+        assert exc.connection_id == "test" and "chat not found" in exc.reason
+    else:
+        raise AssertionError("the failed send did not raise")
+
+
+async def test_a_send_with_no_owner_fails_after_the_timeout_naming_the_connection(
+    cluster: Cluster,
+) -> None:
+    b = await cluster.node("b", config={"cluster": {"send_timeout": 0.3}})
+    assert b.cluster is not None
+    b.cluster.owned.discard("test")  # pretend another node owns it, and that node is gone
+    b.cluster.leased.add("test")
+    b.cluster.outbound.disown("test")
+    await b.registry.stop()  # nobody runs (or will run) the connection
+    try:
+        await b.router.send("test", OutboundMessage(thread_id="t1", text="nobody home"))
+    except SendFailedError as exc:
+        assert exc.connection_id == "test" and "'test'" in exc.reason
+    else:
+        raise AssertionError("a send nobody answers must fail")

@@ -1,0 +1,85 @@
+"""Leases on a real Redis, and connection ownership in the registry that they guard."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from talkbridge.cluster import Lease
+from talkbridge.registry import ConnectionState
+from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+
+
+async def test_one_holder_renews_and_only_the_holder_can_renew_or_release(
+    cluster: Cluster,
+) -> None:
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    key = f"{cluster.prefix}:lease:conn:x"
+    a, b = Lease(client, key, "a", TTL), Lease(client, key, "b", TTL)
+    try:
+        first = await a.acquire()
+        assert first.held and first.holder == "a"
+        refused = await b.acquire()
+        assert not refused.held and refused.holder == "a" and 0 < refused.ttl_left <= TTL
+        assert not await b.renew() and not await b.release()
+        assert await client.get(key) == "a"
+        assert await a.renew()
+        assert await client.pttl(key) > TTL * 1000 * 0.5
+        assert await a.release()
+        assert (await b.acquire()).held
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_another_node_takes_a_lease_over_once_it_runs_out(cluster: Cluster) -> None:
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    key = f"{cluster.prefix}:lease:conn:y"
+    a, b = Lease(client, key, "a", TTL), Lease(client, key, "b", TTL)
+    try:
+        assert (await a.acquire()).held  # and then a "dies": no renewals
+        state = await b.acquire()
+        assert not state.held
+        while not state.held:  # waits as a standby node does: until it runs out
+            await asyncio.sleep(b.retry_delay(state))
+            state = await b.acquire()
+        assert await client.get(key) == "b"
+        assert not await a.renew()  # the old holder learns it lost the lease
+    finally:
+        await client.delete(key)
+        await client.aclose()
+
+
+async def test_the_connection_runs_on_one_node_and_moves_when_its_node_stops(
+    cluster: Cluster,
+) -> None:
+    a = await cluster.node("a")
+    await wait_until(lambda: owner([a]) is a)
+    b = await cluster.node("b")
+    await connector(a).running.wait()
+    await wait_until(lambda: b.registry.health("test").state is ConnectionState.STANDBY)
+    assert b.registry.health("test").as_dict()["owner"] == "a"
+    assert connector(b).runs == 0
+    await a.stop()  # releases the lease: b need not wait for it to run out
+    await asyncio.wait_for(connector(b).running.wait(), 5)
+    assert owner([a, b]) is b and b.registry.owned() == ["test"]
+
+
+async def test_a_lost_renewal_stops_the_transport_it_guarded(cluster: Cluster) -> None:
+    a = await cluster.node("a")
+    await asyncio.wait_for(connector(a).running.wait(), 5)
+    assert a.cluster is not None
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        # another node took the lease (as after a long pause of this one)
+        await client.set(a.cluster.keys.lease("conn", "test"), "intruder", px=60_000)
+        await asyncio.wait_for(connector(a).stopped.wait(), 5)
+        await wait_until(lambda: a.registry.health("test").state is ConnectionState.STANDBY)
+        health = a.registry.health("test").as_dict()
+        assert health["owner"] == "intruder" and a.registry.owned() == []
+        assert not a.cluster.is_remote("webchat")
+        assert a.cluster.is_remote("test")  # its sends now go to the new owner
+    finally:
+        await client.delete(a.cluster.keys.lease("conn", "test"))
+        await client.aclose()

@@ -1,0 +1,117 @@
+"""Nothing is lost when a node dies without acknowledging, and nothing is answered twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from talkbridge.cluster import Cluster as Node
+from talkbridge.cluster.inbound import GROUP
+from talkbridge.config import ClusterConfig
+from talkbridge.message import NormalizedMessage
+from talkbridge.store.redis import RedisStore
+from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.support.talk_connector import make_message
+
+CONFIG = ClusterConfig(lease_ttl=TTL, shards=4, claim_idle=5.0, send_timeout=5.0)
+
+
+@pytest.fixture
+async def store(cluster: Cluster) -> AsyncIterator[RedisStore]:
+    store = RedisStore(cluster.url, prefix=cluster.prefix)
+    await store.open()
+    yield store
+    await store.close()
+
+
+def crash(node: Node) -> None:
+    """Stop a node's loops the way SIGKILL would: no acknowledgement, no lease released."""
+    for task in (node.inbound._balancer, node.inbound._reader):
+        assert task is not None
+        task.cancel()
+
+
+async def test_entries_a_dead_consumer_never_acked_are_redelivered_in_order(
+    store: RedisStore,
+) -> None:
+    a, b = Node(store, CONFIG, "a"), Node(store, CONFIG, "b")
+    taken_a: list[tuple[str, bool]] = []
+    taken_b: list[tuple[str, bool]] = []
+
+    async def take_a(message: NormalizedMessage, recovered: bool, ack: object) -> None:
+        taken_a.append((message.id, recovered))  # and never acknowledges: it "dies" working
+
+    async def take_b(
+        message: NormalizedMessage, recovered: bool, ack: asyncio.Future[None]
+    ) -> None:
+        taken_b.append((message.id, recovered))
+        await ack()  # type: ignore[operator]
+
+    a.inbound.set_handler(take_a)  # type: ignore[arg-type]
+    b.inbound.set_handler(take_b)  # type: ignore[arg-type]
+    await a.start()
+    await a.inbound.start()
+    assert a.inbound.held == [0, 1, 2, 3]
+    messages = [
+        make_message(f"{t}:{i}", thread_id=f"t{t}", message_id=f"m{t}-{i}")
+        for i in range(3)
+        for t in range(4)
+    ]
+    for message in messages:
+        assert await a.inbound.publish(message, record_history=True)
+    assert not await a.inbound.publish(messages[0], record_history=True)  # deduped
+    await wait_until(lambda: len(taken_a) == len(messages))
+    crash(a)
+    try:
+        await b.start()
+        await b.inbound.start()
+        await wait_until(lambda: len(taken_b) == len(messages))  # once a's leases ran out
+        assert all(recovered for _, recovered in taken_b)
+        for t in range(4):
+            ids = [mid for mid, _ in taken_b if mid.startswith(f"m{t}-")]
+            assert ids == [f"m{t}-{i}" for i in range(3)]
+        client = aioredis.Redis.from_url(store.url)
+        try:
+            for shard in range(4):
+                pending = await client.xpending(b.keys.bus_in(shard), GROUP)
+                assert pending["pending"] == 0
+        finally:
+            await client.aclose()
+        assert await store.pending_inbound() == []  # completed with the acknowledgement
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+async def test_a_redelivered_message_is_not_answered_a_second_time(cluster: Cluster) -> None:
+    a = await cluster.node("a")
+    await wait_until(lambda: owner([a]) is a and len(a.cluster.inbound.held) == 4)  # type: ignore[union-attr]
+    assert a.cluster is not None
+    handle = a.router._from_bus
+
+    async def never_ack() -> None:
+        return None
+
+    async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
+        await handle(message, recovered, never_ack)  # answers, then "dies" before the ack
+
+    a.cluster.inbound.set_handler(take)
+    await connector(a).inject(make_message("only once", message_id="m1"))
+    await connector(a).wait_sent(1)
+    b = await cluster.node("b")
+    seen_by_b: list[NormalizedMessage] = []
+    handled = asyncio.Event()
+
+    async def record(message: NormalizedMessage) -> None:  # runs after the bridge's handler
+        seen_by_b.append(message)
+        handled.set()
+
+    b.router.subscribe_all(record)
+    await a.stop()  # its shards (and their unacknowledged entry) go to b
+    await asyncio.wait_for(handled.wait(), 10)
+    assert [m.id for m in seen_by_b] == ["m1"]
+    total = connector(a).sent + connector(b).sent
+    assert [s.message.text for s in total] == ["only once"]
