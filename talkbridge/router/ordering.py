@@ -68,6 +68,12 @@ class KeyedSerialExecutor(Generic[K, T]):
 
     def _make_ready(self, key: K) -> None:
         self._ready.append(key)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Get a worker onto the ready keys: wake a sleeping one, or start one."""
+        if not self._ready or self._busy >= self._max_active:
+            return
         while self._sleepers:
             sleeper = self._sleepers.popleft()
             if not sleeper.done():
@@ -134,6 +140,7 @@ class KeyedSerialExecutor(Generic[K, T]):
             del self._queues[key]
             if not self._queues:
                 self._idle.set()
+            self._kick()  # the slot we held may be what a ready key was waiting for
 
     def _release(self, count: int) -> None:
         self._queued -= count

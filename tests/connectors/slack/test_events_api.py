@@ -54,6 +54,8 @@ async def test_forged_and_stale_requests_are_refused(
 ) -> None:
     payload = peer.event_callback(message_event("U0ADA0001", "forged"))
     options: dict[str, Any] = {"secret": SIGNING_SECRET, **tamper}
+    if "timestamp" in tamper:  # an offset: the request is stale when it is sent, not collected
+        options["timestamp"] = int(time.time()) + tamper["timestamp"]
     status, body = await peer.post_event(events.events_url, payload, **options)
     assert status == 401 and reason in body
     assert events.inbox.messages == []
