@@ -37,8 +37,8 @@ async def test_auth_then_a_turn_streams_and_stores(webchat: Webchat) -> None:
         "duplicate": False,
     }
     assert "typing" in kinds
-    deltas = [f["text"] for f in frames if f["type"] == "delta"]
-    assert "".join(deltas) == "echo: hello **there**" and len(deltas) == 2
+    # The harness answers at once: the final message beats any delta, so none is sent.
+    assert [f for f in frames if f["type"] == "delta"] == []
     final = frames[-1]
     assert final["seq"] == 2 and final["stream_id"] == "s1" and final["markup"] == "markdown"
     assert final["text"] == "echo: hello **there**"
@@ -268,7 +268,6 @@ async def test_every_socket_of_a_session_gets_every_message(webchat: Webchat) ->
     for other in (tab2, phone):
         user = await other.expect("message", role="user")
         assert user["text"] == "from tab one" and user["client_id"] == "t1"
-        assert "".join([(await other.expect("delta"))["text"] for _ in range(2)])
         reply = await other.expect("message", role="assistant")
         assert reply["text"] == "echo: from tab one" and reply["seq"] == 2
         assert (await other.expect("conversation"))["conversation"]["title"] == "from tab one"
@@ -326,3 +325,16 @@ async def test_stopping_closes_sockets_as_going_away(webchat: Webchat) -> None:
         await asyncio.wait_for(client.ws.recv(), TIMEOUT)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
     assert not webchat.connector.ready.is_set()
+
+
+async def test_a_slow_reply_streams_its_first_part_before_the_end(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    webchat.echo.gate = asyncio.Event()  # the reply stops half-way until the gate opens
+    await client.send(
+        {"type": "send", "thread_id": client.thread_id, "client_id": "slow", "text": "abcdef"}
+    )
+    delta = await client.expect("delta")
+    assert delta["text"] == "echo: abcdef"[: len("echo: abcdef") // 2]
+    webchat.echo.gate.set()
+    final = await client.expect("message", role="assistant")
+    assert final["text"] == "echo: abcdef" and final["stream_id"] == delta["stream_id"]

@@ -1,4 +1,4 @@
-"""Delta coalescing: fewer frames, same text, always before the final message."""
+"""Delta coalescing: no frames for a quick reply, at most one per window for a slow one."""
 
 from __future__ import annotations
 
@@ -16,36 +16,44 @@ class Recorder:
         self.frames.append((thread_id, stream_id, text))
         self.changed.set()
 
+    async def next_frame(self) -> tuple[str, str, str]:
+        count = len(self.frames)
+        while len(self.frames) == count:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), 5)
+        return self.frames[-1]
 
-async def test_the_first_piece_goes_at_once_and_the_rest_are_merged() -> None:
+
+async def test_a_reply_finished_within_the_window_sends_no_pieces() -> None:
     out = Recorder()
     streams = DeltaCoalescer(out, window=60)
     for piece in ("Hel", "lo ", "wor", "ld"):
         await streams.add("t", "s1", piece)
-    assert out.frames == [("t", "s1", "Hel")]
-    await streams.finish("s1")
-    assert out.frames == [("t", "s1", "Hel"), ("t", "s1", "lo world")]
+    await streams.finish("s1")  # the final message carries "Hello world"
+    assert out.frames == []
 
 
-async def test_buffered_pieces_are_sent_when_the_window_ends() -> None:
+async def test_a_slow_reply_streams_its_pieces_merged_per_window() -> None:
     out = Recorder()
     streams = DeltaCoalescer(out, window=0.01)
     await streams.add("t", "s1", "a")
-    out.changed.clear()
     await streams.add("t", "s1", "b")
+    assert await out.next_frame() == ("t", "s1", "ab")
     await streams.add("t", "s1", "c")
-    await asyncio.wait_for(out.changed.wait(), 5)  # the window's timer flushed them
-    assert [f[2] for f in out.frames] == ["a", "bc"]
+    assert await out.next_frame() == ("t", "s1", "c")
+    await streams.add("t", "s1", "never shown")
     await streams.finish("s1")
-    assert [f[2] for f in out.frames] == ["a", "bc"]
+    assert [f[2] for f in out.frames] == ["ab", "c"]
 
 
 async def test_streams_do_not_mix() -> None:
     out = Recorder()
-    streams = DeltaCoalescer(out, window=60)
+    streams = DeltaCoalescer(out, window=0.01)
     await streams.add("t1", "s1", "one")
     await streams.add("t2", "s2", "two")
-    await streams.add("t1", "s1", "+1")
-    await streams.finish("s2")
+    await out.next_frame()
+    if len(out.frames) < 2:
+        await out.next_frame()
+    assert sorted(out.frames) == [("t1", "s1", "one"), ("t2", "s2", "two")]
     await streams.finish("s1")
-    assert out.frames == [("t1", "s1", "one"), ("t2", "s2", "two"), ("t1", "s1", "+1")]
+    await streams.finish("s2")
