@@ -201,7 +201,7 @@ class Bridge:
 
         settings = self.config.webchat
         tokens = [t.get_secret_value() for t in settings.tokens]
-        if not tokens:
+        if not tokens and settings.issuer is None:
             self.webchat_token = pysecrets.token_urlsafe(24)
             tokens = [self.webchat_token]
         for token in tokens:

@@ -81,11 +81,21 @@ def _collect_secrets(value: Any, found: list[str]) -> None:
             _collect_secrets(item, found)
 
 
+class WebchatIssuer(_Model):
+    """Tokens your own app signs (JWT, HS256) for its users: `sub` names the user, `exp` is
+    required; a renewed token of the same `sub` keeps the user's conversations."""
+
+    secret: SecretStr
+    audience: str | None = None
+    leeway: float = Field(default=30.0, ge=0)
+
+
 class WebchatConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     tokens: tuple[SecretStr, ...] = ()
-    """Accepted tokens; none given: one is generated at start and printed in the URL."""
+    """Accepted tokens; none given (and no issuer): one is generated at start and printed."""
+    issuer: WebchatIssuer | None = None
     trusted: tuple[str, ...] = ("*",)
     """Webchat users hold a token the operator gave them, so they are trusted by default."""
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
@@ -272,10 +282,24 @@ def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig,
             secrets.add(value)
     for token in config.webchat.tokens:
         secrets.add(token.get_secret_value())
+    if config.webchat.issuer is not None:
+        secrets.add(config.webchat.issuer.secret.get_secret_value())
     for spec in config.agents.definitions.values():
         if spec.api_key is not None:
             secrets.add(spec.api_key.get_secret_value())
     return config, secrets
+
+
+def _anchor_sqlite_path(config: BridgeConfig) -> BridgeConfig:
+    """A relative SQLite path is relative to the config file (like hook folders), so the same
+    config finds the same database whatever directory the bridge is started from."""
+    prefix = "sqlite:///"
+    if not config.store.startswith(prefix):
+        return config
+    path = config.store[len(prefix) :]
+    if not path or path == ":memory:" or path.startswith("/"):
+        return config
+    return config.model_copy(update={"store": prefix + str((config.base_dir / path).resolve())})
 
 
 def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
@@ -304,4 +328,5 @@ def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
             else ""
         )
         raise ConfigError(f"{file}{where}: {problem}{hint}") from None
-    return parse_config(data, file.resolve().parent)
+    config, secrets = parse_config(data, file.resolve().parent)
+    return _anchor_sqlite_path(config), secrets

@@ -100,3 +100,13 @@ def test_unquoted_reference_in_a_flow_mapping_gets_a_hint(tmp_path: Path) -> Non
     path.write_text("webchat: {host: 127.0.0.1, tokens: [${WEBCHAT_TOKEN}]}\n")
     with pytest.raises(ConfigError, match=r'must be quoted: "\$\{NAME\}"'):
         load_config(path)
+
+
+def test_a_relative_sqlite_path_is_relative_to_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "talkbridge.yaml"
+    path.parent.mkdir()
+    path.write_text("store: sqlite:///data/bridge.db\n")
+    config, _ = load_config(path)
+    assert config.store == f"sqlite:///{tmp_path / 'conf' / 'data' / 'bridge.db'}"
+    memory, _ = parse_config({"store": "sqlite:///:memory:"}, tmp_path)
+    assert memory.store == "sqlite:///:memory:"

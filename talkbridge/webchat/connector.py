@@ -22,6 +22,7 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.errors import NotFoundError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
+from talkbridge.webchat.auth import TokenAuth
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHORIZED,
@@ -39,7 +40,7 @@ from talkbridge.webchat.protocol import (
     message_frame,
     parse_frame,
 )
-from talkbridge.webchat.routes import HttpRoutes, tokens_match
+from talkbridge.webchat.routes import HttpRoutes
 from talkbridge.webchat.sessions import Sessions, split_thread
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
@@ -94,13 +95,14 @@ class WebchatConnector(BaseConnector):
         *,
         node_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        if not tokens or not all(tokens):
-            raise ValueError("the webchat needs at least one non-empty token")
+        if not all(tokens) or not (tokens or config.issuer):
+            raise ValueError("the webchat needs at least one non-empty token or an issuer")
         super().__init__(CONNECTION_ID, context)
         self.config = config
         self.log = context.logger.getChild("webchat")
         self._tokens = list(tokens)
-        self._routes = HttpRoutes(self._tokens, health, node_info=node_info)
+        self._auth = TokenAuth(self._tokens, config.issuer)
+        self._routes = HttpRoutes(self._auth, health, node_info=node_info)
         self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
@@ -191,11 +193,12 @@ class WebchatConnector(BaseConnector):
                 ws, "unauthorized", f"the first frame must be auth, not {frame.type}", frame.ref
             )
             return None
-        if not tokens_match(frame.token, self._tokens):
+        identity = self._auth.identify(frame.token)
+        if identity is None:
             await _refuse(ws, "unauthorized", "the token is wrong or no longer valid", frame.ref)
             return None
         try:
-            session_id, created = await self._sessions.authenticate(frame.token, frame.session_id)
+            session_id, created = await self._sessions.authenticate(identity, frame.session_id)
         except FrameError as exc:
             await _refuse(ws, exc.code, str(exc), frame.ref, CLOSE_FORBIDDEN)
             return None

@@ -22,6 +22,8 @@ from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from talkbridge.webchat.auth import TokenAuth
+
 WS_PATH = "/ws"
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -79,13 +81,13 @@ def health_status(connections: dict[str, Any]) -> str:
 class HttpRoutes:
     def __init__(
         self,
-        tokens: Sequence[str],
+        tokens: Sequence[str] | TokenAuth,
         health: Callable[[], dict[str, Any]],
         assets: dict[str, Asset] | None = None,
         *,
         node_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        self._tokens = list(tokens)
+        self._auth = tokens if isinstance(tokens, TokenAuth) else TokenAuth(tokens)
         self._health = health
         self._node_info = node_info
         """Distributed mode: this node's id and what it owns, shown by /healthz."""
@@ -115,7 +117,7 @@ class HttpRoutes:
                 "This link has no access token",
                 "The webchat only opens with the full link, which ends in <code>?token=…</code>.",
             )
-        if not tokens_match(token, self._tokens):
+        if self._auth.identify(token) is None:
             return _refusal(
                 "This access token is not valid",
                 "The token in this link is wrong or no longer accepted.",

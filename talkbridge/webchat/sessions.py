@@ -69,13 +69,14 @@ class Sessions:
             self._locks[session_id] = lock
         return lock
 
-    async def authenticate(self, token: str, session_id: str | None) -> tuple[str, bool]:
-        """Return `(session_id, created)` for this token, or raise `FrameError("forbidden")`.
+    async def authenticate(self, identity: str, session_id: str | None) -> tuple[str, bool]:
+        """Return `(session_id, created)` for this identity (see `TokenAuth.identify`), or raise
+        `FrameError("forbidden")`.
 
         No session id, or one the store has never seen (a wiped store, a stale tab), gets a new
-        session. A known session bound to a different token is refused.
+        session. A known session bound to a different identity is refused.
         """
-        digest = token_hash(token)
+        digest = identity
         if session_id is not None:
             if not _SESSION_ID.match(session_id):
                 raise FrameError("forbidden", "that session id is not one this server issued")
