@@ -255,7 +255,14 @@ async def test_lifecycle_events_carry_timing_and_status(tmp_path: Path) -> None:
     hooks = HookRegistry()
     started: list[TurnStartedEvent] = []
     finished: list[TurnFinishedEvent] = []
-    hooks.register("agent-turn-started", started.append, name="s")
+    four_started = asyncio.Event()
+
+    def on_started(event: TurnStartedEvent) -> None:
+        started.append(event)
+        if len(started) == 4:
+            four_started.set()
+
+    hooks.register("agent-turn-started", on_started, name="s")
     hooks.register("agent-turn-finished", finished.append, name="f")
     release = asyncio.Event()
 
@@ -278,9 +285,7 @@ async def test_lifecycle_events_carry_timing_and_status(tmp_path: Path) -> None:
         await conn.inject(make_message(text, thread_id=f"t{i}"))
     await bridge.router.join()
     await conn.inject(make_message("hang", thread_id="t9"))
-    while len(started) < 4:
-        await asyncio.sleep(0)
-        await bridge.hooks.drain()
+    await asyncio.wait_for(four_started.wait(), 10)  # the hanging turn has begun
     await bridge.stop(drain_timeout=0.01)  # interrupts the hanging turn
     await bridge.hooks.drain()
     by_prompt = {e.input.prompt_length: e for e in finished}
