@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final, get_args
 
@@ -471,9 +471,7 @@ class RedisStore:
     ) -> HistoryEntry:
         args, entry = self._append_args(thread_key, role, message_id, sender, text, data)
         seq: int = await self._call(*args, parse=int)
-        return HistoryEntry(
-            seq, thread_key, role, message_id, sender, text, entry.created_at, entry.data
-        )
+        return replace(entry, seq=seq)
 
     def queue_history(
         self,
