@@ -36,6 +36,7 @@ from talkbridge.hooks.channel_message import (
 )
 from talkbridge.hooks.durable import DurableHooks
 from talkbridge.hooks.listeners import FileUpload, ThreadCreated
+from talkbridge.indicators import TypingIndicators
 from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage, Trust
 from talkbridge.registry import ConnectionRegistry
 from talkbridge.router import TalkRouter
@@ -46,9 +47,6 @@ if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
 
 log = logging.getLogger("talkbridge")
-
-TYPING_REFRESH = 4.0
-"""Seconds between typing indications while an agent works (Telegram's lasts about 5 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +100,7 @@ class Bridge:
         self._started = False
         # durable hooks (issue 5): register handlers on `bridge.durable` before start
         self.durable = DurableHooks(self.store, app_id)
+        self.typing = TypingIndicators(self.secrets.redact)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -164,6 +163,7 @@ class Bridge:
         if self.cluster is not None:
             await self.cluster.stop()  # releases shards (what was not acked is claimed)
         await self.router.close()
+        self.typing.close()
         await self.hooks.drain()
         await self.durable.stop()  # durable hooks (issue 5)
         await self.store.close()
@@ -319,29 +319,21 @@ class Bridge:
         cid = message.connection_id
         streaming = cast(Streaming | None, self.router.feature(cid, "streaming"))
         activity = cast(Activity | None, self.router.feature(cid, "activity"))
-        typing_task = None
-        if activity is not None:
-            typing_task = asyncio.create_task(self._keep_typing(activity, message.thread_id))
+        typing = self.typing.begin(activity, message.thread_id) if activity is not None else None
         on_event = None
         if streaming is not None:
+            thread_id = message.thread_id
+            delta = streaming.delta
 
             async def on_event(ctx: TurnContext, event: Any) -> None:
-                if isinstance(event, TextDelta):
-                    await streaming.delta(message.thread_id, ctx.session.turn_id, event.text)
+                if type(event) is TextDelta:
+                    await delta(thread_id, ctx.session.turn_id, event.text)
 
         try:
             return await self.runner.run_turn(message, agent, on_event=on_event)
         finally:
-            if typing_task is not None:
-                typing_task.cancel()
-
-    async def _keep_typing(self, activity: Activity, thread_id: str) -> None:
-        while True:
-            try:
-                await activity.typing(thread_id)
-            except Exception as exc:  # typing is a nicety: never let it break a turn
-                log.debug("typing indication failed: %s", self.secrets.redact(str(exc)))
-            await asyncio.sleep(TYPING_REFRESH)
+            if typing is not None:
+                self.typing.end(typing)
 
     async def _reply(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
         cid = message.connection_id

@@ -54,6 +54,7 @@ AgentMessage = Annotated[
     TextDelta | ToolCall | ToolResult | Result | Error, Field(discriminator="type")
 ]
 TERMINAL_TYPES = frozenset({"result", "error"})
+_TERMINAL = (Result, Error)
 
 
 @dataclass(slots=True)
@@ -96,7 +97,7 @@ class TurnContext:
     @property
     def final(self) -> Result | Error | None:
         for event in reversed(self.events):
-            if isinstance(event, Result | Error):
+            if isinstance(event, _TERMINAL):
                 return event
         return None
 

@@ -9,9 +9,7 @@ The onion is composed once per agent (middleware chains are frozen at start), no
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -28,6 +26,7 @@ from talkbridge.agents.base import (
     TurnSession,
 )
 from talkbridge.errors import TurnAbortedError
+from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, utcnow
 from talkbridge.store.base import HistoryEntry, Store
 
@@ -36,13 +35,7 @@ log = logging.getLogger("talkbridge.agents")
 TurnStatus = Literal["completed", "interrupted", "stopped", "error"]
 
 SORRY = "Sorry, something went wrong while answering."
-_TURN_PREFIX = secrets.token_hex(6)
-_turn_numbers = itertools.count(1)
-
-
-def new_turn_id() -> str:
-    """Unique across processes (random prefix) without a syscall per turn, unlike uuid4."""
-    return f"{_TURN_PREFIX}-{next(_turn_numbers):x}"
+new_turn_id = unique_id
 
 
 EventSink = Callable[[TurnContext, Any], Awaitable[None]]
@@ -104,19 +97,21 @@ class AgentRunner:
                 ctx.state["agent_ran"] = True
                 stream = agent.stream(ctx)
                 calls: dict[str, ToolCall] = {}
+                emit = ctx.emit
                 try:
                     async for event in stream:
-                        if isinstance(event, ToolCall):
+                        kind = type(event)
+                        if kind is ToolCall:
                             # The agent is suspended at this yield: a refusal here means the tool
                             # never runs (the generator is closed, not resumed).
                             await self._before_tool(ctx, event)
                             calls[event.call_id] = event
-                        await ctx.emit(event)
-                        if isinstance(event, ToolResult) and event.call_id in calls:
+                        await emit(event)
+                        if kind is ToolResult and event.call_id in calls:
                             await self.hooks.listeners.after_tool_call(
                                 ctx, calls.pop(event.call_id), event
                             )
-                        if isinstance(event, Result | Error):
+                        elif kind is Result or kind is Error:
                             break
                 finally:
                     aclose = getattr(stream, "aclose", None)

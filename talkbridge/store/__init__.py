@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from talkbridge.errors import ConfigError
-from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role, Store
+from talkbridge.store.base import (
+    Appended,
+    FailedSend,
+    HistoryEntry,
+    HookDelivery,
+    Pairing,
+    Role,
+    Store,
+)
 from talkbridge.store.sqlite import SqliteStore
 
 __all__ = [
+    "Appended",
     "FailedSend",
     "HistoryEntry",
     "HookDelivery",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from talkbridge.message import NormalizedMessage
 
@@ -30,6 +30,14 @@ class HistoryEntry:
     created_at: datetime
     data: dict[str, Any] = field(default_factory=dict)
     """Extra JSON-able fields (client ids, turn ids, attachments) a connector wants back."""
+
+
+class Appended(NamedTuple):
+    """What `append_history_once` did: `entry` is None when the native id was recorded before,
+    and `seq` is then the earlier entry's."""
+
+    seq: int
+    entry: HistoryEntry | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +120,21 @@ class Store(Protocol):
         text: str,
         data: dict[str, Any] | None = None,
     ) -> HistoryEntry: ...
+
+    async def append_history_once(
+        self,
+        connection_id: str,
+        native_id: str,
+        thread_key: str,
+        role: Role,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> Appended:
+        """Append an entry (message id `native_id`) and map `native_id` to its seq, in one step,
+        unless `native_id` is already mapped: a resend can never record a second entry, even
+        when it races its original on another node."""
+        ...
 
     def queue_history(
         self,

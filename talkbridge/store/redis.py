@@ -28,7 +28,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import _redis_lua as lua
-from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role
+from talkbridge.store.base import Appended, FailedSend, HistoryEntry, HookDelivery, Pairing, Role
 
 log = logging.getLogger("talkbridge.store")
 
@@ -472,6 +472,25 @@ class RedisStore:
         args, entry = self._append_args(thread_key, role, message_id, sender, text, data)
         seq: int = await self._call(*args, parse=int)
         return replace(entry, seq=seq)
+
+    async def append_history_once(
+        self,
+        connection_id: str,
+        native_id: str,
+        thread_key: str,
+        role: Role,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> Appended:
+        args, entry = self._append_args(thread_key, role, native_id, sender, text, data)
+        keys = [
+            self.keys.history(thread_key),
+            self.keys.id_map(connection_id),
+            self.keys.id_reverse(connection_id),
+        ]
+        appended, seq = await self._script("APPEND_ONCE", keys, [native_id, args[-1]])
+        return Appended(int(seq), replace(entry, seq=int(seq)) if appended else None)
 
     def queue_history(
         self,

@@ -17,7 +17,7 @@ from typing import Any, get_args
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store._writer import BulkOp, GroupCommitWriter
-from talkbridge.store.base import FailedSend, HistoryEntry, HookDelivery, Pairing, Role
+from talkbridge.store.base import Appended, FailedSend, HistoryEntry, HookDelivery, Pairing, Role
 
 MEMORY = ":memory:"
 SCHEMA_VERSION = 2
@@ -253,6 +253,18 @@ def _values(count: int, width: int) -> str:
     return ",".join([row] * count)
 
 
+_KNOWN_KEYS = "k JOIN inbound i ON i.connection_id = k.c AND i.message_id = k.m"
+"""Inbound rows matching the `k` keys: a join, because `(a, b) IN (VALUES ...)` scans the whole
+table (SQLite 3.40 does not use the unique index for row values), so dedupe grew with every
+message ever received."""
+_KNOWN_INBOUND = f"'' FROM {_KNOWN_KEYS}"
+_KNOWN_MAPPED = "i.message_id FROM k JOIN id_map i ON i.connection_id = k.c AND i.native_id = k.m"
+
+
+def _keys(count: int) -> str:
+    return f"WITH k(c, m) AS (VALUES {_values(count, 2)})"
+
+
 def _insert_many(cur: sqlite3.Cursor, head: str, rows: list[tuple[Any, ...]], width: int) -> None:
     """One multi-row INSERT per chunk: one GIL hand-off instead of one per row."""
     for chunk in _chunks(rows, width):
@@ -328,38 +340,56 @@ class _SqliteOps:
     # -- inbound and history (bulk: every call of a batch in a few statements) ------------------
 
     def write_messages(self, calls: list[tuple[Any, ...]]) -> list[Any]:
-        """Accepts (`("accept", cid, mid, body, history_row | None)`) and history appends
-        (`("append", history_row)`), in queue order, so a thread's seqs follow arrival."""
+        """Accepts (`("accept", cid, mid, body, history_row | None)`), history appends
+        (`("append", history_row)`) and once-only appends (`("once", cid, native_id, row)`), in
+        queue order, so a thread's seqs follow arrival."""
         cur = self._cur
-        wanted = list({(c[1], c[2]) for c in calls if c[0] == "accept"})
-        existing: set[tuple[str, str]] = set()
-        for chunk in _chunks(wanted, 2):
-            sql = (
-                "SELECT connection_id, message_id FROM inbound"
-                f" WHERE (connection_id, message_id) IN (VALUES {_values(len(chunk), 2)})"
-            )
-            existing.update(cur.execute(sql, [v for r in chunk for v in r]).fetchall())
+        accepted = self._known(_KNOWN_INBOUND, {(c[1], c[2]) for c in calls if c[0] == "accept"})
+        mapped = self._known(_KNOWN_MAPPED, {(c[1], c[2]) for c in calls if c[0] == "once"})
         inbound_rows: list[tuple[Any, ...]] = []
         history_rows: list[tuple[Any, ...]] = []
+        map_rows: list[tuple[Any, ...]] = []
         results: list[Any] = []
         now = datetime.now(UTC)
         stamp = now.isoformat()
         for call in calls:
-            if call[0] == "accept":
+            kind = call[0]
+            if kind == "accept":
                 _, cid, mid, body, row = call
-                if (cid, mid) in existing:
+                if (cid, mid) in accepted:
                     results.append(False)
                     continue
-                existing.add((cid, mid))
+                accepted[cid, mid] = ""
                 inbound_rows.append((cid, mid, body))
                 results.append(True)
                 if row is not None:
                     self._history_row(row, now, stamp, history_rows)
+            elif kind == "once":
+                _, cid, native_id, row = call
+                earlier = mapped.get((cid, native_id))
+                if earlier is not None:
+                    results.append(Appended(int(earlier), None))
+                    continue
+                entry = self._history_row(row, now, stamp, history_rows)
+                mapped[cid, native_id] = str(entry.seq)
+                map_rows.append((cid, native_id, str(entry.seq)))
+                results.append(Appended(entry.seq, entry))
             else:
                 results.append(self._history_row(call[1], now, stamp, history_rows))
         _insert_many(cur, _ACCEPT_HEAD, inbound_rows, 3)
         _insert_many(cur, _APPEND_HEAD, history_rows, 8)
+        _insert_many(cur, _MAP_ID_HEAD, map_rows, 3)
         return results
+
+    def _known(self, source: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """Which (connection id, id) keys `source` already holds, with the value it gives."""
+        found: dict[tuple[str, str], str] = {}
+        for chunk in _chunks(list(keys), 2):
+            rows = self._cur.execute(
+                f"{_keys(len(chunk))} SELECT k.c, k.m, {source}", [v for r in chunk for v in r]
+            )
+            found.update(((c, m), value) for c, m, value in rows)
+        return found
 
     def _history_row(
         self, row: HistoryRow, now: datetime, stamp: str, out: list[tuple[Any, ...]]
@@ -378,8 +408,8 @@ class _SqliteOps:
     def complete_many(self, calls: list[tuple[Any, ...]]) -> list[None]:
         for chunk in _chunks(calls, 2):
             self._cur.execute(
-                "UPDATE inbound SET body = NULL WHERE body IS NOT NULL AND"
-                f" (connection_id, message_id) IN (VALUES {_values(len(chunk), 2)})",
+                f"{_keys(len(chunk))} UPDATE inbound SET body = NULL WHERE body IS NOT NULL"
+                f" AND id IN (SELECT i.id FROM {_KNOWN_KEYS})",
                 [v for r in chunk for v in r],
             )
         return [None] * len(calls)
@@ -651,6 +681,19 @@ class SqliteStore:
     ) -> HistoryEntry:
         row = _history_row(thread_key, role, message_id, sender, text, data)
         return await self._writer.submit(self._messages, "append", row)
+
+    async def append_history_once(
+        self,
+        connection_id: str,
+        native_id: str,
+        thread_key: str,
+        role: Role,
+        sender: str,
+        text: str,
+        data: dict[str, Any] | None = None,
+    ) -> Appended:
+        row = _history_row(thread_key, role, native_id, sender, text, data)
+        return await self._writer.submit(self._messages, "once", connection_id, native_id, row)
 
     def queue_history(
         self,

@@ -8,7 +8,6 @@ reconnecting page resumes without losing or repeating anything. See docs/webchat
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,7 @@ from websockets.exceptions import ConnectionClosed
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.errors import NotFoundError, TransientError
+from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
 from talkbridge.webchat.auth import TokenAuth
@@ -304,28 +304,27 @@ class WebchatConnector(BaseConnector):
         }
         if frame.ref is not None:
             ack["ref"] = frame.ref
-        # One lock per session: a resend racing its original (two tabs, a reconnect) sees the
-        # first one's record, and turns reach the router in seq order.
+        # One lock per session: turns reach the router in seq order. The store records a
+        # client id once even when a resend races its original (two tabs, two nodes).
         async with self._sessions.lock(session_id):
-            known = await store.lookup_id(CONNECTION_ID, native_id)
-            if known is not None:
-                await ws.send(dumps({**ack, "seq": int(known), "duplicate": True}))
-                retry = self._undelivered.get(native_id)
-                if retry is not None:
-                    await self._deliver_turn(ws, retry)
-                return
-            entry = await store.append_history(
+            seq, entry = await store.append_history_once(
+                CONNECTION_ID,
+                native_id,
                 _thread_key(thread_id),
                 "user",
-                native_id,
                 session_id,
                 frame.text,
                 data={"client_id": frame.client_id},
             )
-            await store.map_id(CONNECTION_ID, native_id, str(entry.seq))
+            if entry is None:
+                await ws.send(dumps({**ack, "seq": seq, "duplicate": True}))
+                retry = self._undelivered.get(native_id)
+                if retry is not None:
+                    await self._deliver_turn(ws, retry)
+                return
             renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
             await self._publish(session_id, message_frame(thread_id, entry))
-            await ws.send(dumps({**ack, "seq": entry.seq, "duplicate": False}))
+            await ws.send(dumps({**ack, "seq": seq, "duplicate": False}))
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
@@ -418,7 +417,7 @@ class WebchatConnector(BaseConnector):
         text = message.text or "\n".join(
             f"[attachment: {a.name or a.kind}]" for a in message.attachments
         )
-        message_id = f"{message.thread_id}:r{secrets.token_hex(8)}"
+        message_id = f"{message.thread_id}:r{unique_id()}"
         data: dict[str, Any] = {"markup": message.markup}
         stream_id = message.meta.get("stream_id")
         if isinstance(stream_id, str):

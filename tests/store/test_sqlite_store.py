@@ -56,6 +56,24 @@ async def test_history_queries_use_the_thread_index(tmp_path: Path) -> None:
             assert "TEMP B-TREE" not in plan, plan
 
 
+async def test_dedupe_and_completion_look_up_keys_by_index(sqlite_store: SqliteStore) -> None:
+    # `(a, b) IN (VALUES ...)` made SQLite scan every inbound row ever received, per batch.
+    for query in (
+        f"{sqlite_module._keys(2)} SELECT k.c, k.m, {sqlite_module._KNOWN_INBOUND}",
+        f"{sqlite_module._keys(2)} SELECT k.c, k.m, {sqlite_module._KNOWN_MAPPED}",
+        f"{sqlite_module._keys(2)} UPDATE inbound SET body = NULL WHERE body IS NOT NULL"
+        f" AND id IN (SELECT i.id FROM {sqlite_module._KNOWN_KEYS})",
+    ):
+
+        def plan(sql: str = query) -> str:
+            rows = sqlite_store._ops._cur.execute(f"EXPLAIN QUERY PLAN {sql}", ("x",) * 4)
+            return " | ".join(row[3] for row in rows)
+
+        found = await sqlite_store._writer.submit(plan)
+        assert "SCAN inbound" not in found and "SCAN id_map" not in found, found
+        assert "SEARCH i USING" in found, found
+
+
 async def test_unopenable_path_is_a_store_error_naming_it(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("I am a file, not a folder")
     store = SqliteStore(tmp_path / "file" / "x.db")

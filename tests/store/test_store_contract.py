@@ -155,6 +155,39 @@ async def test_concurrent_appends_get_gapless_unique_seqs(store: Store) -> None:
     assert all(by_id[e.message_id] == e.seq for e in stored)
 
 
+async def test_append_history_once_records_a_native_id_one_time(
+    store: Store, reopen: Reopen
+) -> None:
+    key = "web\x1fs.c"
+    first = await store.append_history_once("web", "s.c:a", key, "user", "s", "hi", {"n": 1})
+    assert first.entry is not None and first.seq == first.entry.seq == 1
+    assert (first.entry.message_id, first.entry.text, first.entry.data) == ("s.c:a", "hi", {"n": 1})
+    # Concurrent resends and a different text under the same id: never a second entry.
+    again = await asyncio.gather(
+        *(store.append_history_once("web", "s.c:a", key, "user", "s", "edited") for _ in range(3))
+    )
+    assert [(a.seq, a.entry) for a in again] == [(1, None)] * 3
+    # Another id, or the same id on another connection, is a new entry.
+    other = await store.append_history_once("web", "s.c:b", key, "user", "s", "there")
+    elsewhere = await store.append_history_once("tg", "s.c:a", key, "user", "s", "x")
+    assert (other.seq, elsewhere.seq) == (2, 3)
+    assert await store.lookup_id("web", "s.c:b") == "2"
+    assert await store.lookup_native("web", "1") == "s.c:a"
+    store = await reopen()
+    assert (await store.append_history_once("web", "s.c:a", key, "user", "s", "hi")).seq == 1
+    assert [e.text for e in await store.history(key)] == ["hi", "there", "x"]
+
+
+async def test_append_history_once_dedupes_within_one_batch(store: Store) -> None:
+    key = "web\x1fs.d"
+    results = await asyncio.gather(
+        *(store.append_history_once("web", f"s.d:{i % 2}", key, "user", "s", "t") for i in range(6))
+    )
+    assert [r.seq for r in results] == [1, 2, 1, 2, 1, 2]
+    assert [r.entry is not None for r in results] == [True, True] + [False] * 4
+    assert len(await store.history(key)) == 2
+
+
 # -- id map ----------------------------------------------------------------------------------
 
 
