@@ -1,7 +1,8 @@
 """Messages through the in-process pipeline, as a ratio to a bare loop measured in the same run.
 
 Pipeline: a Talk-only test connector -> router (SQLite dedupe + history) -> 3 synchronous
-channel-message hooks (one modifies) -> echo agent turn -> router send queue -> connector.
+(plain `def`) channel-message hooks (one modifies) -> echo agent turn -> router send queue ->
+connector.
 Baseline: a loop doing only model validation and three no-op hook calls per message.
 
     .venv/bin/python benchmarks/core.py [--messages 20000] [--threads 1 100]
@@ -68,15 +69,15 @@ def _hooks() -> HookRegistry:
     hooks = HookRegistry()
 
     @hooks.channel_message(order=1)
-    async def audit(msg: NormalizedMessage) -> None:
+    def audit(msg: NormalizedMessage) -> None:
         return None
 
     @hooks.channel_message(order=2)
-    async def tag(msg: NormalizedMessage) -> Modify:
+    def tag(msg: NormalizedMessage) -> Modify:
         return Modify(msg.model_copy(update={"text": "[bench] " + msg.text}))
 
     @hooks.channel_message(order=3)
-    async def allow(msg: NormalizedMessage) -> None:
+    def allow(msg: NormalizedMessage) -> None:
         return None
 
     return hooks
@@ -98,7 +99,7 @@ def _raw(i: int, thread: int) -> dict[str, Any]:
 async def baseline(count: int) -> float:
     """Model validation plus three no-op hook calls per message: the floor of any pipeline."""
 
-    async def noop(msg: NormalizedMessage) -> None:
+    def noop(msg: NormalizedMessage) -> None:
         return None
 
     hooks = (noop, noop, noop)
@@ -107,7 +108,7 @@ async def baseline(count: int) -> float:
     for raw in raws:
         msg = NormalizedMessage.model_validate(raw)
         for hook in hooks:
-            await hook(msg)
+            hook(msg)
     return count / (time.perf_counter() - started)
 
 

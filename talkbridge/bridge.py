@@ -11,6 +11,7 @@ of a distributed bridge (`talkbridge.cluster`): same path, with the hops between
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets as pysecrets
 import sys
@@ -283,9 +284,7 @@ class Bridge:
         ):
             agent = self.config.agents.sentinel  # never reached: the default routing guarantees it
         routed = route.message.model_copy(
-            update={
-                "routing": MessageRouting(agent=agent, trust=route.trust, routed_by=route.routed_by)
-            }
+            update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
         await self._notify_listeners(routed)
         if routed.edit_of is not None:
@@ -394,6 +393,12 @@ class Bridge:
 
     async def approve_pairing(self, code: str) -> bool:
         return await self.store.approve_pairing(code) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _routing(agent: str, trust: Trust, routed_by: str | None) -> MessageRouting:
+    """Routings are frozen and few (agents x trust x hook names): build each once."""
+    return MessageRouting(agent=agent, trust=trust, routed_by=routed_by)
 
 
 def _cluster_for(store: Store, config: BridgeConfig, node_id: str | None) -> Cluster | None:

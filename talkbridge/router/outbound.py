@@ -98,15 +98,19 @@ class OutboundQueue:
     async def send(self, message: OutboundMessage, *, check_sent: bool = True) -> SendResult:
         """Queue a send; `check_sent=False` skips the idempotency lookup for a key the caller
         knows is new (it is still recorded, so a later retry of the same key finds it)."""
-        job = _Job(message, check_sent)
         thread_id = message.thread_id
         if self._executor.try_claim(thread_id):  # nothing ahead of us: send from this task
             try:
-                await self._deliver(thread_id, job)
+                result = await self._attempt(message, check_sent)
+            except SendFailedError:
+                self.failed += 1
+                raise
             finally:
                 self._executor.release_claim(thread_id)
-        else:
-            await self._executor.submit(thread_id, job)
+            self.sent += 1
+            return result
+        job = _Job(message, check_sent)
+        await self._executor.submit(thread_id, job)
         return await job.future
 
     async def join(self) -> None:
@@ -145,7 +149,8 @@ class OutboundQueue:
         failures = 0
         waits = 0
         while True:
-            await self._gate.wait()
+            if self._gate.closed:
+                await self._gate.wait()
             try:
                 result = await self._send(message)
             except RateLimitedError as exc:

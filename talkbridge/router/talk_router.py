@@ -73,6 +73,8 @@ class TalkRouter:
         self._all_handlers: list[MessageHandler] = []
         self._arrival: list[ArrivalListener] = []
         self._recovered: set[tuple[str, str]] = set()
+        self._keeps_history: set[str] = set()
+        """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
         self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
@@ -98,11 +100,17 @@ class TalkRouter:
             connector.send,
             self._store,
             attempts=self._config.send_attempts,
-            concurrency=self._config.send_concurrency,
+            # A connector may know better: the webchat's sends are local writes, not API calls.
+            concurrency=getattr(connector, "send_concurrency", None)
+            or self._config.send_concurrency,
             redact=self._redact,
             backoff=lambda: Backoff(base=self._config.retry_base_delay, cap=30.0),
         )
         keeps_history = bool(getattr(connector, "keeps_history", False))
+        if keeps_history:
+            self._keeps_history.add(cid)
+        else:
+            self._keeps_history.discard(cid)
 
         async def on_inbound(message: NormalizedMessage) -> None:
             await self._accept(message, keeps_history)
@@ -250,13 +258,15 @@ class TalkRouter:
         self, connection_id: str, message: OutboundMessage, *, check_sent: bool = True
     ) -> SendResult:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
-        connector = self._known(connection_id)
+        queue = self._outbound.get(connection_id)
+        if queue is None:
+            raise UnknownConnectionError(connection_id, list(self._connectors))
         cluster = self._cluster
         if cluster is not None and cluster.is_remote(connection_id):
             result = await cluster.outbound.request(connection_id, message, check_sent=check_sent)
         else:
-            result = await self._outbound[connection_id].send(message, check_sent=check_sent)
-        if not getattr(connector, "keeps_history", False):
+            result = await queue.send(message, check_sent=check_sent)
+        if connection_id not in self._keeps_history:
             self._store.queue_history(
                 thread_key(connection_id, message.thread_id),
                 "assistant",

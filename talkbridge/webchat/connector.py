@@ -82,6 +82,9 @@ class WebchatConnector(BaseConnector):
     """The router must not write history for this connector: it does so itself, with seqs."""
     runs_everywhere = True
     """Distributed mode: served by every node (no lease); frames fan out through Redis."""
+    send_concurrency = 1024
+    """A send is a local write and one frame per socket, not a rate-limited API call: the
+    router's default of 8 in flight per connection capped every user's replies together."""
     frame_rate = 20.0
     frame_burst = 60
     auth_timeout = 10.0

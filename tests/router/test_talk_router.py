@@ -15,7 +15,7 @@ from talkbridge.errors import (
     TransientError,
     UnknownConnectionError,
 )
-from talkbridge.message import NormalizedMessage, OutboundMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.router import TalkRouter
 from talkbridge.store import SqliteStore
 from tests.support.talk_connector import TalkConnector, make_message
@@ -269,3 +269,52 @@ async def test_history_records_both_directions(
     await router.send("alpha", OutboundMessage(thread_id="t", text="answer"))
     entries = await sqlite_store.history(msg.thread_key)
     assert [(e.role, e.text) for e in entries] == [("user", "question"), ("assistant", "answer")]
+
+
+class _Holding(TalkConnector):
+    """Sends wait for `release`; `reached` is set once `wanted` of them are in flight."""
+
+    def __init__(self, wanted: int, send_concurrency: int | None = None) -> None:
+        super().__init__("local")
+        if send_concurrency is not None:
+            self.send_concurrency = send_concurrency
+        self.wanted = wanted
+        self.in_flight = 0
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        self.in_flight += 1
+        if self.in_flight >= self.wanted:
+            self.reached.set()
+        await self.release.wait()
+        self.in_flight -= 1
+        return SendResult(message_ids=(message.thread_id,))
+
+
+async def _in_flight_at_most(router: TalkRouter, conn: _Holding, sends: int) -> int:
+    """Start `sends` sends to different threads at once; how many reach the connector?"""
+    router.attach(conn)
+    started = asyncio.gather(
+        *(router.send("local", OutboundMessage(thread_id=f"t{i}", text="x")) for i in range(sends))
+    )
+    await asyncio.wait_for(conn.reached.wait(), 10)
+    # Every send task took its first step in the same loop turn, before `reached` woke us.
+    seen = conn.in_flight
+    conn.release.set()
+    await asyncio.wait_for(started, 10)
+    return seen
+
+
+async def test_a_connector_may_allow_more_sends_in_flight_than_the_default(
+    router: TalkRouter,
+) -> None:
+    # The webchat's sends are local writes: 8 at a time (the default) capped every user at once.
+    assert await _in_flight_at_most(router, _Holding(30, send_concurrency=64), 30) == 30
+
+
+async def test_by_default_a_connection_has_the_configured_sends_in_flight(
+    sqlite_store: SqliteStore,
+) -> None:
+    router = TalkRouter(sqlite_store, RouterConfig(send_concurrency=3))
+    assert await _in_flight_at_most(router, _Holding(3), 9) == 3
