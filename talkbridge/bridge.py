@@ -40,6 +40,7 @@ from talkbridge.hooks.listeners import FileUpload, ThreadCreated
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessage, Trust
 from talkbridge.registry import ConnectionRegistry
+from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
 from talkbridge.talk import Activity, Edit, Streaming, Talk
@@ -102,6 +103,9 @@ class Bridge:
         # durable hooks (issue 5): register handlers on `bridge.durable` before start
         self.durable = DurableHooks(self.store, app_id)
         self.typing = TypingIndicators(self.secrets.redact)
+        self._sweeper: asyncio.Task[None] | None = None
+        self.swept = asyncio.Event()
+        """Set after each retention sweep (`talkbridge.retention`)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -145,6 +149,9 @@ class Bridge:
         if self.cluster is not None:
             await self.cluster.inbound.start()
         await self.durable.start()  # durable hooks (issue 5)
+        self._sweeper = asyncio.create_task(
+            sweep_forever(self.store, self.config.retention, self.swept), name="retention sweep"
+        )
         self._started = True
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
@@ -155,6 +162,11 @@ class Bridge:
             await self.store.close()
             return
         self._started = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         if self.cluster is not None:
             await self.cluster.quiesce()  # no new entries or send requests from other nodes
         with suppress(TimeoutError):

@@ -129,6 +129,21 @@ class RouterConfig(_Model):
     """First retry of a failed send waits about this long; later ones back off exponentially."""
 
 
+class RetentionConfig(_Model):
+    """How long the store remembers what only guards against repeats (see `Store.prune`).
+
+    Conversation history and the id map are not affected: they are the conversation itself.
+    """
+
+    dedupe_days: float = Field(default=7.0, gt=0)
+    """Ids of handled inbound messages; a platform redelivering later is taken for new."""
+    sent_days: float = Field(default=7.0, gt=0)
+    """Idempotency records of sends."""
+    failed_sends_days: float = Field(default=30.0, gt=0)
+    sweep_every: float = Field(default=3600.0, gt=0)
+    """Seconds between sweeps; an entry lives up to this much longer than its retention."""
+
+
 class ClusterConfig(_Model):
     """Distributed mode (a `redis://` store): leases, inbound shards, cross-node sends."""
 
@@ -154,6 +169,7 @@ class BridgeConfig(_Model):
     hooks: tuple[str, ...] = ()
     connections: tuple[ConnectionConfig, ...] = ()
     router: RouterConfig = RouterConfig()
+    retention: RetentionConfig = RetentionConfig()
     cluster: ClusterConfig = ClusterConfig()
     base_dir: Path = Field(default=Path("."), exclude=True)
 

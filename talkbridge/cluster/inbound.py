@@ -111,7 +111,7 @@ class InboundBus:
         k = self._keys
         cid = message.connection_id
         keys = [k.seen(cid), k.pending(), k.bodies(), k.arrival()]
-        keys.append(k.bus_in(self.shard_of(message.thread_key)))
+        keys += [k.bus_in(self.shard_of(message.thread_key)), k.seen_before_retention(cid)]
         args = [message.id, cid + _SEP + message.id, message.model_dump_json()]
         if record_history:
             keys.append(k.history(message.thread_key))

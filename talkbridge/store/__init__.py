@@ -9,6 +9,8 @@ from talkbridge.store.base import (
     HistoryEntry,
     HookDelivery,
     Pairing,
+    Pruned,
+    Retention,
     Role,
     Store,
 )
@@ -20,6 +22,8 @@ __all__ = [
     "HistoryEntry",
     "HookDelivery",
     "Pairing",
+    "Pruned",
+    "Retention",
     "Role",
     "SqliteStore",
     "Store",

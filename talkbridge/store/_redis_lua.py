@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from typing import Final
 
-# KEYS: seen, pending, bodies, arrival[, history]  ARGV: message_id, member, body[, entry]
+# KEYS: seen, pending, bodies, arrival, seen before retention[, history]
+# ARGV: message_id, member, body[, entry]
 ACCEPT: Final = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[2])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
+  return 0
+end
+local n = redis.call('INCR', KEYS[4])
+redis.call('ZADD', KEYS[1], n, ARGV[1])
+redis.call('ZADD', KEYS[2], n, ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-if #KEYS == 5 then
-  local seq = redis.call('HINCRBY', KEYS[5], 'n', 1)
-  redis.call('HSET', KEYS[5], tostring(seq), ARGV[4])
+if #KEYS == 6 then
+  local seq = redis.call('HINCRBY', KEYS[6], 'n', 1)
+  redis.call('HSET', KEYS[6], tostring(seq), ARGV[4])
   return seq
 end
 return -1
@@ -99,6 +104,77 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSETNX', KEYS[2], ARGV[2], ARGV[1])
 return 1
+"""
+
+# KEYS: sent, order, counter  ARGV: idempotency key, message ids JSON
+RECORD_SENT: Final = """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
+return 1
+"""
+
+# KEYS: sent, sent before retention  ARGV: idempotency key
+SENT_RESULT: Final = """
+return redis.call('HGET', KEYS[1], ARGV[1]) or redis.call('HGET', KEYS[2], ARGV[1])
+"""
+
+# KEYS: marks  ARGV: cutoff  -> the largest counter a prune call saw at or before the cutoff
+AGED_MARK: Final = """
+local best = false
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do
+  local n = tonumber(m)
+  if not best or n > best then best = n end
+end
+return best
+"""
+
+# KEYS: marks, counter  ARGV: now  (NX: a counter keeps the time it was first seen)
+MARK: Final = """
+redis.call('ZADD', KEYS[1], 'NX', ARGV[1], redis.call('GET', KEYS[2]) or '0')
+return 1
+"""
+
+# KEYS: seen, pending  ARGV: mark, limit, pending member prefix  -> ids removed
+# Ids of messages still pending are kept (and stepped over).
+PRUNE_SEEN: Final = """
+local removed, kept, limit = 0, 0, tonumber(ARGV[2])
+while removed < limit do
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', kept, limit - removed)
+  if #ids == 0 then break end
+  for _, id in ipairs(ids) do
+    if redis.call('ZSCORE', KEYS[2], ARGV[3] .. id) then
+      kept = kept + 1
+    else
+      redis.call('ZREM', KEYS[1], id)
+      removed = removed + 1
+    end
+  end
+end
+return removed
+"""
+
+# KEYS: order, sent  ARGV: mark, limit  -> idempotency records removed
+PRUNE_SENT: Final = """
+local keys = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for i = 1, #keys, 1000 do
+  local chunk = {}
+  for j = i, math.min(i + 999, #keys) do chunk[#chunk + 1] = keys[j] end
+  redis.call('HDEL', KEYS[2], unpack(chunk))
+  redis.call('ZREM', KEYS[1], unpack(chunk))
+end
+return #keys
+"""
+
+# KEYS: failed sends (newest first)  ARGV: cutoff (ISO, UTC), limit  -> failures removed
+PRUNE_FAILED: Final = """
+local n, limit = 0, tonumber(ARGV[2])
+while n < limit do
+  local tail = redis.call('LINDEX', KEYS[1], -1)
+  if not tail or cjson.decode(tail)[5] >= ARGV[1] then break end
+  redis.call('RPOP', KEYS[1])
+  n = n + 1
+end
+return n
 """
 
 # KEYS: pairings, order, pending, seq  ARGV: pending field, code key, pairing JSON

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
 from talkbridge.message import NormalizedMessage
@@ -57,6 +57,25 @@ class FailedSend:
     text: str
     reason: str
     failed_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How long the store keeps what only guards against repeats (see `Store.prune`)."""
+
+    dedupe: timedelta
+    """Ids of handled inbound messages: a redelivery after this is taken for a new message."""
+    sent: timedelta
+    """Idempotency records of sends: a retry with the same key after this sends again."""
+    failed_sends: timedelta
+
+
+class Pruned(NamedTuple):
+    dedupe: int
+    sent: int
+    failed_sends: int
+    more: bool
+    """A limit was reached: call `prune` again for the rest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +186,14 @@ class Store(Protocol):
     ) -> None: ...
     async def record_failed_send(self, failure: FailedSend) -> None: ...
     async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]: ...
+
+    async def prune(self, *, now: datetime, keep: Retention, limit: int = 10_000) -> Pruned:
+        """Forget the dedupe ids of completed inbound messages, the idempotency records and the
+        failed sends older than `keep`, at most `limit` of each per call; pending inbound
+        messages are never forgotten. Ages are measured from `prune` calls, not per entry: an
+        entry goes at the first call at least `keep` after an earlier call that saw it, so it
+        lives between `keep` and `keep` plus the interval between calls. Call it regularly."""
+        ...
 
     # -- trust and pairing ---------------------------------------------------------------------
     async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool: ...

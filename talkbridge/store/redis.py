@@ -28,7 +28,16 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import _redis_lua as lua
-from talkbridge.store.base import Appended, FailedSend, HistoryEntry, HookDelivery, Pairing, Role
+from talkbridge.store.base import (
+    Appended,
+    FailedSend,
+    HistoryEntry,
+    HookDelivery,
+    Pairing,
+    Pruned,
+    Retention,
+    Role,
+)
 
 log = logging.getLogger("talkbridge.store")
 
@@ -54,12 +63,24 @@ class RedisKeys:
     def _key(self, *parts: str) -> str:
         return ":".join((self.prefix, *map(_part, parts)))
 
+    def part_of(self, key: str, kind: str) -> str:
+        """The last part of a `{prefix}:{kind}:{part}` key, unescaped (`kind` may hold ':')."""
+        head = f"{self.prefix}:{kind}:"
+        if not key.startswith(head):
+            raise ValueError(f"{key!r} is not a {kind} key")
+        return key[len(head) :].replace("%3A", ":").replace("%25", "%")
+
     def pattern(self) -> str:
         """Glob matching every key of this prefix (for cleanup)."""
         return self.prefix.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + ":*"
 
     # inbound inbox
     def seen(self, connection_id: str) -> str:
+        """Ids of accepted messages, scored by arrival number (so `prune` can age them)."""
+        return self._key("in", "seenz", connection_id)
+
+    def seen_before_retention(self, connection_id: str) -> str:
+        """The set of ids from before retention existed: still read, dropped by `prune`."""
         return self._key("in", "seen", connection_id)
 
     def pending(self) -> str:
@@ -82,7 +103,20 @@ class RedisKeys:
         return self._key("idrev", connection_id)
 
     def sent(self, connection_id: str) -> str:
+        return self._key("sent2", connection_id)
+
+    def sent_order(self, connection_id: str) -> str:
+        """Idempotency keys scored by a counter (so `prune` can age them)."""
+        return self._key("sentz", connection_id)
+
+    def sent_count(self) -> str:
+        return self._key("sentcount")
+
+    def sent_before_retention(self, connection_id: str) -> str:
         return self._key("sent", connection_id)
+
+    def prune_marks(self, table: str) -> str:
+        return self._key("prune", table)
 
     def failed_sends(self) -> str:
         return self._key("failed")
@@ -164,6 +198,15 @@ def _epoch(value: datetime, what: str) -> str:
     if value.tzinfo is None:
         raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
     return repr(value.timestamp())
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _scan_page(value: Any) -> tuple[int, list[str]]:
+    cursor, keys = value
+    return int(cursor), [_text(k) for k in keys]
 
 
 def _code_key(code: str) -> str:
@@ -412,7 +455,13 @@ class RedisStore:
 
     def _inbox_keys(self, connection_id: str) -> list[str]:
         k = self.keys
-        return [k.seen(connection_id), k.pending(), k.bodies(), k.arrival()]
+        return [
+            k.seen(connection_id),
+            k.pending(),
+            k.bodies(),
+            k.arrival(),
+            k.seen_before_retention(connection_id),
+        ]
 
     async def accept_inbound(
         self, message: NormalizedMessage, *, record_history: bool = False
@@ -546,10 +595,11 @@ class RedisStore:
     # -- outbound ---------------------------------------------------------------------------
 
     async def sent_result(self, connection_id: str, idempotency_key: str) -> list[str] | None:
-        found: list[str] | None = await self._call(
-            "HGET",
-            self.keys.sent(connection_id),
-            idempotency_key,
+        keys = [self.keys.sent(connection_id), self.keys.sent_before_retention(connection_id)]
+        found: list[str] | None = await self._script(
+            "SENT_RESULT",
+            keys,
+            [idempotency_key],
             parse=lambda raw: None if raw is None else json.loads(raw),
         )
         return found
@@ -558,7 +608,9 @@ class RedisStore:
         self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
     ) -> None:
         ids_json = json.dumps(list(message_ids))
-        self._nowait("HSET", self.keys.sent(connection_id), idempotency_key, ids_json)
+        k = self.keys
+        keys = [k.sent(connection_id), k.sent_order(connection_id), k.sent_count()]
+        self._nowait(*self._script_args("RECORD_SENT", keys, [idempotency_key, ids_json]))
 
     async def record_failed_send(self, failure: FailedSend) -> None:
         raw = json.dumps(
@@ -571,6 +623,71 @@ class RedisStore:
             ]
         )
         await self._call("LPUSH", self.keys.failed_sends(), raw)
+
+    async def prune(self, *, now: datetime, keep: Retention, limit: int = 10_000) -> Pruned:
+        """Marks as in the SQLite store: (time, counter) pairs, aged per table."""
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        at = float(_epoch(now, "now"))
+        k = self.keys
+        tables = {
+            "inbound": (at - keep.dedupe.total_seconds(), k.arrival(), "in:seenz"),
+            "sent": (at - keep.sent.total_seconds(), k.sent_count(), "sentz"),
+        }
+        counts: dict[str, int] = {}
+        more = False
+        for table, (cutoff, _, kind) in tables.items():
+            mark: int | None = await self._script(
+                "AGED_MARK", [k.prune_marks(table)], [cutoff], parse=_opt_int
+            )
+            count = 0
+            if mark is not None:
+                for key in await self._scan(kind):
+                    cid = k.part_of(key, kind)
+                    if table == "inbound":
+                        keys, args = [key, k.pending()], [mark, limit - count, cid + _SEP]
+                        count += await self._script("PRUNE_SEEN", keys, args, parse=int)
+                    else:
+                        keys, args = [key, k.sent(cid)], [mark, limit - count]
+                        count += await self._script("PRUNE_SENT", keys, args, parse=int)
+                    if count >= limit:
+                        break
+                if count >= limit:
+                    more = True
+                else:
+                    await self._call("ZREMRANGEBYSCORE", k.prune_marks(table), "-inf", cutoff)
+                    await self._drop_before_retention(table)
+            counts[table] = count
+        failed: int = await self._script(
+            "PRUNE_FAILED",
+            [k.failed_sends()],
+            [_iso(now - keep.failed_sends, "now"), limit],
+            parse=int,
+        )
+        more = more or failed >= limit
+        if not more:
+            for table, (_, counter, _) in tables.items():
+                await self._script("MARK", [k.prune_marks(table), counter], [at])
+        return Pruned(counts["inbound"], counts["sent"], failed, more)
+
+    async def _scan(self, kind: str) -> list[str]:
+        """Every key `{prefix}:{kind}:*` (one per connection)."""
+        pattern = self.keys.pattern()[:-1] + kind + ":*"
+        found: list[str] = []
+        cursor = 0
+        while True:
+            cursor, keys = await self._call(
+                "SCAN", cursor, "MATCH", pattern, "COUNT", 1000, parse=_scan_page
+            )
+            found.extend(keys)
+            if cursor == 0:
+                return found
+
+    async def _drop_before_retention(self, table: str) -> None:
+        """Every id in the pre-retention keys predates the first mark, which has now aged."""
+        kind = "in:seen" if table == "inbound" else "sent"
+        for key in await self._scan(kind):
+            await self._call("UNLINK", key)
 
     async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]:
         """The latest `limit` failures, newest first."""

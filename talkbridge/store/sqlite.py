@@ -17,10 +17,19 @@ from typing import Any, get_args
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store._writer import BulkOp, GroupCommitWriter
-from talkbridge.store.base import Appended, FailedSend, HistoryEntry, HookDelivery, Pairing, Role
+from talkbridge.store.base import (
+    Appended,
+    FailedSend,
+    HistoryEntry,
+    HookDelivery,
+    Pairing,
+    Pruned,
+    Retention,
+    Role,
+)
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -115,6 +124,28 @@ _MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX hook_queue_app ON hook_queue (app_id, handler, id);
     CREATE INDEX hook_queue_created ON hook_queue (created_at);
     """,
+    # version 3: retention (`prune`): `sent` gets an ordered id, prune calls leave marks
+    """
+    CREATE TABLE sent_v3 (
+        id INTEGER PRIMARY KEY,
+        connection_id TEXT NOT NULL,
+        idempotency_key TEXT NOT NULL,
+        message_ids TEXT NOT NULL,
+        UNIQUE (connection_id, idempotency_key)
+    );
+    INSERT INTO sent_v3 (connection_id, idempotency_key, message_ids)
+        SELECT connection_id, idempotency_key, message_ids FROM sent;
+    DROP TABLE sent;
+    ALTER TABLE sent_v3 RENAME TO sent;
+
+    -- At `at` (epoch seconds) a prune call saw ids up to `max_id` in `tbl`: once `at` is older
+    -- than the retention, so is every row up to `max_id`. No timestamp (nor its index) per row.
+    CREATE TABLE prune_marks (
+        tbl TEXT NOT NULL,
+        at REAL NOT NULL,
+        max_id INTEGER NOT NULL
+    );
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
@@ -148,6 +179,14 @@ _RECORD_FAILED = (
 _FAILED = (
     "SELECT connection_id, thread_id, text, reason, failed_at FROM failed_sends"
     " ORDER BY id DESC LIMIT ?"
+)
+_PRUNABLE = {"inbound": " AND body IS NULL", "sent": ""}
+"""Tables pruned by marks, with the condition a row must meet: pending messages stay."""
+_AGED_MARK = "SELECT max(max_id) FROM prune_marks WHERE tbl = ? AND at <= ?"
+_SPENT_MARKS = "DELETE FROM prune_marks WHERE tbl = ? AND at <= ?"
+_MARK = "INSERT INTO prune_marks (tbl, at, max_id) SELECT ?, ?, coalesce(max(id), 0) FROM {table}"
+_PRUNE_FAILED = (
+    "DELETE FROM failed_sends WHERE id IN (SELECT id FROM failed_sends WHERE failed_at < ? LIMIT ?)"
 )
 _IS_TRUSTED = "SELECT 1 FROM trusted WHERE connection_id = ? AND channel_user_id = ?"
 _TRUST = "INSERT OR IGNORE INTO trusted (connection_id, channel_user_id) VALUES (?, ?)"
@@ -452,6 +491,33 @@ class _SqliteOps:
         self._cur.execute(
             _RECORD_FAILED, (f.connection_id, f.thread_id, f.text, f.reason, failed_at)
         )
+
+    def prune(
+        self, now: float, cutoffs: dict[str, float], failed_before: str, limit: int
+    ) -> Pruned:
+        cur = self._cur
+        counts: dict[str, int] = {}
+        more = False
+        for table, condition in _PRUNABLE.items():
+            (mark,) = cur.execute(_AGED_MARK, (table, cutoffs[table])).fetchone()
+            count = 0
+            if mark is not None:
+                count = cur.execute(
+                    f"DELETE FROM {table} WHERE id IN"
+                    f" (SELECT id FROM {table} WHERE id <= ?{condition} LIMIT ?)",
+                    (mark, limit),
+                ).rowcount
+                if count < limit:  # done up to the mark: the marks it covers are spent
+                    cur.execute(_SPENT_MARKS, (table, cutoffs[table]))
+                else:
+                    more = True
+            counts[table] = count
+        failed = cur.execute(_PRUNE_FAILED, (failed_before, limit)).rowcount
+        more = more or failed >= limit
+        if not more:
+            for table in _PRUNABLE:
+                cur.execute(_MARK.format(table=table), (table, now))
+        return Pruned(counts["inbound"], counts["sent"], failed, more)
 
     def failed_sends(self, limit: int) -> list[FailedSend]:
         return [
@@ -759,6 +825,17 @@ class SqliteStore:
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         return await self._writer.submit(self._ops.failed_sends, limit)
+
+    async def prune(self, *, now: datetime, keep: Retention, limit: int = 10_000) -> Pruned:
+        if limit < 1:
+            raise ValueError(f"limit must be >= 1, got {limit}")
+        at = _epoch(now, "now")
+        cutoffs = {
+            "inbound": at - keep.dedupe.total_seconds(),
+            "sent": at - keep.sent.total_seconds(),
+        }
+        failed_before = _iso(now - keep.failed_sends, "now")
+        return await self._writer.submit(self._ops.prune, at, cutoffs, failed_before, limit)
 
     # -- trust and pairing ------------------------------------------------------------------
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
 
 from talkbridge.errors import ConfigError, StoreError
 from talkbridge.message import NormalizedMessage
-from talkbridge.store import Pairing, open_store
+from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
 from tests.peers.redis import private_redis, redis_url
@@ -141,3 +141,52 @@ def test_a_redis_url_without_redis_py_is_a_config_error(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "talkbridge.store.redis", None)
     with pytest.raises(ConfigError, match=r"talkbridge\[redis\]"):
         open_store("redis://127.0.0.1:6379/0")
+
+
+async def test_ids_stored_before_retention_still_count_until_the_first_aged_mark(
+    url: str, raw: Redis
+) -> None:
+    # A store written by an earlier talkbridge keeps ids in a plain set and sends in a hash.
+    prefix = f"tbtest-{uuid.uuid4().hex[:12]}"
+    keys = RedisKeys(prefix)
+    await raw.sadd(keys.seen_before_retention("c:1"), "old")
+    await raw.hset(keys.sent_before_retention("c:1"), "reply:old", '["9"]')
+    store = RedisStore(url, prefix=prefix)
+    await store.open()
+    keep = Retention(timedelta(days=1), timedelta(days=1), timedelta(days=1))
+    now = datetime.now(UTC)
+
+    def msg(mid: str) -> NormalizedMessage:
+        return NormalizedMessage(
+            id=mid,
+            connection_id="c:1",
+            channel="telegram",
+            channel_user_id="u",
+            thread_id="t",
+            timestamp=now,
+            text="hi",
+        )
+
+    try:
+        assert not await store.accept_inbound(msg("old"))  # still a duplicate
+        assert await store.sent_result("c:1", "reply:old") == ["9"]
+        await store.prune(now=now, keep=keep)  # the first mark
+        assert await raw.exists(keys.seen_before_retention("c:1"))
+        await store.prune(now=now + timedelta(days=1, seconds=1), keep=keep)
+        assert not await raw.exists(
+            keys.seen_before_retention("c:1"), keys.sent_before_retention("c:1")
+        )
+        assert await store.accept_inbound(msg("old"))
+        assert await store.sent_result("c:1", "reply:old") is None
+    finally:
+        await store.close()
+        ours = [k async for k in raw.scan_iter(match=keys.pattern())]
+        if ours:
+            await raw.delete(*ours)
+
+
+def test_a_key_part_reads_back_unescaped() -> None:
+    keys = RedisKeys("p:x")
+    assert keys.part_of(keys.seen("a:b%c"), "in:seenz") == "a:b%c"
+    with pytest.raises(ValueError, match="not a sentz key"):
+        keys.part_of(keys.seen("a"), "sentz")

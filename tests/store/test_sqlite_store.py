@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from talkbridge.errors import ConfigError, StoreError
-from talkbridge.store import HistoryEntry, SqliteStore, open_store
+from talkbridge.store import HistoryEntry, Retention, SqliteStore, open_store
 from talkbridge.store import sqlite as sqlite_module
 from talkbridge.store._writer import GroupCommitWriter
 
@@ -72,6 +73,31 @@ async def test_dedupe_and_completion_look_up_keys_by_index(sqlite_store: SqliteS
         found = await sqlite_store._writer.submit(plan)
         assert "SCAN inbound" not in found and "SCAN id_map" not in found, found
         assert "SEARCH i USING" in found, found
+
+
+async def test_prune_keeps_rows_newer_than_the_mark_that_aged(tmp_path: Path) -> None:
+    # Ages come from prune calls: rows that arrived after the aged mark wait for the next one.
+    store = SqliteStore(tmp_path / "x.db")
+    await store.open()
+    keep = Retention(timedelta(days=1), timedelta(days=1), timedelta(days=1))
+    t0 = datetime.now(UTC)
+    try:
+        await store.record_sent("tg", "old", ["1"])
+        await store.prune(now=t0, keep=keep)
+        await store.record_sent("tg", "new", ["2"])
+        first = await store.prune(now=t0 + timedelta(days=1, hours=1), keep=keep)
+        assert first.sent == 1
+        assert await store.sent_result("tg", "old") is None
+        assert await store.sent_result("tg", "new") == ["2"]
+        second = await store.prune(now=t0 + timedelta(days=2, hours=2), keep=keep)
+        assert second.sent == 1
+        assert await store.sent_result("tg", "new") is None
+        marks = await store._writer.submit(
+            lambda: store._ops._cur.execute("SELECT count(*) FROM prune_marks").fetchone()[0]
+        )
+        assert marks == 2  # spent marks are dropped: one per table, from the last call
+    finally:
+        await store.close()
 
 
 async def test_unopenable_path_is_a_store_error_naming_it(tmp_path: Path) -> None:
@@ -262,6 +288,7 @@ async def test_a_version_1_file_is_migrated_keeping_its_data(tmp_path: Path) -> 
     with sqlite3.connect(path) as conn:
         conn.executescript(sqlite_module._MIGRATIONS[0])
         conn.execute("INSERT INTO state (key, value) VALUES ('tg:offset', '41')")
+        conn.execute("INSERT INTO sent VALUES ('tg', 'reply:1', '[\"9\"]')")
         conn.execute("PRAGMA user_version = 1")
     conn.close()
     store = SqliteStore(path)
@@ -273,7 +300,12 @@ async def test_a_version_1_file_is_migrated_keeping_its_data(tmp_path: Path) -> 
         now = datetime.now(UTC)
         await store.enqueue_hook_event("app", ["h"], "c", "e1", "{}", now, capacity=10)
         assert [d.event_id for d in await store.hook_backlog()] == ["e1"]
+        # version 3 rebuilt `sent` with an ordered id: earlier records are kept and replaceable.
+        assert await store.sent_result("tg", "reply:1") == ["9"]
+        await store.record_sent("tg", "reply:1", ["10"])
+        assert await store.sent_result("tg", "reply:1") == ["10"]
     finally:
         await store.close()
     with sqlite3.connect(path) as peek:
-        assert peek.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert peek.execute("PRAGMA user_version").fetchone()[0] == sqlite_module.SCHEMA_VERSION
+        assert peek.execute("SELECT count(*) FROM sent").fetchone()[0] == 1

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from talkbridge.message import Attachment, MessageRouting, NormalizedMessage, ReplyTo
-from talkbridge.store import FailedSend, Pairing, Store
+from talkbridge.store import FailedSend, Pairing, Retention, Store
 
 from .conftest import Reopen
 
@@ -186,6 +186,63 @@ async def test_append_history_once_dedupes_within_one_batch(store: Store) -> Non
     assert [r.seq for r in results] == [1, 2, 1, 2, 1, 2]
     assert [r.entry is not None for r in results] == [True, True] + [False] * 4
     assert len(await store.history(key)) == 2
+
+
+# -- retention -------------------------------------------------------------------------------
+
+WEEK = Retention(dedupe=timedelta(days=7), sent=timedelta(days=7), failed_sends=timedelta(days=30))
+
+
+def failure(text: str, failed_at: datetime) -> FailedSend:
+    return FailedSend(
+        connection_id="tg", thread_id="t", text=text, reason="boom", failed_at=failed_at
+    )
+
+
+async def test_prune_forgets_what_only_guards_against_repeats(store: Store, reopen: Reopen) -> None:
+    now = datetime.now(UTC)
+    for mid in ("done", "pending"):
+        assert await store.accept_inbound(msg(mid))
+    await store.complete_inbound("web", "done")
+    await store.record_sent("tg", "reply:1", ["out-1"])
+    await store.record_failed_send(failure("old", now - timedelta(days=31)))
+    await store.record_failed_send(failure("recent", now - timedelta(days=29)))
+    # Nothing is a week old yet; only the failure past 30 days goes.
+    first = await store.prune(now=now, keep=WEEK)
+    assert (first.dedupe, first.sent, first.failed_sends, first.more) == (0, 0, 1, False)
+    assert await store.sent_result("tg", "reply:1") == ["out-1"]
+    assert not await store.accept_inbound(msg("done"))
+    assert [f.text for f in await store.failed_sends()] == ["recent"]
+
+    store = await reopen()
+    later = await store.prune(now=now + timedelta(days=7, seconds=1), keep=WEEK)
+    assert (later.dedupe, later.sent, later.more) == (1, 1, False)
+    assert await store.sent_result("tg", "reply:1") is None
+    assert await store.accept_inbound(msg("done"))  # forgotten: a redelivery is new now
+    assert not await store.accept_inbound(msg("pending"))  # unfinished work is never forgotten
+    assert [m.id for m in await store.pending_inbound()] == ["pending", "done"]
+
+
+async def test_prune_works_in_bounded_steps(store: Store) -> None:
+    now = datetime.now(UTC)
+    for i in range(7):
+        assert await store.accept_inbound(msg(f"m{i}"))
+        await store.complete_inbound("web", f"m{i}")
+    await store.prune(now=now, keep=WEEK)
+    later = now + timedelta(days=8)
+    steps = []
+    while True:
+        step = await store.prune(now=later, keep=WEEK, limit=3)
+        steps.append(step.dedupe)
+        if not step.more:
+            break
+    assert sum(steps) == 7 and max(steps) <= 3
+    assert all([await store.accept_inbound(msg(f"m{i}")) for i in range(7)])
+
+
+async def test_prune_refuses_a_naive_now(store: Store) -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.prune(now=datetime(2026, 1, 1), keep=WEEK)
 
 
 # -- id map ----------------------------------------------------------------------------------

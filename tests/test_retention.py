@@ -1,0 +1,69 @@
+"""The retention sweep: what the config says, in bounded steps, and started by the bridge."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from talkbridge.bridge import Bridge
+from talkbridge.config import BridgeConfig, RetentionConfig
+from talkbridge.message import NormalizedMessage
+from talkbridge.retention import keep_for, sweep
+from talkbridge.store import FailedSend, Retention, SqliteStore
+
+NOW = Retention(timedelta(0), timedelta(0), timedelta(0))
+
+
+def message(mid: str) -> NormalizedMessage:
+    return NormalizedMessage(
+        id=mid,
+        connection_id="tg",
+        channel="telegram",
+        channel_user_id="u",
+        thread_id="t",
+        timestamp=datetime.now(UTC),
+        text="hi",
+    )
+
+
+def test_the_config_becomes_the_store_retention() -> None:
+    keep = keep_for(RetentionConfig(dedupe_days=2, sent_days=0.5, failed_sends_days=30))
+    assert keep == Retention(timedelta(days=2), timedelta(hours=12), timedelta(days=30))
+
+
+async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "x.db")
+    await store.open()
+    try:
+        for i in range(5):
+            assert await store.accept_inbound(message(f"m{i}"))
+            await store.complete_inbound("tg", f"m{i}")
+            await store.record_sent("tg", f"k{i}", [str(i)])
+        await store.record_failed_send(
+            FailedSend("tg", "t", "x", "boom", datetime.now(UTC) - timedelta(seconds=1))
+        )
+        first = await sweep(store, NOW, step_size=2)
+        assert (first.dedupe, first.sent) == (0, 0)  # nothing was seen by an earlier sweep
+        assert first.failed_sends == 1
+        second = await sweep(store, NOW, step_size=2)  # three steps of at most 2
+        assert (second.dedupe, second.sent, second.more) == (5, 5, False)
+        assert await store.accept_inbound(message("m0"))
+        assert await store.sent_result("tg", "k0") is None
+    finally:
+        await store.close()
+
+
+async def test_the_bridge_sweeps_from_start_and_stops_sweeping(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "x.db")
+    bridge = Bridge(BridgeConfig(), store=store, with_webchat=False)
+    await bridge.start()
+    sweeper = bridge._sweeper
+    assert sweeper is not None
+    await asyncio.wait_for(bridge.swept.wait(), 10)
+    marks = await store._writer.submit(
+        lambda: store._ops._cur.execute("SELECT count(*) FROM prune_marks").fetchone()[0]
+    )
+    await bridge.stop()
+    assert marks == 2  # the first sweep ran at start: later ones age what it saw
+    assert sweeper.cancelled() and bridge._sweeper is None
