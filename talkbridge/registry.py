@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from talkbridge.backoff import Backoff
+from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
 from talkbridge.connectors import load_factory
 from talkbridge.connectors.base import (
@@ -214,10 +215,7 @@ class ConnectionRegistry:
                 self._set_state(cid, ConnectionState.UP, None)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks.values())
         self._tasks.clear()
         await self._stop_owned()
         for cid, connector in self._connectors.items():
@@ -243,6 +241,7 @@ class ConnectionRegistry:
             try:
                 state = await lease.acquire()
             except Exception as exc:  # redis unreachable: nobody can take it either
+                raise_if_cancelling()
                 reason = self.redact(describe_error(exc))
                 self._set_state(cid, ConnectionState.DEGRADED, f"lease unavailable: {reason}")
                 await asyncio.sleep(lease.renew_every)
@@ -258,18 +257,14 @@ class ConnectionRegistry:
             await cluster.acquired(cid)
             work = self._work[cid] = asyncio.create_task(self._supervise(cid, transport))
             await lease.keep()  # returns only when the lease is lost (cancelled: see `stop`)
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
+            await cancel_and_wait(work)
             cluster.lost(cid)
             lost = "this node lost the lease and stopped the transport"
 
     async def _stop_owned(self) -> None:
         """Stop the transports this node owns and release their leases at once, so another
         node takes over without waiting for them to run out."""
-        work = list(self._work.values())
-        for task in work:
-            task.cancel()
-        await asyncio.gather(*work, return_exceptions=True)
+        await cancel_and_wait(*self._work.values())
         self._work.clear()
         cluster = self._cluster
         for cid, lease in self._leases.items():

@@ -8,23 +8,11 @@ from pathlib import Path
 
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, RetentionConfig
-from talkbridge.message import NormalizedMessage
 from talkbridge.retention import keep_for, sweep
 from talkbridge.store import FailedSend, Retention, SqliteStore
+from tests.support.talk_connector import make_message
 
 NOW = Retention(timedelta(0), timedelta(0), timedelta(0))
-
-
-def message(mid: str) -> NormalizedMessage:
-    return NormalizedMessage(
-        id=mid,
-        connection_id="tg",
-        channel="telegram",
-        channel_user_id="u",
-        thread_id="t",
-        timestamp=datetime.now(UTC),
-        text="hi",
-    )
 
 
 def test_the_config_becomes_the_store_retention() -> None:
@@ -37,7 +25,7 @@ async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path
     await store.open()
     try:
         for i in range(5):
-            assert await store.accept_inbound(message(f"m{i}"))
+            assert await store.accept_inbound(make_message(connection_id="tg", message_id=f"m{i}"))
             await store.complete_inbound("tg", f"m{i}")
             await store.record_sent("tg", f"k{i}", [str(i)])
         await store.record_failed_send(
@@ -48,7 +36,7 @@ async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path
         assert first.failed_sends == 1
         second = await sweep(store, NOW, step_size=2)  # three steps of at most 2
         assert (second.dedupe, second.sent, second.more) == (5, 5, False)
-        assert await store.accept_inbound(message("m0"))
+        assert await store.accept_inbound(make_message(connection_id="tg", message_id="m0"))
         assert await store.sent_result("tg", "k0") is None
     finally:
         await store.close()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster.keys import ClusterKeys
 
 log = logging.getLogger("talkbridge.cluster.fanout")
@@ -47,8 +48,7 @@ class WebchatFanout:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
 
     async def publish(self, session_id: str, frame_text: str) -> None:
         payload = json.dumps([self._node, session_id, frame_text])
@@ -60,6 +60,7 @@ class WebchatFanout:
     async def _listen(self) -> None:
         pattern = self._keys.webchat_pattern()
         while True:
+            raise_if_cancelling()  # a cancel lost in the client ends the loop here
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(pattern)
@@ -67,6 +68,7 @@ class WebchatFanout:
                 async for item in pubsub.listen():
                     self._deliver(item.get("data"))
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 log.warning("webchat fan-out listener failed: %s; reconnecting", exc)
                 await asyncio.sleep(0.5)
             finally:

@@ -30,6 +30,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import Lease, Membership
@@ -111,7 +112,7 @@ class InboundBus:
         k = self._keys
         cid = message.connection_id
         keys = [k.seen(cid), k.pending(), k.bodies(), k.arrival()]
-        keys += [k.bus_in(self.shard_of(message.thread_key)), k.seen_before_retention(cid)]
+        keys += [k.seen_before_retention(cid), k.bus_in(self.shard_of(message.thread_key))]
         args = [message.id, cid + _SEP + message.id, message.model_dump_json()]
         if record_history:
             keys.append(k.history(message.thread_key))
@@ -136,8 +137,7 @@ class InboundBus:
         self._reading = False
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+            await cancel_and_wait(reader)
         for shard in self._held.values():
             shard.active = False
 
@@ -146,9 +146,7 @@ class InboundBus:
         await self.stop_reading()
         tasks = [t for t in (self._balancer, *self._releases) if t is not None]
         self._balancer = None
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         for shard in list(self._held.values()):
             with contextlib.suppress(RedisError, OSError):
                 await shard.lease.release()
@@ -158,6 +156,7 @@ class InboundBus:
     async def _balance_loop(self) -> None:
         next_reclaim = asyncio.get_running_loop().time() + self._config.claim_idle / 2
         while True:
+            raise_if_cancelling()  # a cancel lost in the client ends the loop here
             await asyncio.sleep(self._config.lease_ttl / 3)
             try:
                 await self._balance()
@@ -166,6 +165,7 @@ class InboundBus:
                     next_reclaim = now + self._config.claim_idle / 2
                     await self._reclaim_stragglers()
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 log.warning("shard balancing failed: %s; retrying", exc)
 
     async def _balance(self) -> None:
@@ -196,6 +196,7 @@ class InboundBus:
                     shard.renewed_at = loop.time()
                     continue
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 if loop.time() - shard.renewed_at <= self._config.lease_ttl * 0.8:
                     log.info("shard %d: renewal failed (%s); retrying", shard.number, exc)
                     continue
@@ -281,6 +282,7 @@ class InboundBus:
 
     async def _read_loop(self) -> None:
         while self._reading:
+            raise_if_cancelling()  # a cancel lost in the client ends the loop here
             streams: dict[Any, Any] = {s.stream: ">" for s in self._held.values() if s.active}
             if not streams:
                 self._wake.clear()
@@ -299,6 +301,7 @@ class InboundBus:
                     await ensure_group(self._client, name, GROUP)
                 continue
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 log.warning("reading the inbound bus failed: %s; retrying", exc)
                 self._cycles.bump()
                 await asyncio.sleep(self.block_ms / 1000)

@@ -17,6 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from talkbridge.cancellation import raise_if_cancelling
 from talkbridge.cluster import scripts
 
 log = logging.getLogger("talkbridge.cluster")
@@ -88,6 +89,7 @@ class Lease:
                     return
                 renewed_at = loop.time()
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 if loop.time() - renewed_at > self.ttl * 0.8:
                     log.warning("lease %s lost: cannot renew it: %s", self.key, exc)
                     return

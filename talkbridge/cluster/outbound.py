@@ -25,6 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
@@ -113,8 +114,7 @@ class OutboundBus:
         self._serving = False
         server, self._server = self._server, None
         if server is not None:
-            server.cancel()
-            await asyncio.gather(server, return_exceptions=True)
+            await cancel_and_wait(server)
         self._served.clear()
         if self._handling:
             await asyncio.gather(*list(self._handling), return_exceptions=True)
@@ -123,8 +123,7 @@ class OutboundBus:
         await self.stop_serving()
         replies, self._replies = self._replies, None
         if replies is not None:
-            replies.cancel()
-            await asyncio.gather(replies, return_exceptions=True)
+            await cancel_and_wait(replies)
         for future in self._futures.values():
             if not future.done():
                 future.cancel()
@@ -169,9 +168,11 @@ class OutboundBus:
     async def _read_replies(self) -> None:
         last = "0"
         while True:
+            raise_if_cancelling()  # a cancel lost in the client ends the loop here
             try:
                 result = await self._client.xread({self._reply_key: last}, block=1000, count=512)
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 log.warning("reading send replies failed: %s; retrying", exc)
                 await asyncio.sleep(0.5)
                 continue
@@ -230,6 +231,7 @@ class OutboundBus:
 
     async def _serve(self) -> None:
         while True:
+            raise_if_cancelling()  # a cancel lost in the client ends the loop here
             streams: dict[Any, Any] = dict.fromkeys(self._served, ">")
             if not streams:
                 self._wake.clear()
@@ -247,6 +249,7 @@ class OutboundBus:
                     await ensure_group(self._client, name, GROUP)
                 continue
             except (RedisError, OSError) as exc:
+                raise_if_cancelling()
                 log.warning("reading send requests failed: %s; retrying", exc)
                 await asyncio.sleep(self._block_ms / 1000)
                 continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from talkbridge.store._redis_lua import ACCEPT_HEAD
+
 # KEYS: lease  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
 ACQUIRE: Final = """
 local cur = redis.call('GET', KEYS[1])
@@ -45,23 +47,18 @@ return redis.call('ZCARD', KEYS[1])
 
 # The store's ACCEPT (dedupe + pending inbox [+ history]) and the XADD onto the inbound bus in
 # one step: a crash can never leave a message accepted (so deduped) but not on the bus.
-# KEYS: seen, pending, bodies, arrival, stream, seen before retention[, history]
+# KEYS: seen, pending, bodies, arrival, seen before retention, stream[, history]
 # ARGV: message_id, member, body[, history entry]  -> 0 duplicate, 1 accepted
-ACCEPT_PUBLISH: Final = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('SISMEMBER', KEYS[6], ARGV[1]) == 1 then
-  return 0
-end
-local n = redis.call('INCR', KEYS[4])
-redis.call('ZADD', KEYS[1], n, ARGV[1])
-redis.call('ZADD', KEYS[2], n, ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-redis.call('XADD', KEYS[5], '*', 'm', ARGV[3])
+ACCEPT_PUBLISH: Final = (
+    ACCEPT_HEAD
+    + """redis.call('XADD', KEYS[6], '*', 'm', ARGV[3])
 if #KEYS == 7 then
   local seq = redis.call('HINCRBY', KEYS[7], 'n', 1)
   redis.call('HSET', KEYS[7], tostring(seq), ARGV[4])
 end
 return 1
 """
+)
 
 # The store's COMPLETE plus the acknowledgement of the bus entry, in one step.
 # KEYS: pending, bodies, stream  ARGV: member, group, entry id

@@ -11,7 +11,7 @@ from typing import Final
 
 # KEYS: seen, pending, bodies, arrival, seen before retention[, history]
 # ARGV: message_id, member, body[, entry]
-ACCEPT: Final = """
+ACCEPT_HEAD: Final = """
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
   return 0
 end
@@ -19,13 +19,20 @@ local n = redis.call('INCR', KEYS[4])
 redis.call('ZADD', KEYS[1], n, ARGV[1])
 redis.call('ZADD', KEYS[2], n, ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[3])
-if #KEYS == 6 then
+"""
+"""Dedupe (ids scored by arrival, plus the pre-retention set) and the pending inbox; shared with
+the cluster's ACCEPT_PUBLISH, whose first five keys are the same."""
+
+ACCEPT: Final = (
+    ACCEPT_HEAD
+    + """if #KEYS == 6 then
   local seq = redis.call('HINCRBY', KEYS[6], 'n', 1)
   redis.call('HSET', KEYS[6], tostring(seq), ARGV[4])
   return seq
 end
 return -1
 """
+)
 
 # KEYS: pending, bodies  ARGV: member
 COMPLETE: Final = """
@@ -382,6 +389,6 @@ return n
 ALL: Final[dict[str, str]] = {
     name: value
     for name, value in dict(globals()).items()
-    if name.isupper() and not name.startswith("_") and name != "ALL"
+    if name.isupper() and not name.startswith("_") and name not in ("ALL", "ACCEPT_HEAD")
 }
 """Every script by name (loaded once per connection with SCRIPT LOAD)."""

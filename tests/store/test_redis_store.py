@@ -16,6 +16,7 @@ from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
 from tests.peers.redis import private_redis, redis_url
+from tests.support.talk_connector import make_message
 
 
 @pytest.fixture
@@ -156,19 +157,10 @@ async def test_ids_stored_before_retention_still_count_until_the_first_aged_mark
     keep = Retention(timedelta(days=1), timedelta(days=1), timedelta(days=1))
     now = datetime.now(UTC)
 
-    def msg(mid: str) -> NormalizedMessage:
-        return NormalizedMessage(
-            id=mid,
-            connection_id="c:1",
-            channel="telegram",
-            channel_user_id="u",
-            thread_id="t",
-            timestamp=now,
-            text="hi",
-        )
-
     try:
-        assert not await store.accept_inbound(msg("old"))  # still a duplicate
+        assert not await store.accept_inbound(
+            make_message(connection_id="c:1", message_id="old")
+        )  # still a duplicate
         assert await store.sent_result("c:1", "reply:old") == ["9"]
         await store.prune(now=now, keep=keep)  # the first mark
         assert await raw.exists(keys.seen_before_retention("c:1"))
@@ -176,7 +168,7 @@ async def test_ids_stored_before_retention_still_count_until_the_first_aged_mark
         assert not await raw.exists(
             keys.seen_before_retention("c:1"), keys.sent_before_retention("c:1")
         )
-        assert await store.accept_inbound(msg("old"))
+        assert await store.accept_inbound(make_message(connection_id="c:1", message_id="old"))
         assert await store.sent_result("c:1", "reply:old") is None
     finally:
         await store.close()

@@ -1,0 +1,61 @@
+"""A cancellation a client library turns into a connection error still stops a retry loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
+
+
+async def test_a_retry_loop_stops_when_cancelled_mid_command() -> None:
+    started = asyncio.Event()
+    attempts = 0
+
+    async def command() -> None:  # like redis-py: a cancel mid-command surfaces as this
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            raise ConnectionError("still down")
+        started.set()
+        try:
+            await asyncio.Future()
+        except asyncio.CancelledError:
+            raise ConnectionError("connection lost") from None
+
+    async def retry_loop() -> str:
+        for _ in range(3):  # bounded, so a lost cancel shows as a normal return, not a hang
+            try:
+                await command()
+            except OSError:
+                raise_if_cancelling()
+        return "gave up"
+
+    task = asyncio.create_task(retry_loop())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert attempts == 1
+
+
+async def test_cancel_and_wait_cancels_again_when_a_cancel_was_lost() -> None:
+    swallowed = asyncio.Event()
+
+    async def loses_one_cancel() -> None:
+        try:
+            await asyncio.Future()
+        except asyncio.CancelledError:  # as a library racing its own timeout may do
+            swallowed.set()
+        await asyncio.Future()  # the next cancel ends it
+
+    async def fails() -> None:
+        raise RuntimeError("already broken")
+
+    stubborn = asyncio.create_task(loses_one_cancel())
+    broken = asyncio.create_task(fails())
+    await asyncio.sleep(0)  # both start
+    await asyncio.wait_for(cancel_and_wait(stubborn, broken, again_after=0.01), 5)
+    assert swallowed.is_set() and stubborn.cancelled()
+    assert isinstance(broken.exception(), RuntimeError)  # ended; its error was not raised here
