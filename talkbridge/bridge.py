@@ -25,6 +25,7 @@ from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
 from talkbridge.agents.runner import AgentRunner, TurnOutcome
 from talkbridge.agents.sentinel import SentinelAgent
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
 from talkbridge.errors import SendFailedError, TalkbridgeError
@@ -163,9 +164,7 @@ class Bridge:
             return
         self._started = False
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            with suppress(asyncio.CancelledError):
-                await self._sweeper
+            await cancel_and_wait(self._sweeper)
             self._sweeper = None
         if self.cluster is not None:
             await self.cluster.quiesce()  # no new entries or send requests from other nodes
