@@ -20,6 +20,7 @@ import os
 import pwd
 import shutil
 import signal
+import ssl
 import subprocess
 import tempfile
 import warnings
@@ -30,6 +31,7 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import trustme
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 from tests.peers.http import free_port
@@ -47,10 +49,15 @@ def dovecot_available() -> bool:
 class DovecotPeer:
     """One Dovecot instance under a private root directory; stop() removes it."""
 
-    def __init__(self, users: dict[str, str], *, no_idle: bool = False) -> None:
+    def __init__(
+        self, users: dict[str, str], *, no_idle: bool = False, tls: TlsFiles | None = None
+    ) -> None:
         self.users = dict(users)
         self.no_idle = no_idle
+        self.tls = tls
+        """With TLS: STARTTLS on `port`, and TLS from the first byte on `tls_port`."""
         self.port = 0
+        self.tls_port = 0
         # Not pytest's tmp_path: its parents are 0700 and Dovecot's workers run as other users.
         self.root = Path(tempfile.mkdtemp(prefix="talkbridge-dovecot-"))
         self.root.chmod(0o755)
@@ -63,6 +70,8 @@ class DovecotPeer:
 
     def start(self) -> None:
         self.port = self.port or free_port()
+        if self.tls is not None:
+            self.tls_port = self.tls_port or free_port()
         for user in self.users:
             self._make_maildir(user)
         self._write_passwd()
@@ -170,6 +179,11 @@ class DovecotPeer:
         root = self.root
         for sub in ("run", "state"):
             (root / sub).mkdir(exist_ok=True)
+        ssl_settings = "ssl = no"
+        imaps = "port = 0"
+        if self.tls is not None:
+            ssl_settings = f"ssl = yes\nssl_cert = <{self.tls.cert}\nssl_key = <{self.tls.key}"
+            imaps = f"address = 127.0.0.1\n    port = {self.tls_port}"
         capability = ""
         if self.no_idle:
             capability = (
@@ -182,7 +196,7 @@ state_dir = {root}/state
 log_path = {root}/dovecot.log
 protocols = imap
 listen = 127.0.0.1
-ssl = no
+{ssl_settings}
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 auth_failure_delay = 0
@@ -204,12 +218,42 @@ service imap-login {{
     port = {self.port}
   }}
   inet_listener imaps {{
-    port = 0
+    {imaps}
   }}
 }}
 {capability}""",
             encoding="utf-8",
         )
+
+
+# ---- TLS -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A server certificate for 127.0.0.1 and localhost, and the CA file that trusts it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @classmethod
+    def issue(cls, folder: Path) -> TlsFiles:
+        folder.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA()
+        server = ca.issue_cert("127.0.0.1", "localhost")
+        files = cls(folder / "server.pem", folder / "server.key", folder / "ca.pem")
+        server.cert_chain_pems[0].write_to_path(str(files.cert))
+        for extra in server.cert_chain_pems[1:]:
+            extra.write_to_path(str(files.cert), append=True)
+        server.private_key_pem.write_to_path(str(files.key))
+        ca.cert_pem.write_to_path(str(files.ca))
+        return files
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        return context
 
 
 # ---- SMTP ----------------------------------------------------------------------------------
@@ -247,22 +291,32 @@ class SmtpPeer(Waitable):
     auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
-    _server: asyncio.Server | None = None
+    tls: ssl.SSLContext | None = None
+    """With TLS: STARTTLS required on `port`, and TLS from the first byte on `tls_port`."""
+    tls_port: int = 0
+    _servers: list[asyncio.Server] = field(default_factory=list)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     wait_timeout = 15.0
 
     async def __aenter__(self) -> SmtpPeer:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        server = await loop.create_server(self._protocol, "127.0.0.1", 0)
+        self._servers.append(server)
+        self.port = server.sockets[0].getsockname()[1]
+        if self.tls is not None:
+            implicit = await loop.create_server(
+                lambda: self._protocol(implicit_tls=True), "127.0.0.1", 0, ssl=self.tls
+            )
+            self._servers.append(implicit)
+            self.tls_port = implicit.sockets[0].getsockname()[1]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
 
-    def _protocol(self) -> SMTP:
+    def _protocol(self, *, implicit_tls: bool = False) -> SMTP:
         with warnings.catch_warnings():
             # "Requiring AUTH while not requiring TLS": intended here, plain SMTP on 127.0.0.1.
             warnings.simplefilter("ignore", UserWarning)
@@ -272,6 +326,9 @@ class SmtpPeer(Waitable):
                 authenticator=self._authenticate,
                 auth_required=bool(self.users),
                 auth_require_tls=False,
+                # TLS from the first byte is the server's (`tls_port`); STARTTLS is aiosmtpd's.
+                tls_context=None if implicit_tls else self.tls,
+                require_starttls=self.tls is not None and not implicit_tls,
             )
 
     def _authenticate(

@@ -29,11 +29,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _tls_failure(exc: BaseException) -> bool:
+    """True when TLS failed, even wrapped (aiosmtplib raises SMTPConnectError from the
+    SSLError): a certificate the bridge does not trust is not worth retrying."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def translate_imap(exc: BaseException, where: str, *secrets: str | None) -> ConnectorError:
     if isinstance(exc, ConnectorError):
         return exc
     detail = scrub(_describe(exc), *secrets)
-    if isinstance(exc, ssl.SSLError):
+    if _tls_failure(exc):
         return PermanentError(f"TLS with the IMAP server {where} failed: {detail}")
     if isinstance(exc, ConnectionRefusedError):
         return TransientError(f"IMAP server {where} refused the connection")
@@ -48,6 +61,8 @@ def translate_smtp(exc: BaseException, where: str, *secrets: str | None) -> Conn
     if isinstance(exc, ConnectorError):
         return exc
     detail = scrub(_describe(exc), *secrets)
+    if _tls_failure(exc):
+        return PermanentError(f"TLS with the SMTP server {where} failed: {detail}")
     if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
         return UnauthorizedError(
             f"SMTP server {where} refused the login ({exc.code} {scrub(exc.message, *secrets)})"
@@ -64,8 +79,6 @@ def translate_smtp(exc: BaseException, where: str, *secrets: str | None) -> Conn
         if 400 <= exc.code < 500:
             return TransientError(f"SMTP server {where} deferred the mail: {reply}")
         return PermanentError(f"SMTP server {where} refused the mail: {reply}")
-    if isinstance(exc, ssl.SSLError):
-        return PermanentError(f"TLS with the SMTP server {where} failed: {detail}")
     if isinstance(exc, OSError | asyncio.TimeoutError | aiosmtplib.SMTPException):
         return TransientError(f"SMTP {where}: {detail}")
     return PermanentError(f"SMTP {where}: {detail}")

@@ -80,7 +80,9 @@ class ImapSession:
         protocol = self.client.protocol
         if "STARTTLS" not in protocol.capabilities:
             raise PermanentError(f"IMAP server {self.where} does not offer STARTTLS")
-        response = await self.guard(protocol.simple_command("STARTTLS"))
+        # `simple_command` refuses STARTTLS (aioimaplib 2.0): build the command itself.
+        command = aioimaplib.Command("STARTTLS", protocol.new_tag(), loop=protocol.loop)
+        response = await self.guard(protocol.execute(command))
         if response.result != "OK":
             raise PermanentError(f"IMAP server {self.where} refused STARTTLS")
         loop = asyncio.get_running_loop()
