@@ -456,6 +456,38 @@ class TelegramBotAPIPeer(Waitable):
             return self._error(call, 400, "Bad Request: message is too long")
         return self._new_message(token, call, text=visible)
 
+    async def _m_sendmediagroup(self, token: str, call: Call) -> Any:
+        """An album: 2-10 photos/videos, or documents only, or audio only; one message each,
+        sharing a media_group_id, the caption on the item that carries it."""
+        media = call.params.get("media")
+        if not isinstance(media, list) or not 2 <= len(media) <= 10:
+            return self._error(call, 400, "Bad Request: media must have 2-10 items")
+        kinds = {item.get("type") for item in media if isinstance(item, dict)}
+        if not (kinds <= {"photo", "video"} or kinds in ({"document"}, {"audio"})):
+            return self._error(call, 400, f"Bad Request: can't mix {sorted(kinds)} in an album")
+        group = f"album-{len(self.calls)}"
+        messages = []
+        for item in media:
+            ref = item.get("media")
+            if isinstance(ref, str) and ref.startswith("attach://"):
+                upload = call.files.get(ref[9:])
+                if upload is None:
+                    return self._error(call, 400, "Bad Request: no file part for " + ref)
+                file = self._file(Call(token, call.method, {}, {"f": upload}), "f")
+            else:
+                file = {"file_id": str(ref), "file_unique_id": f"U{ref}"}
+            kind = item["type"]
+            content: dict[str, Any] = {"media_group_id": group}
+            content[kind] = {
+                "photo": [{**file, "width": 1, "height": 1}],
+                "video": {**file, "width": 1, "height": 1, "duration": 1},
+                "audio": {**file, "duration": 1},
+            }.get(kind, file)
+            if item.get("caption"):
+                content["caption"] = _strip_html(item["caption"])
+            messages.append(self._new_message(token, call, **content))
+        return messages
+
     async def _m_sendphoto(self, token: str, call: Call) -> Any:
         photo = {**self._file(call, "photo"), "width": 1, "height": 1}
         return self._new_message(token, call, photo=[photo], **self._caption(call))

@@ -27,6 +27,10 @@ from aiogram.types import (
     BufferedInputFile,
     InlineKeyboardButton,
     InlineKeyboardMarkup,
+    InputMediaAudio,
+    InputMediaDocument,
+    InputMediaPhoto,
+    InputMediaVideo,
     LinkPreviewOptions,
     Message,
     ReactionTypeEmoji,
@@ -266,11 +270,11 @@ class TelegramConnector(BaseConnector):
             await self._pacer.acquire(chat_id)
             with translated(self._token, chat_scoped=True):
                 result = await self.bot(steps[index])
-            return (
-                [native_id(result.chat.id, result.message_id)]
-                if isinstance(result, Message)
-                else []
-            )
+            if isinstance(result, Message):
+                return [native_id(result.chat.id, result.message_id)]
+            if isinstance(result, list):  # an album: one message per item
+                return [native_id(m.chat.id, m.message_id) for m in result]
+            return []
 
         sent = await self._partial.run(message.idempotency_key, len(steps), step)
         if not sent:
@@ -306,8 +310,17 @@ class TelegramConnector(BaseConnector):
                     link_preview_options=LinkPreviewOptions(is_disabled=True),
                 )
             )
-        for index, attachment in enumerate(message.attachments):
-            steps.append(_attachment_method(attachment, common, caption if index == 0 else None))
+        # Without buttons, runs of photos and videos (or of documents, or of audio) go as albums;
+        # Telegram cannot put buttons on an album.
+        runs = (
+            _albums(message.attachments) if markup is None else [[a] for a in message.attachments]
+        )
+        for run in runs:
+            if len(run) == 1:
+                steps.append(_attachment_method(run[0], common, caption))
+            else:
+                steps.append(_album(run, common, caption))
+            caption = None
         if steps and reply is not None:
             steps[0] = steps[0].model_copy(update={"reply_parameters": reply})
         if steps and markup is not None:
@@ -412,6 +425,54 @@ def _keyboard(buttons: Sequence[tuple[str, str]]) -> InlineKeyboardMarkup:
     )
 
 
+ALBUM_MAX = 10
+"""Items per sendMediaGroup."""
+_ALBUM_FAMILY = {"image": "visual", "video": "visual", "document": "document", "audio": "audio"}
+"""Which kinds may share an album: photos with videos, documents alone, audio alone."""
+
+
+def _albums(attachments: Sequence[Attachment]) -> list[list[Attachment]]:
+    """Attachments in order, consecutive album-able ones of one family grouped (at most 10)."""
+    runs: list[list[Attachment]] = []
+    family: str | None = None
+    for attachment in attachments:
+        this = _ALBUM_FAMILY.get(attachment.kind)
+        if this is not None and this == family and len(runs[-1]) < ALBUM_MAX:
+            runs[-1].append(attachment)
+        else:
+            runs.append([attachment])
+        family = this
+    return runs
+
+
+def _album(
+    attachments: Sequence[Attachment], common: dict[str, Any], caption: str | None
+) -> api.SendMediaGroup:
+    media: list[Any] = []
+    for index, attachment in enumerate(attachments):
+        extra: dict[str, Any] = {}
+        if index == 0 and caption is not None:
+            extra = {"caption": caption, "parse_mode": "HTML"}
+        file = _file(attachment)
+        if attachment.kind == "image":
+            media.append(InputMediaPhoto(media=file, **extra))
+        elif attachment.kind == "video":
+            media.append(InputMediaVideo(media=file, **extra))
+        elif attachment.kind == "audio":
+            media.append(InputMediaAudio(media=file, **extra))
+        else:
+            media.append(InputMediaDocument(media=file, **extra))
+    return api.SendMediaGroup(**common, media=media)
+
+
+def _file(attachment: Attachment) -> Any:
+    if attachment.data is not None:
+        return BufferedInputFile(attachment.data, filename=attachment.name or "file")
+    if attachment.ref:
+        return attachment.ref  # a file_id Telegram already has, or an HTTP URL it fetches
+    raise PermanentError(f"the {attachment.kind} attachment has neither data nor ref")
+
+
 def _captionable(attachment: Attachment) -> bool:
     return attachment.kind not in ("sticker", "location", "contact")
 
@@ -438,12 +499,7 @@ def _attachment_method(
             first_name=str(meta.get("first_name") or attachment.name or meta["phone_number"]),
             last_name=meta.get("last_name"),
         )
-    if attachment.data is not None:
-        file: Any = BufferedInputFile(attachment.data, filename=attachment.name or "file")
-    elif attachment.ref:
-        file = attachment.ref  # a file_id Telegram already has, or an HTTP URL it fetches
-    else:
-        raise PermanentError(f"the {attachment.kind} attachment has neither data nor ref")
+    file = _file(attachment)
     kind = attachment.kind
     extra: dict[str, Any] = {}
     if caption is not None and _captionable(attachment):

@@ -288,6 +288,51 @@ async def test_a_photo_goes_up_with_its_caption(peer: TelegramBotAPIPeer, start:
     assert peer.sent_messages == [] and len(result.message_ids) == 1
 
 
+async def test_pictures_go_as_albums_of_at_most_ten_with_the_caption_on_the_first(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    pictures = [
+        Attachment(kind="image", name=f"p{i}.png", data=b"\x89PNG" + bytes([i]) * 64)
+        for i in range(11)
+    ]
+    clip = Attachment(kind="video", ref="known-video-id")
+    sheet = Attachment(kind="document", name="a.pdf", data=b"%PDF-1.4")
+    result = await running.connector.send(
+        OutboundMessage(
+            thread_id="-100123",
+            text="**Holiday**",
+            attachments=(*pictures[:9], clip, pictures[9], sheet, pictures[10]),
+        )
+    )
+    # photos and the video: one album of 10, then one photo left over; the document and the
+    # last photo cannot share an album with each other.
+    [album] = peer.calls_of("sendMediaGroup")
+    media = album.params["media"]
+    assert [m["type"] for m in media] == ["photo"] * 9 + ["video"]
+    assert media[0]["caption"] == "<b>Holiday</b>" and "caption" not in media[1]
+    first = media[0]["media"]
+    assert album.files[first.removeprefix("attach://")].data == pictures[0].data
+    assert media[9]["media"] == "known-video-id"
+    assert [c.method for c in peer.calls[-3:]] == ["sendphoto", "senddocument", "sendphoto"]
+    assert "caption" not in peer.calls_of("sendPhoto")[0].params
+    assert len(result.message_ids) == 13 and peer.sent_messages == []
+    grouped = [m for m in peer.messages.values() if "media_group_id" in m]
+    assert len(grouped) == 10 and len({m["media_group_id"] for m in grouped}) == 1
+
+
+async def test_with_buttons_attachments_go_one_by_one(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    photos = tuple(Attachment(kind="image", ref=f"photo-{i}") for i in range(2))
+    await running.connector.send(
+        OutboundMessage(thread_id="-100123", text="pick", attachments=photos, buttons=(("A", "a"),))
+    )
+    assert peer.calls_of("sendMediaGroup") == []  # Telegram puts no buttons on an album
+    assert len(peer.calls_of("sendPhoto")) == 2
+
+
 async def test_an_inbound_photo_with_caption_downloads(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
@@ -381,3 +426,17 @@ async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
     assert (777, 1) not in peer.messages
     with pytest.raises(NotFoundError):
         await conn.feature("delete").delete("777", sent.message_id)
+
+
+def test_album_runs_follow_telegram_rules() -> None:
+    from talkbridge.connectors.telegram.transport import _albums
+
+    def kinds(*names: str) -> list[list[str]]:
+        attachments = [Attachment(kind=k, ref=f"r{i}") for i, k in enumerate(names)]  # type: ignore[arg-type]
+        return [[a.kind for a in run] for run in _albums(attachments)]
+
+    assert kinds("image", "video", "image") == [["image", "video", "image"]]
+    assert kinds("document", "document", "image") == [["document", "document"], ["image"]]
+    assert kinds("audio", "voice", "audio") == [["audio"], ["voice"], ["audio"]]
+    assert kinds("image", "sticker", "image") == [["image"], ["sticker"], ["image"]]
+    assert [len(r) for r in kinds(*["image"] * 23)] == [10, 10, 3]
