@@ -66,7 +66,8 @@ class TypingIndicators:
     def _start_slow_turns(self) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() - self._delay
-        for turn, (started, activity, thread_id) in list(self._waiting.items()):
+        while self._waiting:
+            turn, (started, activity, thread_id) = next(iter(self._waiting.items()))
             if started > due:  # every later turn started later still
                 break
             del self._waiting[turn]

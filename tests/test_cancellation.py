@@ -42,8 +42,10 @@ async def test_a_retry_loop_stops_when_cancelled_mid_command() -> None:
 
 async def test_cancel_and_wait_cancels_again_when_a_cancel_was_lost() -> None:
     swallowed = asyncio.Event()
+    waiting = asyncio.Event()
 
     async def loses_one_cancel() -> None:
+        waiting.set()
         try:
             await asyncio.Future()
         except asyncio.CancelledError:  # as a library racing its own timeout may do
@@ -55,7 +57,8 @@ async def test_cancel_and_wait_cancels_again_when_a_cancel_was_lost() -> None:
 
     stubborn = asyncio.create_task(loses_one_cancel())
     broken = asyncio.create_task(fails())
-    await asyncio.sleep(0)  # both start
+    await waiting.wait()
+    await asyncio.wait([broken])  # it has failed already: cancel_and_wait must not raise it
     await asyncio.wait_for(cancel_and_wait(stubborn, broken, again_after=0.01), 5)
     assert swallowed.is_set() and stubborn.cancelled()
     assert isinstance(broken.exception(), RuntimeError)  # ended; its error was not raised here

@@ -258,9 +258,7 @@ class TalkRouter:
         self, connection_id: str, message: OutboundMessage, *, check_sent: bool = True
     ) -> SendResult:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
-        queue = self._outbound.get(connection_id)
-        if queue is None:
-            raise UnknownConnectionError(connection_id, list(self._connectors))
+        queue = self.outbound(connection_id)
         cluster = self._cluster
         if cluster is not None and cluster.is_remote(connection_id):
             result = await cluster.outbound.request(connection_id, message, check_sent=check_sent)

@@ -200,6 +200,21 @@ def _epoch(value: datetime, what: str) -> str:
     return repr(value.timestamp())
 
 
+def _new_entry(
+    thread_key: str,
+    role: Role,
+    message_id: str,
+    sender: str,
+    text: str,
+    data: dict[str, Any] | None,
+) -> tuple[str, HistoryEntry]:
+    """A history entry (seq still 0: the script assigns it) and its stored JSON."""
+    data = dict(data) if data else {}
+    now = datetime.now(UTC)
+    raw = _history_json(role, message_id, sender, text, now, data)
+    return raw, HistoryEntry(0, thread_key, role, message_id, sender, text, now, data)
+
+
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -380,6 +395,7 @@ class RedisStore:
         self._writer: _PipelineWriter | None = None
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in lua.ALL.items()}
         self._where = "redis"
+        self._dropped_before_retention: set[str] = set()
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.keys.prefix!r})"
@@ -503,10 +519,7 @@ class RedisStore:
         text: str,
         data: dict[str, Any] | None,
     ) -> tuple[tuple[Any, ...], HistoryEntry]:
-        data = dict(data) if data else {}
-        now = datetime.now(UTC)
-        raw = _history_json(role, message_id, sender, text, now, data)
-        entry = HistoryEntry(0, thread_key, role, message_id, sender, text, now, data)
+        raw, entry = _new_entry(thread_key, role, message_id, sender, text, data)
         return self._script_args("APPEND", [self.keys.history(thread_key)], [raw]), entry
 
     async def append_history(
@@ -532,13 +545,13 @@ class RedisStore:
         text: str,
         data: dict[str, Any] | None = None,
     ) -> Appended:
-        args, entry = self._append_args(thread_key, role, native_id, sender, text, data)
+        raw, entry = _new_entry(thread_key, role, native_id, sender, text, data)
         keys = [
             self.keys.history(thread_key),
             self.keys.id_map(connection_id),
             self.keys.id_reverse(connection_id),
         ]
-        appended, seq = await self._script("APPEND_ONCE", keys, [native_id, args[-1]])
+        appended, seq = await self._script("APPEND_ONCE", keys, [native_id, raw])
         return Appended(int(seq), replace(entry, seq=int(seq)) if appended else None)
 
     def queue_history(
@@ -684,10 +697,14 @@ class RedisStore:
                 return found
 
     async def _drop_before_retention(self, table: str) -> None:
-        """Every id in the pre-retention keys predates the first mark, which has now aged."""
+        """Every id in the pre-retention keys predates the first mark, which has now aged.
+        Nothing writes such keys any more, so each table's are looked for once per process."""
+        if table in self._dropped_before_retention:
+            return
         kind = "in:seen" if table == "inbound" else "sent"
         for key in await self._scan(kind):
             await self._call("UNLINK", key)
+        self._dropped_before_retention.add(table)
 
     async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]:
         """The latest `limit` failures, newest first."""
