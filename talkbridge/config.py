@@ -54,6 +54,8 @@ class ConnectionConfig(_Model):
     enabled: bool = True
 
     def trusts(self, channel_user_id: str) -> bool:
+        if channel_user_id in self.trusted:
+            return True
         return any(
             pattern == channel_user_id or fnmatch.fnmatchcase(channel_user_id, pattern)
             for pattern in self.trusted

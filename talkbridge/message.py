@@ -6,8 +6,9 @@ back into the platform's form; nothing else in the core ever sees a platform pay
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -50,8 +51,30 @@ AttachmentKind = Literal[
 Trust = Literal["trusted", "untrusted"]
 
 
+_set = object.__setattr__
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's shallow copy without its generic steps (no extra fields or private
+        attributes here to copy): every hook that modifies a message and every routed message
+        pays for one. Like pydantic's, `update` is not validated."""
+        if deep:
+            return super().model_copy(update=update, deep=True)
+        cls = type(self)
+        copied = cls.__new__(cls)
+        fields = self.__dict__.copy()
+        fields_set = self.__pydantic_fields_set__.copy()
+        if update:
+            fields.update(update)
+            fields_set.update(update)
+        _set(copied, "__dict__", fields)
+        _set(copied, "__pydantic_fields_set__", fields_set)
+        _set(copied, "__pydantic_extra__", None)
+        _set(copied, "__pydantic_private__", None)
+        return copied
 
 
 def _aware_utc(value: datetime) -> datetime:

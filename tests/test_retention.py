@@ -49,9 +49,7 @@ async def test_the_bridge_sweeps_from_start_and_stops_sweeping(tmp_path: Path) -
     sweeper = bridge._sweeper
     assert sweeper is not None
     await asyncio.wait_for(bridge.swept.wait(), 10)
-    marks = await store._writer.submit(
-        lambda: store._ops._cur.execute("SELECT count(*) FROM prune_marks").fetchone()[0]
-    )
+    [(marks,)] = await store._writer.submit(store._ops.query, "SELECT count(*) FROM prune_marks")
     await bridge.stop()
     assert marks == 2  # the first sweep ran at start: later ones age what it saw
     assert sweeper.cancelled() and bridge._sweeper is None

@@ -664,7 +664,7 @@ class HookChain(Generic[E]):
                                 result = stop.value
                             else:
                                 result = await _bounded(_resume(result, first), reg.timeout)
-                        elif inspect.isawaitable(result):
+                        elif result is not None and inspect.isawaitable(result):
                             result = await _bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
@@ -781,7 +781,7 @@ class HookChain(Generic[E]):
                     except StopIteration:
                         continue
                     rest: Awaitable[Any] = _resume(result, first)
-                elif inspect.isawaitable(result):
+                elif result is not None and inspect.isawaitable(result):
                     rest = result
                 else:
                     continue

@@ -1,22 +1,24 @@
-"""The embedded store: one SQLite file in WAL mode, written by one group-committing thread.
+"""The embedded store: one SQLite file in WAL mode, written by one group-committing writer.
 
-All SQL runs on the writer thread (`GroupCommitWriter`); the coroutines here only validate
-arguments, queue the operation and await its future. Reads go through the same thread, so they
-always see every write queued before them.
+All SQL runs in the writer (a child process by default, `talkbridge.store._process`; or a thread,
+`GroupCommitWriter`); the coroutines here only validate arguments, queue the operation and await
+its future. Reads go through the same writer, so they always see every write queued before them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
-from talkbridge.store._writer import BulkOp, GroupCommitWriter
+from talkbridge.store import _process
+from talkbridge.store._writer import BulkOp, GroupCommitWriter, QueueingWriter
 from talkbridge.store.base import (
     Appended,
     FailedSend,
@@ -635,6 +637,10 @@ class _SqliteOps:
         )
         return self._cur.rowcount
 
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Any statement's rows: for tests and operators looking inside (`EXPLAIN`, pragmas)."""
+        return self._cur.execute(sql, params).fetchall()
+
     def change(self, sql: str, *params: Any) -> int:
         self._cur.execute(sql, params)
         return self._cur.rowcount
@@ -654,19 +660,64 @@ def _history_row(
     return (thread_key, role, message_id, sender, text, data, json.dumps(data) if data else None)
 
 
+def _bulk_ops(ops: _SqliteOps) -> dict[str, BulkOp]:
+    return {
+        op.name: op
+        for op in (
+            BulkOp("messages", 0, ops.write_messages),
+            BulkOp("map_id", 1, ops.map_many),
+            BulkOp("record_sent", 2, ops.record_sent_many),
+            BulkOp("complete_inbound", 3, ops.complete_many),
+        )
+    }
+
+
+def _map_error(path: Path | str, exc: Exception) -> Exception:
+    if isinstance(exc, sqlite3.Error):
+        err = StoreError(f"sqlite store at {path}: {exc}")
+        err.__cause__ = exc
+        return err
+    return exc
+
+
+def _child_ops(path: Path | str) -> _process.ChildOps:
+    """The writer process's own operations on the same file."""
+    ops = _SqliteOps(path)
+    bulk = _bulk_ops(ops)
+
+    def resolve(name: str) -> Callable[..., Any]:
+        found = bulk.get(name) or (None if name.startswith("_") else getattr(ops, name, None))
+        if found is None:
+
+            def unknown(*_: Any) -> None:
+                raise StoreError(f"sqlite store at {path}: no operation named {name!r}")
+
+            return unknown
+        return found
+
+    return _process.ChildOps(
+        ops.connect, resolve, ops.reset_caches, functools.partial(_map_error, path)
+    )
+
+
 class SqliteStore:
     """The `Store` on one SQLite file (or ":memory:", which lives only while the store is open).
 
     A cancelled call may still be applied: its operation is already queued for the writer.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(
+        self, path: str | Path, *, writer: Literal["process", "thread"] | None = None
+    ) -> None:
         self._path: Path | str = MEMORY if str(path) == MEMORY else Path(path)
         self._ops = ops = _SqliteOps(self._path)
-        self._messages = BulkOp("messages", 0, ops.write_messages)
-        self._map = BulkOp("map_id", 1, ops.map_many)
-        self._sent = BulkOp("record_sent", 2, ops.record_sent_many)
-        self._complete = BulkOp("complete_inbound", 3, ops.complete_many)
+        bulk = _bulk_ops(ops)
+        self._messages = bulk["messages"]
+        self._map = bulk["map_id"]
+        self._sent = bulk["record_sent"]
+        self._complete = bulk["complete_inbound"]
+        self._in_process = (writer or "process") == "process" and _process.available()
+        """The writer runs in a child process (the default), else on a thread."""
         self._writer = self._new_writer()
         self._trust: dict[tuple[str, str], bool] = {}
         self._trust_gen = 0
@@ -679,21 +730,27 @@ class SqliteStore:
     def path(self) -> Path | str:
         return self._path
 
-    def _new_writer(self) -> GroupCommitWriter:
+    def _new_writer(self) -> QueueingWriter:
+        name = f"talkbridge-sqlite:{self._path}"
+
+        def not_running() -> StoreError:
+            return StoreError(f"the sqlite store at {self._path} is not open")
+
+        if self._in_process:
+            return _process.ProcessWriter(
+                name=name,
+                setup=_child_ops,
+                args=(self._path,),
+                describe=f"sqlite store at {self._path}",
+                not_running=not_running,
+            )
         return GroupCommitWriter(
-            name=f"talkbridge-sqlite:{self._path}",
+            name=name,
             connect=self._ops.connect,
             on_rollback=self._ops.reset_caches,
-            map_error=self._map_error,
-            not_running=lambda: StoreError(f"the sqlite store at {self._path} is not open"),
+            map_error=functools.partial(_map_error, self._path),
+            not_running=not_running,
         )
-
-    def _map_error(self, exc: Exception) -> Exception:
-        if isinstance(exc, sqlite3.Error):
-            err = StoreError(f"sqlite store at {self._path}: {exc}")
-            err.__cause__ = exc
-            return err
-        return exc
 
     async def open(self) -> None:
         if self._writer.running:

@@ -32,6 +32,12 @@ def _sqlite(tmp_path: Path) -> Backend:
     return Backend(make=lambda: SqliteStore(path))
 
 
+def _sqlite_thread(tmp_path: Path) -> Backend:
+    """The writer on a thread: where forking is not available."""
+    path = tmp_path / "db" / "talkbridge.db"
+    return Backend(make=lambda: SqliteStore(path, writer="thread"))
+
+
 def _redis(tmp_path: Path) -> Backend:
     url = redis_url()
     require(url is not None, "no redis-server answers on 127.0.0.1:6379 and none is installed")
@@ -54,7 +60,11 @@ def _redis(tmp_path: Path) -> Backend:
     return Backend(make=lambda: RedisStore(url, prefix=prefix), cleanup=cleanup)
 
 
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite, "redis": _redis}
+BACKENDS: dict[str, Callable[[Path], Backend]] = {
+    "sqlite": _sqlite,
+    "sqlite-thread": _sqlite_thread,
+    "redis": _redis,
+}
 
 Reopen = Callable[[], Awaitable[Store]]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from talkbridge.errors import ConfigError, StoreError
 from talkbridge.store import HistoryEntry, Retention, SqliteStore, open_store
 from talkbridge.store import sqlite as sqlite_module
-from talkbridge.store._writer import GroupCommitWriter
+from talkbridge.store._writer import BatchRunner
 
 
 @pytest.fixture
@@ -22,14 +23,21 @@ def db(sqlite_store: SqliteStore) -> SqliteStore:
     return sqlite_store
 
 
+@pytest.fixture
+async def thread_db(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    """A store whose writer is a thread: tests can hand it any callable, and patch the runner."""
+    store = SqliteStore(tmp_path / "talkbridge.db", writer="thread")
+    await store.open()
+    yield store
+    await store.close()
+
+
 async def test_file_is_wal_normal_with_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "x.db"
     store = SqliteStore(path)
     await store.open()
     try:
-        sync = await store._writer.submit(
-            lambda: store._ops._cur.execute("PRAGMA synchronous").fetchone()[0]
-        )
+        [(sync,)] = await store._writer.submit(store._ops.query, "PRAGMA synchronous")
         assert sync == 1  # NORMAL
         with sqlite3.connect(path) as peek:
             assert peek.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -65,12 +73,10 @@ async def test_dedupe_and_completion_look_up_keys_by_index(sqlite_store: SqliteS
         f"{sqlite_module._keys(2)} UPDATE inbound SET body = NULL WHERE body IS NOT NULL"
         f" AND id IN (SELECT i.id FROM {sqlite_module._KNOWN_KEYS})",
     ):
-
-        def plan(sql: str = query) -> str:
-            rows = sqlite_store._ops._cur.execute(f"EXPLAIN QUERY PLAN {sql}", ("x",) * 4)
-            return " | ".join(row[3] for row in rows)
-
-        found = await sqlite_store._writer.submit(plan)
+        rows = await sqlite_store._writer.submit(
+            sqlite_store._ops.query, f"EXPLAIN QUERY PLAN {query}", ("x",) * 4
+        )
+        found = " | ".join(row[3] for row in rows)
         assert "SCAN inbound" not in found and "SCAN id_map" not in found, found
         assert "SEARCH i USING" in found, found
 
@@ -92,8 +98,8 @@ async def test_prune_keeps_rows_newer_than_the_mark_that_aged(tmp_path: Path) ->
         second = await store.prune(now=t0 + timedelta(days=2, hours=2), keep=keep)
         assert second.sent == 1
         assert await store.sent_result("tg", "new") is None
-        marks = await store._writer.submit(
-            lambda: store._ops._cur.execute("SELECT count(*) FROM prune_marks").fetchone()[0]
+        [(marks,)] = await store._writer.submit(
+            store._ops.query, "SELECT count(*) FROM prune_marks"
         )
         assert marks == 2  # spent marks are dropped: one per table, from the last call
     finally:
@@ -161,16 +167,17 @@ class _Gate:
 
 
 async def test_a_failing_op_is_isolated_within_its_batch(
-    db: SqliteStore, monkeypatch: pytest.MonkeyPatch
+    thread_db: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    db = thread_db
     isolated_batches: list[int] = []
-    original = GroupCommitWriter._run_isolated
+    original = BatchRunner._run_isolated
 
-    def spy(self: GroupCommitWriter, batch: list[Any]) -> Any:
+    def spy(self: BatchRunner, batch: list[Any]) -> Any:
         isolated_batches.append(len(batch))
         return original(self, batch)
 
-    monkeypatch.setattr(GroupCommitWriter, "_run_isolated", spy)
+    monkeypatch.setattr(BatchRunner, "_run_isolated", spy)
     gate = _Gate()
     gated = db._writer.submit(gate)
     ops, w = db._ops, db._writer
@@ -199,15 +206,19 @@ async def test_a_failing_op_is_isolated_within_its_batch(
     assert (await db.append_history("k", "user", "m4", "s", "four")).seq == 4
 
 
-async def test_sqlite_errors_are_store_errors(db: SqliteStore) -> None:
-    def broken() -> None:
-        db._ops._cur.execute("SELECT * FROM no_such_table")
-
-    with pytest.raises(StoreError, match=r"talkbridge\.db.*no such table") as info:
-        await db._writer.submit(broken)
-    assert isinstance(info.value.__cause__, sqlite3.OperationalError)
-    await db.set_state("after", "ok")  # the writer carries on
-    assert await db.get_state("after") == "ok"
+@pytest.mark.parametrize("writer", ["process", "thread"])
+async def test_sqlite_errors_are_store_errors(tmp_path: Path, writer: Any) -> None:
+    db = SqliteStore(tmp_path / "talkbridge.db", writer=writer)
+    await db.open()
+    try:
+        with pytest.raises(StoreError, match=r"talkbridge\.db.*no such table") as info:
+            await db._writer.submit(db._ops.query, "SELECT * FROM no_such_table")
+        if writer == "thread":  # a process sends the error back without its cause
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        await db.set_state("after", "ok")  # the writer carries on
+        assert await db.get_state("after") == "ok"
+    finally:
+        await db.close()
 
 
 async def test_memory_store_works() -> None:

@@ -1,0 +1,433 @@
+"""The group-commit writer in a child process: SQLite commits on another core than the loop.
+
+Why not a thread: SQLite releases the GIL around each statement and then has to win it back from
+an event loop that is busy computing turns, which takes up to the interpreter's switch interval
+each time. So a writer thread only made progress while the loop idled, and the loop idled waiting
+for its commits: `benchmarks/core.py` spent about 36 µs per message idle in `epoll`, a quarter of
+the time, with the writer's work never overlapping the turns'. A process has its own GIL.
+
+The cost is pickling: each loop turn's operations go to the child as one frame on a socketpair,
+and each batch's results come back as one frame. Operations are named (a `BulkOp`'s name or a
+method name of the operations object), since the child has its own copy of them, built by the
+`setup` function it is started with.
+
+The child is forked by a small fork server (one per bridge process, started with the first store
+and ending with it) that preloaded the store's module: a child starts in a few milliseconds and
+never inherits the loop's threads. Not `multiprocessing`: its forkserver re-runs the parent's main
+script in every child, which would start a second bridge in any script not guarded by
+`if __name__ == "__main__"`. It ignores SIGINT and SIGTERM (a Ctrl-C or a
+`systemctl stop` reaches the whole process group, and the bridge still drains through its store)
+and exits when the parent's end of the socket closes, whether by `stop()` or by the parent dying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from talkbridge.errors import StoreError
+from talkbridge.store._writer import (
+    MAX_BATCH,
+    BatchRunner,
+    BulkOp,
+    QueueingWriter,
+    Token,
+    _Item,
+    _Result,
+)
+
+log = logging.getLogger("talkbridge.store")
+
+_HEADER = struct.Struct("!I")
+_READY = -1
+
+
+class ChildOps(NamedTuple):
+    """What the child needs to run operations: built in the child by the writer's `setup`."""
+
+    connect: Callable[[], Any]
+    resolve: Callable[[str], Callable[..., Any]]
+    on_rollback: Callable[[], None]
+    map_error: Callable[[Exception], Exception]
+
+
+def available() -> bool:
+    return hasattr(os, "fork") and hasattr(socket, "send_fds")
+
+
+class _ForkServer:
+    """The parent's handle on the fork server: one control socket, one request at a time."""
+
+    _lock = threading.Lock()
+    _current: _ForkServer | None = None
+
+    def __init__(self, preload: str) -> None:
+        ours, theirs = socket.socketpair()
+        code = (
+            "import json, sys; sys.path[:0] = json.loads(sys.argv[1]);"
+            "from talkbridge.store._process import fork_server;"
+            "fork_server(int(sys.argv[2]), sys.argv[3])"
+        )
+        paths = [p for p in sys.path if p]
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(paths), str(theirs.fileno()), preload],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self._control = ours
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """End the fork server (its children live on until their stores close)."""
+        with cls._lock:
+            server, cls._current = cls._current, None
+        if server is not None:
+            server._control.close()  # EOF: it returns from its loop
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server._process.wait(timeout=5)
+
+    @classmethod
+    def fork(
+        cls, sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any, ...]
+    ) -> int:
+        """Start a child serving `sock` (blocking: call it off the event loop); its pid."""
+        with cls._lock:
+            for attempt in (1, 2):
+                server = cls._current
+                if server is None or server._process.poll() is not None:
+                    server = cls._current = cls(setup.__module__)
+                try:
+                    request = pickle.dumps((setup, args), protocol=pickle.HIGHEST_PROTOCOL)
+                    socket.send_fds(
+                        server._control, [_HEADER.pack(len(request)) + request], [sock.fileno()]
+                    )
+                    reply = server._control.recv(_HEADER.size)
+                    if len(reply) == _HEADER.size:
+                        (pid,) = _HEADER.unpack(reply)
+                        return int(pid)
+                except OSError:
+                    if attempt == 2:
+                        raise
+                cls._current = None  # it died between requests: start another
+            raise OSError("the sqlite fork server does not answer")
+
+
+def fork_server(control_fd: int, preload: str) -> None:
+    """The fork server's main loop: fork one writer child per request until the parent leaves."""
+    __import__(preload)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    control = socket.socket(fileno=control_fd)
+    while True:
+        try:
+            header, fds, _, _ = socket.recv_fds(control, _HEADER.size, 1)
+        except OSError:
+            return
+        if len(header) < _HEADER.size or not fds:
+            return  # the parent is gone
+        (size,) = _HEADER.unpack(header)
+        body = b""
+        while len(body) < size:
+            chunk = control.recv(size - len(body))
+            if not chunk:
+                return
+            body += chunk
+        setup, args = pickle.loads(body)
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            code = 0
+            try:
+                _serve(socket.socket(fileno=fds[0]), setup, args)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        os.close(fds[0])
+        control.sendall(_HEADER.pack(pid))
+
+
+def op_name(fn: Callable[..., Any]) -> str:
+    """The name the child knows an operation by."""
+    if isinstance(fn, BulkOp):
+        return fn.name
+    if getattr(fn, "__self__", None) is None:
+        raise TypeError(f"{fn!r} cannot run in the writer process: only store operations can")
+    name: str = fn.__name__
+    return name
+
+
+def _frame(obj: Any) -> bytes:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+# -- the parent's side ----------------------------------------------------------------------------
+
+
+class ProcessWriter(QueueingWriter):
+    flush_at = 64
+    """Measured with `benchmarks/core.py`: 16 and 256 were slower. A thread writer gains nothing
+    from this (it cannot run while the loop computes)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        setup: Callable[..., ChildOps],
+        args: tuple[Any, ...],
+        describe: str,
+        not_running: Callable[[], Exception],
+    ) -> None:
+        super().__init__(not_running=not_running)
+        self._name = name
+        self._setup = setup
+        self._args = args
+        self._describe = describe
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self._next = 0
+        self._pid: int | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._stream: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the child and wait until it has opened the database (or failed to)."""
+        self._loop = loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        try:
+            self._pid = await loop.run_in_executor(
+                None, _ForkServer.fork, theirs, self._setup, self._args
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._reader, self._stream = await asyncio.open_unix_connection(sock=ours)
+        try:
+            [(_, exc, _)] = await self._read()
+        except (asyncio.IncompleteReadError, OSError) as failed:
+            exc = StoreError(f"{self._describe}: the writer process did not start ({failed})")
+        if exc is not None:
+            await self._end()
+            raise exc
+        self._reading = loop.create_task(self._read_results(), name=f"{self._name} results")
+        _running.add(self)
+        self._accepting = True
+
+    async def stop(self) -> None:
+        """Refuse new operations, finish the queued ones, close the database, end the child."""
+        if not self._accepting or self._loop is None:
+            return
+        self._accepting = False
+        self._flush()
+        reading = self._reading
+        if reading is not None and not reading.done():
+            done: asyncio.Future[None] = self._loop.create_future()
+            self._send([(None, (), self._token(done))])
+            try:
+                await done
+            finally:
+                await self._end()
+        else:
+            await self._end()
+
+    def _op(self, fn: Callable[..., Any]) -> Any:
+        return op_name(fn)
+
+    def _token(self, fut: asyncio.Future[Any]) -> Token:
+        self._next += 1
+        self._waiting[self._next] = fut
+        return self._next
+
+    def _send(self, items: list[_Item]) -> None:
+        assert self._stream is not None
+        payload: list[Any] = items  # operations are already named (`_op`)
+        try:
+            frame = _frame(payload)
+        except Exception:  # an argument that does not pickle: fail it alone
+            frame = self._frame_each(payload)
+        self._stream.write(frame)
+
+    def _frame_each(self, payload: list[tuple[Any, ...]]) -> bytes:
+        sendable: list[tuple[Any, ...]] = []
+        for item in payload:
+            try:
+                pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                self._resolve(item[2], TypeError(f"{item[0]}: argument cannot be sent: {exc}"))
+            else:
+                sendable.append(item)
+        return _frame(sendable)
+
+    async def _read(self) -> list[_Result]:
+        assert self._reader is not None
+        header = await self._reader.readexactly(_HEADER.size)
+        (size,) = _HEADER.unpack(header)
+        results: list[_Result] = pickle.loads(await self._reader.readexactly(size))
+        return results
+
+    async def _read_results(self) -> None:
+        try:
+            while True:
+                for token, exc, value in await self._read():
+                    self._resolve(token, exc, value)
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        if self._waiting or self._accepting:
+            err = StoreError(
+                f"{self._describe}: the writer process (pid {self._pid}) exited unexpectedly;"
+                " writes not yet confirmed may be lost"
+            )
+            log.error("%s", err)
+            self._accepting = False
+            for token in list(self._waiting):
+                self._resolve(token, err)
+
+    def _resolve(self, token: Token, exc: BaseException | None, value: Any = None) -> None:
+        if token is None:  # submitted without waiting: nobody to tell but the log
+            if exc is not None:
+                log.error("a store write failed: %s", exc)
+            return
+        fut = self._waiting.pop(token, None)
+        if fut is None or fut.done():  # the caller was cancelled; the operation ran anyway
+            return
+        if exc is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(exc)
+
+    async def _end(self) -> None:
+        _running.discard(self)
+        if self._stream is not None:
+            self._stream.close()
+            with contextlib.suppress(OSError):
+                await self._stream.wait_closed()
+        if self._reading is not None:
+            await self._reading  # ends at EOF: the child closed its end, i.e. it has exited
+
+    def _abandon(self) -> None:
+        """At interpreter exit: close our end so the child sees EOF and exits."""
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.transport.abort()
+
+
+_running: weakref.WeakSet[ProcessWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _abandon_all() -> None:
+    # Stores nobody closed: their children see EOF now rather than when this process is gone.
+    for writer in list(_running):
+        writer._abandon()
+    _ForkServer.shutdown()
+
+
+# -- the child's side -----------------------------------------------------------------------------
+
+
+class _Frames:
+    """Length-prefixed pickles from a blocking socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def read(self) -> list[Any] | None:
+        """Every complete frame there is, waiting for at least one; None when the parent is gone."""
+        frames: list[Any] = []
+        while not frames:
+            chunk = self._sock.recv(1 << 20)
+            if not chunk:
+                return None
+            self._buf += chunk
+            self._take(frames)
+        while True:  # and whatever else already arrived, so it joins this batch
+            try:
+                chunk = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return frames
+            if not chunk:
+                return frames
+            self._buf += chunk
+            self._take(frames)
+
+    def _take(self, frames: list[Any]) -> None:
+        buf, at = self._buf, 0
+        while len(buf) - at >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(buf, at)
+            end = at + _HEADER.size + size
+            if len(buf) < end:
+                break
+            frames.append(pickle.loads(memoryview(buf)[at + _HEADER.size : end]))
+            at = end
+        del buf[:at]
+
+
+def _report(sock: socket.socket, results: list[_Result]) -> None:
+    results = [r for r in results if r[0] is not None or r[1] is not None]
+    if not results:
+        return
+    try:
+        frame = _frame(results)
+    except Exception:
+        frame = _frame([_picklable(r) for r in results])
+    sock.sendall(frame)
+
+
+def _picklable(result: _Result) -> _Result:
+    token, exc, _ = result
+    try:
+        pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as failed:
+        detail = f"{type(exc).__name__}: {exc}" if exc is not None else f"result: {failed}"
+        return (token, StoreError(detail), None)
+    return result
+
+
+def _serve(sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any, ...]) -> None:
+    ops = setup(*args)
+    try:
+        conn = ops.connect()
+    except Exception as exc:
+        _report(sock, [(_READY, exc, None)])
+        return
+    runner = BatchRunner(conn, on_rollback=ops.on_rollback, map_error=ops.map_error)
+    _report(sock, [(_READY, None, None)])
+    frames = _Frames(sock)
+    resolved: dict[str, Callable[..., Any]] = {}
+    try:
+        while (got := frames.read()) is not None:
+            items = [item for frame in got for item in frame]
+            stop = items.pop() if items and items[-1][0] is None else None
+            for first in range(0, len(items), MAX_BATCH):
+                batch: list[_Item] = []
+                for name, op_args, token in items[first : first + MAX_BATCH]:
+                    fn = resolved.get(name)
+                    if fn is None:
+                        fn = resolved[name] = ops.resolve(name)
+                    batch.append((fn, op_args, token))
+                _report(sock, runner.run(batch))
+            if stop is not None:
+                _report(sock, [(stop[2], runner.close(), None)])
+                return
+    except OSError:  # the parent is gone
+        pass
+    runner.close()
