@@ -280,8 +280,8 @@ def _epoch(value: datetime, what: str) -> float:
 _CHUNK_PARAMS = 30_000
 """Bound parameters per statement: SQLite allows 32,766."""
 
-HistoryRow = tuple[str, Role, str, str, str, dict[str, Any], str | None]
-"""thread_key, role, message_id, sender, text, data, data_json"""
+HistoryRow = tuple[str, Role, str, str, str, dict[str, Any]]
+"""thread_key, role, message_id, sender, text, data (encoded by the writer, off the loop)"""
 
 
 def _chunks(rows: list[tuple[Any, ...]], width: int) -> list[list[tuple[Any, ...]]]:
@@ -435,7 +435,7 @@ class _SqliteOps:
     def _history_row(
         self, row: HistoryRow, now: datetime, stamp: str, out: list[tuple[Any, ...]]
     ) -> HistoryEntry:
-        thread_key, role, message_id, sender, text, data, data_json = row
+        thread_key, role, message_id, sender, text, data = row
         seq = self._next_seq.get(thread_key)
         if seq is None:
             last = self._cur.execute(_LAST_SEQ, (thread_key,)).fetchone()
@@ -443,6 +443,7 @@ class _SqliteOps:
             if len(self._next_seq) >= _CACHE_MAX:
                 self._next_seq.clear()
         self._next_seq[thread_key] = seq + 1
+        data_json = json.dumps(data) if data else None
         out.append((thread_key, seq, role, message_id, sender, text, stamp, data_json))
         return HistoryEntry(seq, thread_key, role, message_id, sender, text, now, data)
 
@@ -486,7 +487,11 @@ class _SqliteOps:
     # -- outbound ---------------------------------------------------------------------------
 
     def record_sent_many(self, calls: list[tuple[Any, ...]]) -> list[None]:
-        _insert_many(self._cur, _RECORD_SENT_HEAD, calls, 3)
+        """Calls are (connection id, idempotency key, message ids): the ids are encoded here, in
+        the writer, rather than on the event loop."""
+        dumps = json.dumps
+        rows = [(cid, key, dumps(ids)) for cid, key, ids in calls]
+        _insert_many(self._cur, _RECORD_SENT_HEAD, rows, 3)
         return [None] * len(calls)
 
     def record_failed_send(self, f: FailedSend, failed_at: str) -> None:
@@ -656,8 +661,7 @@ def _history_row(
 ) -> HistoryRow:
     if role not in _ROLES:
         raise ValueError(f"role must be one of {sorted(_ROLES)}, got {role!r}")
-    data = dict(data) if data else {}
-    return (thread_key, role, message_id, sender, text, data, json.dumps(data) if data else None)
+    return (thread_key, role, message_id, sender, text, dict(data) if data else {})
 
 
 def _bulk_ops(ops: _SqliteOps) -> dict[str, BulkOp]:
@@ -870,8 +874,7 @@ class SqliteStore:
     async def record_sent(
         self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
     ) -> None:
-        ids_json = json.dumps(list(message_ids))
-        self._writer.submit_nowait(self._sent, connection_id, idempotency_key, ids_json)
+        self._writer.submit_nowait(self._sent, connection_id, idempotency_key, list(message_ids))
 
     async def record_failed_send(self, failure: FailedSend) -> None:
         failed_at = _iso(failure.failed_at, "FailedSend.failed_at")

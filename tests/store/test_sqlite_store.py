@@ -182,11 +182,11 @@ async def test_a_failing_op_is_isolated_within_its_batch(
     gated = db._writer.submit(gate)
     ops, w = db._ops, db._writer
     futures: list[asyncio.Future[Any]] = [
-        w.submit(db._messages, "append", ("k", "user", "m1", "s", "one", {}, None)),
-        w.submit(db._messages, "append", ("k", "user", "m2", "s", "two", {}, None)),
-        w.submit(db._messages, "append", ("bad\ud800", "user", "m", "s", "x", {}, None)),
+        w.submit(db._messages, "append", ("k", "user", "m1", "s", "one", {})),
+        w.submit(db._messages, "append", ("k", "user", "m2", "s", "two", {})),
+        w.submit(db._messages, "append", ("bad\ud800", "user", "m", "s", "x", {})),
         w.submit(ops.set_state, "bad\ud800", "x"),
-        w.submit(db._messages, "append", ("k", "user", "m3", "s", "three", {}, None)),
+        w.submit(db._messages, "append", ("k", "user", "m3", "s", "three", {})),
         w.submit(ops.set_state, "good", "yes"),
     ]
     cancelled = w.submit(ops.set_state, "cancelled", "still written")
@@ -237,9 +237,14 @@ async def test_bad_arguments_fail_before_reaching_the_store(db: SqliteStore) -> 
     with pytest.raises(ValueError, match="limit"):
         await db.history("k", limit=-1)
     assert list(await db.history("k", limit=0)) == []
+
+
+async def test_data_that_is_not_json_is_refused_and_nothing_recorded(db: SqliteStore) -> None:
+    # Encoded by the writer (off the event loop): the error comes back with the call.
     with pytest.raises(TypeError, match="JSON serializable"):
         await db.append_history("k", "user", "m", "s", "x", {"bad": object()})
-    assert list(await db.history("k")) == []
+    assert (await db.append_history("k", "user", "m2", "s", "y", {"ok": 1})).seq == 1
+    assert [(e.text, e.data) for e in await db.history("k")] == [("y", {"ok": 1})]
 
 
 # -- open_store ------------------------------------------------------------------------------
