@@ -21,16 +21,33 @@ MIN_DELTA = 32
 class EchoAgent:
     name = "echo"
 
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+    def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
         text = ctx.input.prompt
         if ctx.input.attachments:
             names = ", ".join(a.name or a.kind for a in ctx.input.attachments)
             text = f"{text}\n\n(received: {names})" if text else f"(received: {names})"
         if not text:
             text = "(empty message)"
-        for piece in _pieces(text):
-            yield TextDelta(text=piece)
-        yield Result(text=text)
+        return _Events([*(TextDelta(text=piece) for piece in _pieces(text)), Result(text=text)])
+
+
+class _Events:
+    """Events that are all known up front, as an async iterator. Not an async generator: the
+    event loop keeps a weak set of every generator it starts (for shutdown), which costs the
+    default agent more than its whole answer."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: list[Any]) -> None:
+        self._events = iter(events)
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> Any:
+        for event in self._events:
+            return event
+        raise StopAsyncIteration
 
 
 def _pieces(text: str) -> list[str]:

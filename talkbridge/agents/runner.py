@@ -163,12 +163,16 @@ class AgentRunner:
             events=events,
         )
         hooks = self.hooks
+        listeners, chat = hooks.listeners, hooks.chat
         hooks.lifecycle.started(ctx)
         status: TurnStatus
         error: str | None = None
         try:
-            await hooks.listeners.before_run(ctx, environment=self._environment)
-            await hooks.chat.run_chat_hooks(ctx)
+            # Each step is skipped outright when nobody registered for it: most turns have none.
+            if listeners.has_listeners("before_run"):
+                await listeners.before_run(ctx, environment=self._environment)
+            if chat.has_chat_hooks():
+                await chat.run_chat_hooks(ctx)
             await self._onion(agent_name)(ctx)
             final = ctx.final
             if final is None:
@@ -178,7 +182,9 @@ class AgentRunner:
                 status, error = "error", final.message
             else:
                 status = "completed" if ctx.state.get("agent_ran") else "stopped"
-                reply = await hooks.chat.run_reply_hooks(ctx, final.text)
+                reply = (
+                    await chat.run_reply_hooks(ctx, final.text) if chat.has_reply_hooks else None
+                )
                 if reply is not None and reply != final.text:
                     final = Result(text=reply, usage=final.usage)
                     await emit(final)
@@ -201,7 +207,8 @@ class AgentRunner:
         else:
             text = self._shown_error(final_event, error)
             log.warning("turn %s of %s ended in error: %s", session.turn_id, agent_name, error)
-        await hooks.listeners.after_run(ctx, status=status, text=text)
+        if listeners.has_listeners("after_run"):
+            await listeners.after_run(ctx, status=status, text=text)
         hooks.lifecycle.finished(ctx, status, error=error)
         return TurnOutcome(session, status, text, events, error, ctx)
 

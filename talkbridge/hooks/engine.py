@@ -664,7 +664,11 @@ class HookChain(Generic[E]):
                                 result = stop.value
                             else:
                                 result = await _bounded(_resume(result, first), reg.timeout)
-                        elif result is not None and inspect.isawaitable(result):
+                        elif (
+                            result is not None
+                            and type(result) not in self._codes  # a known decision: not awaitable
+                            and inspect.isawaitable(result)
+                        ):
                             result = await _bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
