@@ -182,9 +182,9 @@ class AgentRunner:
                 status, error = "error", final.message
             else:
                 status = "completed" if ctx.state.get("agent_ran") else "stopped"
-                reply = (
-                    await chat.run_reply_hooks(ctx, final.text) if chat.has_reply_hooks else None
-                )
+                reply = None
+                if chat.has_reply_hooks():
+                    reply = await chat.run_reply_hooks(ctx, final.text)
                 if reply is not None and reply != final.text:
                     final = Result(text=reply, usage=final.usage)
                     await emit(final)

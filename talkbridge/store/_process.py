@@ -214,38 +214,41 @@ class ProcessWriter(QueueingWriter):
             self._pid = await loop.run_in_executor(
                 None, _ForkServer.fork, theirs, self._setup, self._args
             )
+        except OSError as exc:
+            ours.close()
+            raise StoreError(f"{self._describe}: cannot start the writer process: {exc}") from exc
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
         self._reader, self._stream = await asyncio.open_unix_connection(sock=ours)
+        refused: BaseException | None
         try:
-            [(_, exc, _)] = await self._read()
+            [(_, refused, _)] = await self._read()
         except (asyncio.IncompleteReadError, OSError) as failed:
-            exc = StoreError(f"{self._describe}: the writer process did not start ({failed})")
-        if exc is not None:
+            refused = StoreError(f"{self._describe}: the writer process did not start ({failed})")
+        if refused is not None:
             await self._end()
-            raise exc
+            raise refused
         self._reading = loop.create_task(self._read_results(), name=f"{self._name} results")
         _running.add(self)
         self._accepting = True
 
     async def stop(self) -> None:
         """Refuse new operations, finish the queued ones, close the database, end the child."""
-        if not self._accepting or self._loop is None:
+        if self._loop is None or self._stream is None:
             return
-        self._accepting = False
-        self._flush()
-        reading = self._reading
-        if reading is not None and not reading.done():
-            done: asyncio.Future[None] = self._loop.create_future()
-            self._send([(None, (), self._token(done))])
-            try:
+        try:
+            reading = self._reading
+            if self._accepting and reading is not None and not reading.done():
+                self._accepting = False
+                self._flush()
+                done: asyncio.Future[None] = self._loop.create_future()
+                self._send([(None, (), self._token(done))])
                 await done
-            finally:
-                await self._end()
-        else:
+        finally:
+            self._accepting = False
             await self._end()
 
     def _op(self, fn: Callable[..., Any]) -> Any:
@@ -315,12 +318,14 @@ class ProcessWriter(QueueingWriter):
 
     async def _end(self) -> None:
         _running.discard(self)
-        if self._stream is not None:
-            self._stream.close()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()  # the child, if still there, reads EOF and exits
             with contextlib.suppress(OSError):
-                await self._stream.wait_closed()
-        if self._reading is not None:
-            await self._reading  # ends at EOF: the child closed its end, i.e. it has exited
+                await stream.wait_closed()
+        reading, self._reading = self._reading, None
+        if reading is not None:
+            await reading  # ends with the connection
 
     def _abandon(self) -> None:
         """At interpreter exit: close our end so the child sees EOF and exits."""

@@ -744,7 +744,8 @@ class SqliteStore:
             return _process.ProcessWriter(
                 name=name,
                 setup=_child_ops,
-                args=(self._path,),
+                # Absolute: the child runs in the fork server's working directory.
+                args=(self._path if self._path == MEMORY else Path(self._path).absolute(),),
                 describe=f"sqlite store at {self._path}",
                 not_running=not_running,
             )

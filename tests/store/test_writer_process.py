@@ -162,3 +162,25 @@ def test_writes_queued_before_close_are_committed(tmp_path: Path) -> None:
 
     asyncio.run(write_and_close())
     assert asyncio.run(read()) == 500
+
+
+async def test_a_relative_path_is_the_callers_not_the_fork_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fork server keeps the working directory it started in; the caller may have moved on.
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        store = SqliteStore("relative.db")
+        await store.open()
+        try:
+            await store.set_state("folder", folder)
+        finally:
+            await store.close()
+    for folder in ("first", "second"):
+        check = SqliteStore(tmp_path / folder / "relative.db", writer="thread")
+        await check.open()
+        try:
+            assert await check.get_state("folder") == folder
+        finally:
+            await check.close()
