@@ -5,6 +5,12 @@ worker tasks (at most `max_active`) takes keys that have work from a ready queue
 key's items in order, so one key is never handled by two workers at once and no task is created
 per message. At most `max_pending` items wait in all, so a flood applies back-pressure to whoever
 submits.
+
+An item may come with a gate, a future that must be done before the item is handled (an inbound
+message's place in its thread is taken before the store has accepted it). A key whose first item
+is still gated holds no worker: it is parked, and becomes ready when the gate opens. So a worker
+never waits on one thread's store round trip while other threads have work, and a batch of
+messages accepted together is handled by the workers already running, without a wake-up each.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from functools import partial
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -32,8 +39,8 @@ class KeyedSerialExecutor(Generic[K, T]):
     ) -> None:
         self._handler = handler
         self._max_active = max_active
-        self._queues: dict[K, deque[T]] = {}
-        """Keys with work, queued or in hand (a worker's or a claimer's)."""
+        self._queues: dict[K, deque[tuple[T, asyncio.Future[Any] | None]]] = {}
+        """Keys with work, queued, parked or in hand (a worker's or a claimer's): (item, gate)."""
         self._ready: deque[K] = deque()
         """Keys with work that no worker has taken yet."""
         self._busy = 0
@@ -46,13 +53,15 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._idle = asyncio.Event()
         self._idle.set()
         self._name = name
+        self._closed = False
 
     @property
     def pending(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
-    async def submit(self, key: K, item: T) -> None:
-        """Queue `item` behind everything already queued for `key`; waits only when full."""
+    async def submit(self, key: K, item: T, gate: asyncio.Future[Any] | None = None) -> None:
+        """Queue `item` behind everything already queued for `key`; waits only when full.
+        With a `gate`, the item is handled only once the gate is done (whatever its outcome)."""
         while self._queued >= self._max_pending:
             waiter = asyncio.get_running_loop().create_future()
             self._space_waiters.append(waiter)
@@ -60,11 +69,22 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._queued += 1
         queue = self._queues.get(key)
         if queue is not None:
-            queue.append(item)
+            queue.append((item, gate))
             return
-        self._queues[key] = deque((item,))
+        self._queues[key] = deque(((item, gate),))
         self._idle.clear()
-        self._make_ready(key)
+        self._make_ready_or_park(key, gate)
+
+    def _make_ready_or_park(self, key: K, gate: asyncio.Future[Any] | None) -> None:
+        """`key` has no worker: queue it for one, or park it until its first item's gate opens."""
+        if gate is None or gate.done():
+            self._make_ready(key)
+        else:
+            gate.add_done_callback(partial(self._unpark, key))
+
+    def _unpark(self, key: K, _gate: asyncio.Future[Any]) -> None:
+        if key in self._queues and not self._closed:
+            self._make_ready(key)
 
     def _make_ready(self, key: K) -> None:
         self._ready.append(key)
@@ -94,16 +114,22 @@ class KeyedSerialExecutor(Generic[K, T]):
                 continue
             key = self._ready.popleft()
             self._busy += 1
+            parked = False
             try:
-                await self._drain(key)
+                parked = await self._drain(key)
             finally:
                 self._busy -= 1
-                self._done_with(key)
+                if not parked:
+                    self._done_with(key)
 
-    async def _drain(self, key: K) -> None:
+    async def _drain(self, key: K) -> bool:
+        """Handle `key`'s items in order; True when it stopped at a gated item (parked)."""
         queue = self._queues[key]
         while queue:
-            item = queue[0]
+            item, gate = queue[0]
+            if gate is not None and not gate.done():
+                gate.add_done_callback(partial(self._unpark, key))
+                return True
             try:
                 await self._handler(key, item)
             except asyncio.CancelledError:
@@ -113,6 +139,7 @@ class KeyedSerialExecutor(Generic[K, T]):
             finally:
                 queue.popleft()
                 self._release(1)
+        return False
 
     def _done_with(self, key: K) -> None:
         queue = self._queues.get(key)
@@ -134,8 +161,9 @@ class KeyedSerialExecutor(Generic[K, T]):
 
     def release_claim(self, key: K) -> None:
         self._busy -= 1
-        if self._queues[key]:  # items arrived while the caller worked: a worker takes them over
-            self._make_ready(key)
+        queue = self._queues[key]
+        if queue:  # items arrived while the caller worked: a worker takes them over
+            self._make_ready_or_park(key, queue[0][1])
         else:
             del self._queues[key]
             if not self._queues:
@@ -155,6 +183,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         await self._idle.wait()
 
     async def cancel(self) -> None:
+        self._closed = True  # parked keys stay parked: what they hold is still in the store
         for task in list(self._workers):
             task.cancel()
         if self._workers:

@@ -171,7 +171,7 @@ class TalkRouter:
         # The thread slot is taken before the store answers, so messages delivered concurrently
         # keep their arrival order; `deliver` returns once the store has the message.
         verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        await self._inbound.submit(message.thread_key, (message, verdict, None))
+        await self._inbound.submit(message.thread_key, (message, verdict, None), verdict)
         try:
             accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
         except asyncio.CancelledError:

@@ -45,3 +45,49 @@ async def test_order_per_key_and_the_concurrency_bound_hold() -> None:
     assert seen == {key: list(range(20)) for key in "abcdef"}
     assert most == 3
     await executor.cancel()
+
+
+async def test_a_gated_item_holds_no_worker_and_runs_when_its_gate_opens() -> None:
+    seen: list[str] = []
+    handled = {"a1": asyncio.Event(), "b1": asyncio.Event()}
+
+    async def handle(key: str, item: str) -> None:
+        seen.append(item)
+        handled[item].set()
+
+    gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_active=1)
+    await executor.submit("a", "a1", gate)
+    await executor.submit("b", "b1")  # the only worker is free for it: "a" waits parked
+    await asyncio.wait_for(handled["b1"].wait(), 5)
+    assert seen == ["b1"]
+    gate.set_result(True)
+    await asyncio.wait_for(handled["a1"].wait(), 5)
+    assert seen == ["b1", "a1"]
+    await asyncio.wait_for(executor.join(), 5)
+    await executor.cancel()
+
+
+async def test_gates_opening_out_of_order_keep_the_keys_order() -> None:
+    seen: list[str] = []
+    other_done = asyncio.Event()
+
+    async def handle(key: str, item: str) -> None:
+        seen.append(item)
+        if key == "other":
+            other_done.set()
+
+    loop = asyncio.get_running_loop()
+    gates: list[asyncio.Future[bool]] = [loop.create_future() for _ in range(3)]
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_active=2)
+    for item, gate in enumerate(gates):
+        await executor.submit("t", f"t{item}", gate)
+    gates[2].set_result(True)
+    gates[1].cancel()  # an abandoned delivery still opens its gate: the handler decides
+    await executor.submit("other", "o")  # by the time it is handled, "t" had its chance
+    await asyncio.wait_for(other_done.wait(), 5)
+    assert seen == ["o"]  # the first item's gate is still shut, so nothing of "t" ran
+    gates[0].set_result(True)
+    await asyncio.wait_for(executor.join(), 5)
+    assert seen == ["o", "t0", "t1", "t2"]
+    await executor.cancel()
