@@ -352,6 +352,9 @@ class _SqliteOps:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
+            # Statement journals of the multi-row writes stay in memory: on disk they were a
+            # temporary file created and deleted in /var/tmp for each batch.
+            conn.execute("PRAGMA temp_store = MEMORY")
             conn.execute("PRAGMA busy_timeout = 5000")
             self._migrate(conn)
         except (sqlite3.Error, StoreError) as exc:

@@ -39,6 +39,8 @@ async def test_file_is_wal_normal_with_schema_version(tmp_path: Path) -> None:
     try:
         [(sync,)] = await store._writer.submit(store._ops.query, "PRAGMA synchronous")
         assert sync == 1  # NORMAL
+        [(temp,)] = await store._writer.submit(store._ops.query, "PRAGMA temp_store")
+        assert temp == 2  # MEMORY: no temporary file per batch
         with sqlite3.connect(path) as peek:
             assert peek.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
             version = peek.execute("PRAGMA user_version").fetchone()[0]
