@@ -72,13 +72,14 @@ redis.call('HSET', KEYS[1], tostring(seq), ARGV[1])
 return seq
 """
 
-# KEYS: history, id map, reverse map  ARGV: native id, entry  -> {1 if appended, seq}
+# KEYS: history, id map, reverse map  ARGV: native id, entry, the native id's once-key
+#   -> {1 if appended, seq}
 APPEND_ONCE: Final = """
-local earlier = redis.call('HGET', KEYS[2], ARGV[1])
+local earlier = redis.call('HGET', KEYS[2], ARGV[3])
 if earlier then return {0, tonumber(earlier)} end
 local seq = redis.call('HINCRBY', KEYS[1], 'n', 1)
 redis.call('HSET', KEYS[1], tostring(seq), ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], tostring(seq))
+redis.call('HSET', KEYS[2], ARGV[3], tostring(seq))
 redis.call('HSETNX', KEYS[3], tostring(seq), ARGV[1])
 return {1, seq}
 """

@@ -32,6 +32,12 @@ class HistoryEntry:
     """Extra JSON-able fields (client ids, turn ids, attachments) a connector wants back."""
 
 
+def once_key(native_id: str) -> str:
+    """Where a store keeps `append_history_once`'s record of a native id, in its id map's space:
+    not under the native id itself, which the bridge maps to the reply it sent."""
+    return f"\x1fonce\x1f{native_id}"
+
+
 class Appended(NamedTuple):
     """What `append_history_once` did: `entry` is None when the native id was recorded before,
     and `seq` is then the earlier entry's."""
@@ -150,9 +156,14 @@ class Store(Protocol):
         text: str,
         data: dict[str, Any] | None = None,
     ) -> Appended:
-        """Append an entry (message id `native_id`) and map `native_id` to its seq, in one step,
-        unless `native_id` is already mapped: a resend can never record a second entry, even
-        when it races its original on another node."""
+        """Append an entry (message id `native_id`) and record `native_id`'s seq, in one step,
+        unless `native_id` was recorded before: a resend can never record a second entry, even
+        when it races its original on another node. The record is apart from the id map, where
+        the bridge maps the same native id to its reply (`history_seq` reads it)."""
+        ...
+
+    async def history_seq(self, connection_id: str, native_id: str) -> int | None:
+        """The seq `append_history_once` gave `native_id`; None when it never did."""
         ...
 
     def queue_history(

@@ -37,6 +37,7 @@ from talkbridge.store.base import (
     Pruned,
     Retention,
     Role,
+    once_key,
 )
 
 log = logging.getLogger("talkbridge.store")
@@ -551,8 +552,15 @@ class RedisStore:
             self.keys.id_map(connection_id),
             self.keys.id_reverse(connection_id),
         ]
-        appended, seq = await self._script("APPEND_ONCE", keys, [native_id, raw])
+        args = [native_id, raw, once_key(native_id)]
+        appended, seq = await self._script("APPEND_ONCE", keys, args)
         return Appended(int(seq), replace(entry, seq=int(seq)) if appended else None)
+
+    async def history_seq(self, connection_id: str, native_id: str) -> int | None:
+        found: str | None = await self._call(
+            "HGET", self.keys.id_map(connection_id), once_key(native_id), parse=_opt_text
+        )
+        return None if found is None else int(found)
 
     def queue_history(
         self,

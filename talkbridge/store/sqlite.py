@@ -28,6 +28,7 @@ from talkbridge.store.base import (
     Pruned,
     Retention,
     Role,
+    once_key,
 )
 
 MEMORY = ":memory:"
@@ -389,7 +390,9 @@ class _SqliteOps:
         queue order, so a thread's seqs follow arrival."""
         cur = self._cur
         accepted = self._known(_KNOWN_INBOUND, {(c[1], c[2]) for c in calls if c[0] == "accept"})
-        mapped = self._known(_KNOWN_MAPPED, {(c[1], c[2]) for c in calls if c[0] == "once"})
+        mapped = self._known(
+            _KNOWN_MAPPED, {(c[1], once_key(c[2])) for c in calls if c[0] == "once"}
+        )
         inbound_rows: list[tuple[Any, ...]] = []
         history_rows: list[tuple[Any, ...]] = []
         map_rows: list[tuple[Any, ...]] = []
@@ -410,13 +413,14 @@ class _SqliteOps:
                     self._history_row(row, now, stamp, history_rows)
             elif kind == "once":
                 _, cid, native_id, row = call
-                earlier = mapped.get((cid, native_id))
+                key = once_key(native_id)
+                earlier = mapped.get((cid, key))
                 if earlier is not None:
                     results.append(Appended(int(earlier), None))
                     continue
                 entry = self._history_row(row, now, stamp, history_rows)
-                mapped[cid, native_id] = str(entry.seq)
-                map_rows.append((cid, native_id, str(entry.seq)))
+                mapped[cid, key] = str(entry.seq)
+                map_rows.append((cid, key, str(entry.seq)))
                 results.append(Appended(entry.seq, entry))
             else:
                 results.append(self._history_row(call[1], now, stamp, history_rows))
@@ -847,6 +851,12 @@ class SqliteStore:
             return []
         return await self._writer.submit(self._ops.history, thread_key, limit, after_seq)
 
+    async def history_seq(self, connection_id: str, native_id: str) -> int | None:
+        found: str | None = await self._writer.submit(
+            self._ops.lookup, _LOOKUP_ID, connection_id, once_key(native_id)
+        )
+        return None if found is None else int(found)
+
     # -- id map -----------------------------------------------------------------------------
 
     async def map_id(self, connection_id: str, native_id: str, message_id: str) -> None:
@@ -862,6 +872,9 @@ class SqliteStore:
         found: str | None = await self._writer.submit(
             self._ops.lookup, _LOOKUP_NATIVE, connection_id, message_id
         )
+        once = once_key("")
+        if found is not None and found.startswith(once):  # an entry's seq: its own native id
+            return found[len(once) :]
         return found
 
     # -- outbound ---------------------------------------------------------------------------

@@ -468,10 +468,9 @@ class WebchatConnector(BaseConnector):
         if before is None:
             entries = await store.history(key, limit=limit)
         else:
-            found = await store.lookup_id(CONNECTION_ID, before)
-            if found is None:
+            first = await store.history_seq(CONNECTION_ID, before)
+            if first is None:
                 raise NotFoundError(f"no webchat message {before!r} to fetch history before")
-            first = int(found)
             if first - 1 > limit:
                 page = await store.history(key, limit=limit, after_seq=first - 1 - limit)
             else:

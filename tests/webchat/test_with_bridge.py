@@ -1,0 +1,80 @@
+"""The webchat behind the whole bridge (router, echo agent, store), where the bridge maps each
+message to its reply: what the webchat records of a message must survive that."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from talkbridge.bridge import Bridge
+from talkbridge.config import BridgeConfig
+from talkbridge.talk import History
+from tests.webchat.conftest import TIMEOUT
+
+TOKEN = "bridge-token-0123456789abcdef"
+
+
+@pytest.fixture
+async def bridge(tmp_path: Path) -> AsyncIterator[Bridge]:
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config)
+    await bridge.start()
+    yield bridge
+    await bridge.stop()
+
+
+async def _recv(ws: ClientConnection) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT)))
+
+
+async def _until(ws: ClientConnection, done: Any) -> list[dict[str, Any]]:
+    frames: list[dict[str, Any]] = []
+    while not frames or not done(frames[-1]):
+        frames.append(await _recv(ws))
+    return frames
+
+
+def _answer(frame: dict[str, Any]) -> bool:
+    return frame["type"] == "message" and frame["role"] == "assistant"
+
+
+async def test_a_resend_after_the_reply_is_a_duplicate_and_history_pages_past_it(
+    bridge: Bridge,
+) -> None:
+    url = (await bridge.webchat_url()).split("?")[0].replace("http://", "ws://").rstrip("/")
+    async with connect(f"{url}/ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
+        ready = await _recv(ws)
+        thread = ready["conversations"][0]["thread_id"]
+        send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "hello"}
+        await ws.send(json.dumps(send))
+        first = await _until(ws, _answer)
+        assert first[-1]["text"] == "hello"
+        # The ack was lost, say: the page sends the same client id again after the answer.
+        await ws.send(json.dumps(send))
+        [ack] = await _until(ws, lambda f: f["type"] in ("ack", "error"))
+        assert ack["type"] == "ack" and ack["duplicate"] is True and ack["seq"] == 1, ack
+        await ws.send(json.dumps({**send, "client_id": "c2", "text": "again"}))
+        await _until(ws, _answer)
+
+    history = cast(History, bridge.router.feature("webchat", "history"))
+    earlier = await history.fetch(thread, before=f"{thread}:c2")
+    assert [m.text for m in earlier] == ["hello", "hello"]  # the message and its answer
+    assert earlier[0].id == f"{thread}:c1"
+    assert [e.text for e in await bridge.store.history(f"webchat\x1f{thread}")] == [
+        "hello",
+        "hello",
+        "again",
+        "again",
+    ]
