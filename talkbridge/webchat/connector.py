@@ -321,7 +321,11 @@ class WebchatConnector(BaseConnector):
             )
             if entry is None:
                 await ws.send(dumps({**ack, "seq": seq, "duplicate": True}))
-                retry = self._undelivered.get(native_id)
+                # Deliver it again: the router drops it if it has it already, and takes it if
+                # the bridge stopped between recording the message and handing it over.
+                retry = self._undelivered.get(native_id) or await self._recorded_turn(
+                    seq, native_id, thread_id, session_id
+                )
                 if retry is not None:
                     await self._deliver_turn(ws, retry)
                 return
@@ -332,6 +336,16 @@ class WebchatConnector(BaseConnector):
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
             await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id))
+
+    async def _recorded_turn(
+        self, seq: int, native_id: str, thread_id: str, session_id: str
+    ) -> NormalizedMessage | None:
+        entries = await self.context.store.history(
+            _thread_key(thread_id), limit=1, after_seq=seq - 1
+        )
+        if not entries or entries[0].message_id != native_id:
+            return None
+        return self._inbound(entries[0], thread_id, session_id)
 
     def _inbound(self, entry: HistoryEntry, thread_id: str, session_id: str) -> NormalizedMessage:
         return NormalizedMessage(

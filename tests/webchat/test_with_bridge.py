@@ -78,3 +78,28 @@ async def test_a_resend_after_the_reply_is_a_duplicate_and_history_pages_past_it
         "again",
         "again",
     ]
+
+
+async def test_a_message_recorded_but_never_handed_over_is_answered_when_sent_again(
+    bridge: Bridge,
+) -> None:
+    url = (await bridge.webchat_url()).split("?")[0].replace("http://", "ws://").rstrip("/")
+    async with connect(f"{url}/ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
+        ready = await _recv(ws)
+        session, thread = ready["session_id"], ready["conversations"][0]["thread_id"]
+        # As if the bridge had stopped right after recording it: in history, never accepted.
+        await bridge.store.append_history_once(
+            "webchat", f"{thread}:c9", f"webchat\x1f{thread}", "user", session, "lost?"
+        )
+        await ws.send(
+            json.dumps({"type": "send", "thread_id": thread, "client_id": "c9", "text": "lost?"})
+        )
+        frames = await _until(ws, _answer)
+    [ack] = [f for f in frames if f["type"] == "ack"]
+    assert ack["duplicate"] is True and ack["seq"] == 1
+    assert frames[-1]["text"] == "lost?"
+    assert [e.text for e in await bridge.store.history(f"webchat\x1f{thread}")] == [
+        "lost?",
+        "lost?",
+    ]
