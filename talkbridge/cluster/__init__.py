@@ -54,7 +54,13 @@ class Cluster:
         self.membership = Membership(
             self.client, self.keys.nodes(), self.node_id, self.config.lease_ttl
         )
-        self.inbound = InboundBus(self.client, self.keys, self.membership, self.config)
+        self.inbound = InboundBus(
+            self.client,
+            self.keys,
+            self.membership,
+            self.config,
+            note_connection=store.note_connection,
+        )
         self.outbound = OutboundBus(
             self.client,
             self.keys,

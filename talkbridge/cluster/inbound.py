@@ -74,9 +74,13 @@ class InboundBus:
         keys: ClusterKeys,
         membership: Membership,
         config: ClusterConfig,
+        *,
+        note_connection: Callable[[str], None] = lambda _: None,
     ) -> None:
         self._client = client
         self._keys = keys
+        self._note_connection = note_connection
+        """The store's record of connections with dedupe ids (for its retention sweep)."""
         self._membership = membership
         self._node = membership.node_id
         self._config = config
@@ -111,6 +115,7 @@ class InboundBus:
         """Dedupe and put on the bus in one step; False for a message seen before."""
         k = self._keys
         cid = message.connection_id
+        self._note_connection(cid)
         keys = [k.seen(cid), k.pending(), k.bodies(), k.arrival()]
         keys += [k.seen_before_retention(cid), k.bus_in(self.shard_of(message.thread_key))]
         args = [message.id, cid + _SEP + message.id, message.model_dump_json()]

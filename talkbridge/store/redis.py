@@ -119,6 +119,15 @@ class RedisKeys:
     def prune_marks(self, table: str) -> str:
         return self._key("prune", table)
 
+    def swept_connections(self) -> str:
+        """Every connection id with dedupe or send records: what `prune` sweeps, without a
+        SCAN of the whole keyspace."""
+        return self._key("prune", "connections")
+
+    def prune_done(self, what: str) -> str:
+        """Set once per deployment when a one-time step of the sweep has been done."""
+        return self._key("prune", "done", what)
+
     def failed_sends(self) -> str:
         return self._key("failed")
 
@@ -218,6 +227,10 @@ def _new_entry(
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _text_list(value: Any) -> list[str]:
+    return [_text(v) for v in value]
 
 
 def _scan_page(value: Any) -> tuple[int, list[str]]:
@@ -397,6 +410,8 @@ class RedisStore:
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in lua.ALL.items()}
         self._where = "redis"
         self._dropped_before_retention: set[str] = set()
+        self._noted: set[str] = set()
+        """Connection ids already added to `keys.swept_connections()` by this process."""
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.keys.prefix!r})"
@@ -480,9 +495,16 @@ class RedisStore:
             k.seen_before_retention(connection_id),
         ]
 
+    def note_connection(self, connection_id: str) -> None:
+        """Remember that `connection_id` has records to sweep (once per process)."""
+        if connection_id not in self._noted:
+            self._noted.add(connection_id)
+            self._nowait("SADD", self.keys.swept_connections(), connection_id)
+
     async def accept_inbound(
         self, message: NormalizedMessage, *, record_history: bool = False
     ) -> bool:
+        self.note_connection(message.connection_id)
         keys = self._inbox_keys(message.connection_id)
         member = message.connection_id + _SEP + message.id
         args: list[Any] = [message.id, member, message.model_dump_json()]
@@ -628,6 +650,7 @@ class RedisStore:
     async def record_sent(
         self, connection_id: str, idempotency_key: str, message_ids: Sequence[str]
     ) -> None:
+        self.note_connection(connection_id)
         ids_json = json.dumps(list(message_ids))
         k = self.keys
         keys = [k.sent(connection_id), k.sent_order(connection_id), k.sent_count()]
@@ -652,19 +675,19 @@ class RedisStore:
         at = float(_epoch(now, "now"))
         k = self.keys
         tables = {
-            "inbound": (at - keep.dedupe.total_seconds(), k.arrival(), "in:seenz"),
-            "sent": (at - keep.sent.total_seconds(), k.sent_count(), "sentz"),
+            "inbound": (at - keep.dedupe.total_seconds(), k.arrival(), k.seen),
+            "sent": (at - keep.sent.total_seconds(), k.sent_count(), k.sent_order),
         }
         counts: dict[str, int] = {}
         more = False
-        for table, (cutoff, _, kind) in tables.items():
+        for table, (cutoff, _, ordered) in tables.items():
             mark: int | None = await self._script(
                 "AGED_MARK", [k.prune_marks(table)], [cutoff], parse=_opt_int
             )
             count = 0
             if mark is not None:
-                for key in await self._scan(kind):
-                    cid = k.part_of(key, kind)
+                for cid in await self._swept_connections():
+                    key = ordered(cid)
                     if table == "inbound":
                         keys, args = [key, k.pending()], [mark, limit - count, cid + _SEP]
                         count += await self._script("PRUNE_SEEN", keys, args, parse=int)
@@ -691,6 +714,17 @@ class RedisStore:
                 await self._script("MARK", [k.prune_marks(table), counter], [at])
         return Pruned(counts["inbound"], counts["sent"], failed, more)
 
+    async def _swept_connections(self) -> list[str]:
+        """The registered connection ids; the first sweep of a deployment also registers those
+        whose records predate the registry (the only SCAN, once)."""
+        k = self.keys
+        if await self._call("SET", k.prune_done("registry"), "1", "NX", parse=bool):
+            for kind in ("in:seenz", "sentz"):
+                for key in await self._scan(kind):
+                    await self._call("SADD", k.swept_connections(), k.part_of(key, kind))
+        found: list[str] = await self._call("SMEMBERS", k.swept_connections(), parse=_text_list)
+        return sorted(found)
+
     async def _scan(self, kind: str) -> list[str]:
         """Every key `{prefix}:{kind}:*` (one per connection)."""
         pattern = self.keys.pattern()[:-1] + kind + ":*"
@@ -709,10 +743,12 @@ class RedisStore:
         Nothing writes such keys any more, so each table's are looked for once per process."""
         if table in self._dropped_before_retention:
             return
+        self._dropped_before_retention.add(table)
+        if not await self._call("SET", self.keys.prune_done(table), "1", "NX", parse=bool):
+            return  # another process (or an earlier run) did it
         kind = "in:seen" if table == "inbound" else "sent"
         for key in await self._scan(kind):
             await self._call("UNLINK", key)
-        self._dropped_before_retention.add(table)
 
     async def failed_sends(self, limit: int = 100) -> Sequence[FailedSend]:
         """The latest `limit` failures, newest first."""

@@ -182,3 +182,43 @@ def test_a_key_part_reads_back_unescaped() -> None:
     assert keys.part_of(keys.seen("a:b%c"), "in:seenz") == "a:b%c"
     with pytest.raises(ValueError, match="not a sentz key"):
         keys.part_of(keys.seen("a"), "sentz")
+
+
+async def _scans(raw: Redis) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_scan", {}).get("calls", 0))
+
+
+async def test_sweeps_find_connections_without_scanning_the_keyspace(url: str, raw: Redis) -> None:
+    # Records from before the registry existed are found once, by the deployment's first sweep.
+    prefix = f"tbtest-{uuid.uuid4().hex[:12]}"
+    keys = RedisKeys(prefix)
+    keep = Retention(timedelta(days=1), timedelta(days=1), timedelta(days=1))
+    t0 = datetime.now(UTC)
+    day = timedelta(days=1, seconds=1)
+    store = RedisStore(url, prefix=prefix)
+    await store.open()
+    try:
+        await store.accept_inbound(make_message(connection_id="old:1", message_id="a"))
+        await store.complete_inbound("old:1", "a")  # handled: only its dedupe id is left
+        await store.record_sent("old:1", "reply:a", ["1"])
+        await store.history("flush", limit=1)  # the queued registration is written by now
+        await raw.delete(keys.swept_connections())  # as if written by an earlier talkbridge
+        await store.prune(now=t0, keep=keep)
+        first = await store.prune(now=t0 + day, keep=keep)
+        assert (first.dedupe, first.sent) == (1, 1)
+
+        await store.accept_inbound(make_message(connection_id="new:2", message_id="b"))
+        await store.complete_inbound("new:2", "b")
+        await store.record_sent("new:2", "reply:b", ["2"])
+        await store.prune(now=t0 + day, keep=keep)
+        before = await _scans(raw)
+        later = await store.prune(now=t0 + 2 * day + day, keep=keep)
+        assert await _scans(raw) == before  # hourly sweeps never walk the keyspace
+        assert (later.dedupe, later.sent) == (1, 1)
+        assert await store.accept_inbound(make_message(connection_id="new:2", message_id="b"))
+    finally:
+        await store.close()
+        ours = [k async for k in raw.scan_iter(match=keys.pattern())]
+        if ours:
+            await raw.delete(*ours)
