@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.errors import StoreError
 from talkbridge.store._writer import (
     MAX_BATCH,
@@ -54,6 +55,12 @@ log = logging.getLogger("talkbridge.store")
 
 _HEADER = struct.Struct("!I")
 _READY = -1
+RESTART_PAUSE = 1.0
+"""Seconds at least between starts of one store's writer when it keeps dying."""
+
+
+class _WriterGone(StoreError):
+    """The writer process ended without being asked to."""
 
 
 class ChildOps(NamedTuple):
@@ -205,10 +212,17 @@ class ProcessWriter(QueueingWriter):
         self._reader: asyncio.StreamReader | None = None
         self._stream: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._started_at = 0.0
+        self._replacing: asyncio.Task[Any] | None = None
+        self.restarted = asyncio.Event()
+        """Set each time a writer that died has been replaced."""
 
     async def start(self) -> None:
         """Start the child and wait until it has opened the database (or failed to)."""
         self._loop = loop = asyncio.get_running_loop()
+        self._stopping = False
+        self._started_at = loop.time()
         ours, theirs = socket.socketpair()
         try:
             self._pid = await loop.run_in_executor(
@@ -237,6 +251,10 @@ class ProcessWriter(QueueingWriter):
 
     async def stop(self) -> None:
         """Refuse new operations, finish the queued ones, close the database, end the child."""
+        self._stopping = True
+        replacing, self._replacing = self._replacing, None
+        if replacing is not None and replacing is not asyncio.current_task():
+            await cancel_and_wait(replacing)  # a writer that died is not replaced any more
         if self._loop is None or self._stream is None:
             return
         try:
@@ -246,7 +264,8 @@ class ProcessWriter(QueueingWriter):
                 self._flush()
                 done: asyncio.Future[None] = self._loop.create_future()
                 self._send([(None, (), self._token(done))])
-                await done
+                with contextlib.suppress(_WriterGone):  # already logged; nothing left to close
+                    await done
         finally:
             self._accepting = False
             await self._end()
@@ -293,15 +312,43 @@ class ProcessWriter(QueueingWriter):
                     self._resolve(token, exc, value)
         except (asyncio.IncompleteReadError, OSError):
             pass
-        if self._waiting or self._accepting:
-            err = StoreError(
-                f"{self._describe}: the writer process (pid {self._pid}) exited unexpectedly;"
-                " writes not yet confirmed may be lost"
-            )
-            log.error("%s", err)
-            self._accepting = False
-            for token in list(self._waiting):
-                self._resolve(token, err)
+        if not (self._waiting or self._accepting):
+            return  # stopped on purpose
+        died = self._accepting and not self._stopping
+        err = _WriterGone(
+            f"{self._describe}: the writer process (pid {self._pid}) exited unexpectedly;"
+            " writes not yet confirmed may be lost"
+        )
+        log.error("%s", err)
+        self._accepting = False
+        for token in list(self._waiting):
+            self._resolve(token, err)
+        if died:
+            await self._replace()
+
+    async def _replace(self) -> None:
+        """Start a new child for a writer that died, so the bridge carries on: what the old one
+        had not confirmed is lost, as in any crash, and its callers were told so."""
+        self._replacing, self._reading = asyncio.current_task(), None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+        loop = asyncio.get_running_loop()
+        pause = RESTART_PAUSE - (loop.time() - self._started_at)
+        if pause > 0:  # one that dies at once is not restarted in a tight loop
+            await asyncio.sleep(pause)
+        if self._stopping:
+            return
+        dead = self._pid
+        try:
+            await self.start()
+        except Exception as exc:
+            log.error("%s: the writer process could not be restarted: %s", self._describe, exc)
+            return
+        finally:
+            self._replacing = None
+        log.warning("%s: writer process %s replaced by %s", self._describe, dead, self._pid)
+        self.restarted.set()
 
     def _resolve(self, token: Token, exc: BaseException | None, value: Any = None) -> None:
         if token is None:  # submitted without waiting: nobody to tell but the log
