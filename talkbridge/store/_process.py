@@ -279,7 +279,11 @@ class ProcessWriter(QueueingWriter):
         return self._next
 
     def _send(self, items: list[_Item]) -> None:
-        assert self._stream is not None
+        if self._stream is None:  # the child died and is being replaced: tell the callers
+            err = self._not_running()
+            for _, _, token in items:
+                self._resolve(token, err)
+            return
         payload: list[Any] = items  # operations are already named (`_op`)
         try:
             frame = _frame(payload)
@@ -321,6 +325,9 @@ class ProcessWriter(QueueingWriter):
         )
         log.error("%s", err)
         self._accepting = False
+        unsent, self._outbox = self._outbox, []  # never sent: not for the next child either
+        if lost := sum(1 for _, _, token in unsent if token is None):
+            log.error("%d store writes nobody waited for were not made", lost)
         for token in list(self._waiting):
             self._resolve(token, err)
         if died:
