@@ -97,12 +97,22 @@ class _ForkServer:
         )
         theirs.close()
         self._control = ours
+        self._owner = os.getpid()
+
+    @classmethod
+    def _ours(cls) -> _ForkServer | None:
+        """The running server, if this process started it (a forked copy of the bridge, e.g.
+        a pre-forking server's worker, must not share the parent's)."""
+        server = cls._current
+        if server is None or server._owner != os.getpid() or server._process.poll() is not None:
+            return None
+        return server
 
     @classmethod
     def shutdown(cls) -> None:
         """End the fork server (its children live on until their stores close)."""
         with cls._lock:
-            server, cls._current = cls._current, None
+            server, cls._current = cls._ours(), None
         if server is not None:
             server._control.close()  # EOF: it returns from its loop
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -115,8 +125,8 @@ class _ForkServer:
         """Start a child serving `sock` (blocking: call it off the event loop); its pid."""
         with cls._lock:
             for attempt in (1, 2):
-                server = cls._current
-                if server is None or server._process.poll() is not None:
+                server = cls._ours()
+                if server is None:
                     server = cls._current = cls(setup.__module__)
                 try:
                     request = pickle.dumps((setup, args), protocol=pickle.HIGHEST_PROTOCOL)

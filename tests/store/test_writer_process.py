@@ -191,3 +191,35 @@ async def test_a_relative_path_is_the_callers_not_the_fork_servers(
             assert await check.get_state("folder") == folder
         finally:
             await check.close()
+
+
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(") ", 1)[1].split()[1])
+
+
+def test_a_forked_copy_of_the_bridge_starts_its_own_fork_server(tmp_path: Path) -> None:
+    # A pre-forking server forks its workers after imports (and maybe after a first store):
+    # two processes writing requests to one fork server's socket would mix them up.
+    async def write(path: Path, value: str) -> int:
+        """The pid of the process that started the fork server of the store's writer."""
+        store = SqliteStore(path)
+        await store.open()
+        try:
+            await store.set_state("who", value)
+            return _parent_of(_parent_of(_child(store)))
+        finally:
+            await store.close()
+
+    assert asyncio.run(write(tmp_path / "parent.db", "parent")) == os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the copy: its writer must come from a fork server of its own
+        code = 1
+        try:
+            code = 0 if asyncio.run(write(tmp_path / "copy.db", "copy")) == os.getpid() else 2
+        except BaseException as exc:
+            print(f"in the copy: {exc!r}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
