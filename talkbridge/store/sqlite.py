@@ -336,7 +336,8 @@ def _pairing(row: tuple[Any, ...]) -> Pairing:
 
 
 class _SqliteOps:
-    """The SQL of every operation; runs only on the writer thread, inside its transaction."""
+    """The SQL of every operation; runs only in the writer (its process or thread), inside its
+    transaction."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = path
