@@ -54,6 +54,8 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._idle.set()
         self._name = name
         self._closed = False
+        self._parked: dict[K, asyncio.Future[Any]] = {}
+        """Keys waiting for the gate of their first item, with that gate."""
 
     @property
     def pending(self) -> int:
@@ -80,11 +82,20 @@ class KeyedSerialExecutor(Generic[K, T]):
         if gate is None or gate.done():
             self._make_ready(key)
         else:
-            gate.add_done_callback(partial(self._unpark, key))
+            self._park(key, gate)
 
-    def _unpark(self, key: K, _gate: asyncio.Future[Any]) -> None:
-        if key in self._queues and not self._closed:
-            self._make_ready(key)
+    def _park(self, key: K, gate: asyncio.Future[Any]) -> None:
+        self._parked[key] = gate
+        gate.add_done_callback(partial(self.opened, key))
+
+    def opened(self, key: K, gate: asyncio.Future[Any]) -> None:
+        """`gate` is done: a key parked on it can go on. The submitter may call this right after
+        resolving the gate, a loop turn before the gate's own callback does (which then finds
+        nothing to do)."""
+        if self._parked.get(key) is gate:
+            del self._parked[key]
+            if not self._closed:
+                self._make_ready(key)
 
     def _make_ready(self, key: K) -> None:
         self._ready.append(key)
@@ -128,7 +139,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         while queue:
             item, gate = queue[0]
             if gate is not None and not gate.done():
-                gate.add_done_callback(partial(self._unpark, key))
+                self._park(key, gate)
                 return True
             try:
                 await self._handler(key, item)

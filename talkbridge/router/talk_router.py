@@ -181,6 +181,7 @@ class TalkRouter:
             verdict.set_exception(exc)
             raise
         verdict.set_result(accepted)
+        self._inbound.opened(message.thread_key, verdict)  # now, not a loop turn later
         if accepted:
             for listener in self._arrival:
                 listener(message)

@@ -91,3 +91,27 @@ async def test_gates_opening_out_of_order_keep_the_keys_order() -> None:
     await asyncio.wait_for(executor.join(), 5)
     assert seen == ["o", "t0", "t1", "t2"]
     await executor.cancel()
+
+
+async def test_a_gate_reported_open_at_once_still_releases_its_key_only_once() -> None:
+    seen: list[str] = []
+    inside = 0
+    most = 0
+
+    async def handle(key: str, item: str) -> None:
+        nonlocal inside, most
+        inside += 1
+        most = max(most, inside)
+        await asyncio.sleep(0)  # a second worker on the same key would overlap here
+        seen.append(item)
+        inside -= 1
+
+    gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle)
+    await executor.submit("t", "t0", gate)
+    await executor.submit("t", "t1")
+    gate.set_result(True)
+    executor.opened("t", gate)  # as the router does; the gate's own callback comes later
+    await asyncio.wait_for(executor.join(), 5)
+    assert seen == ["t0", "t1"] and most == 1
+    await executor.cancel()
