@@ -54,7 +54,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._idle.set()
         self._name = name
         self._closed = False
-        self._parked: dict[K, asyncio.Future[Any]] = {}
+        self._parked: dict[K, tuple[asyncio.Future[Any], Callable[..., None]]] = {}
         """Keys waiting for the gate of their first item, with that gate."""
 
     @property
@@ -85,15 +85,19 @@ class KeyedSerialExecutor(Generic[K, T]):
             self._park(key, gate)
 
     def _park(self, key: K, gate: asyncio.Future[Any]) -> None:
-        self._parked[key] = gate
-        gate.add_done_callback(partial(self.opened, key))
+        callback = partial(self.opened, key)
+        self._parked[key] = (gate, callback)
+        gate.add_done_callback(callback)
 
     def opened(self, key: K, gate: asyncio.Future[Any]) -> None:
-        """`gate` is done: a key parked on it can go on. The submitter may call this right after
-        resolving the gate, a loop turn before the gate's own callback does (which then finds
-        nothing to do)."""
-        if self._parked.get(key) is gate:
+        """A key parked on `gate` can go on. The gate's own callback calls this a loop turn after
+        it is resolved; the submitter may call it sooner, even just before resolving it in the
+        same step (no worker runs in between, and one that found it unresolved would park the
+        key again)."""
+        parked = self._parked.get(key)
+        if parked is not None and parked[0] is gate:
             del self._parked[key]
+            gate.remove_done_callback(parked[1])  # not scheduled yet: then it never runs
             if not self._closed:
                 self._make_ready(key)
 

@@ -180,8 +180,8 @@ class TalkRouter:
         except BaseException as exc:
             verdict.set_exception(exc)
             raise
-        verdict.set_result(accepted)
         self._inbound.opened(message.thread_key, verdict)  # now, not a loop turn later
+        verdict.set_result(accepted)
         if accepted:
             for listener in self._arrival:
                 listener(message)

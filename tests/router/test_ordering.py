@@ -115,3 +115,25 @@ async def test_a_gate_reported_open_at_once_still_releases_its_key_only_once() -
     await asyncio.wait_for(executor.join(), 5)
     assert seen == ["t0", "t1"] and most == 1
     await executor.cancel()
+
+
+async def test_a_gate_reported_open_before_it_is_resolved_still_holds_its_item() -> None:
+    seen: list[str] = []
+    first_done = asyncio.Event()
+
+    async def handle(key: str, item: str) -> None:
+        seen.append(item)
+        if item == "o":
+            first_done.set()
+
+    gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle)
+    await executor.submit("t", "t0", gate)
+    executor.opened("t", gate)  # too early: a worker that looks now must park it again
+    await executor.submit("other", "o")
+    await asyncio.wait_for(first_done.wait(), 5)  # the workers have run meanwhile
+    assert seen == ["o"]
+    gate.set_result(True)
+    await asyncio.wait_for(executor.join(), 5)
+    assert seen == ["o", "t0"]
+    await executor.cancel()
