@@ -227,7 +227,9 @@ class Bridge:
         )
 
     def _node_info(self) -> dict[str, Any]:
-        return self.cluster.describe() if self.cluster is not None else {}
+        """What /healthz shows beside the connections: the store, and this node's part."""
+        info = self.cluster.describe() if self.cluster is not None else {}
+        return {"store": self.store.health(), **info}
 
     async def webchat_url(self, timeout: float = 30.0) -> str:
         """The address to open once the webchat listens; with the token if we generated it."""

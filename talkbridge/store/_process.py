@@ -227,6 +227,10 @@ class ProcessWriter(QueueingWriter):
         self._replacing: asyncio.Task[Any] | None = None
         self.restarted = asyncio.Event()
         """Set each time a writer that died has been replaced."""
+        self.restart_failed = asyncio.Event()
+        """Set when a writer that died could not be replaced: the store stays down."""
+        self._trouble: str | None = None
+        """Why the writer is not up, for `health()`."""
 
     async def start(self) -> None:
         """Start the child and wait until it has opened the database (or failed to)."""
@@ -279,6 +283,13 @@ class ProcessWriter(QueueingWriter):
         finally:
             self._accepting = False
             await self._end()
+
+    def health(self) -> dict[str, Any]:
+        if self._accepting:
+            return {"state": "up"}
+        if self._replacing is not None:
+            return {"state": "restarting", "error": self._trouble}
+        return {"state": "down", "error": self._trouble or "not open"}
 
     def _op(self, fn: Callable[..., Any]) -> Any:
         return op_name(fn)
@@ -334,6 +345,7 @@ class ProcessWriter(QueueingWriter):
             " writes not yet confirmed may be lost"
         )
         log.error("%s", err)
+        self._trouble = str(err)
         self._accepting = False
         unsent, self._outbox = self._outbox, []  # never sent: not for the next child either
         if lost := sum(1 for _, _, token in unsent if token is None):
@@ -361,9 +373,12 @@ class ProcessWriter(QueueingWriter):
             await self.start()
         except Exception as exc:
             log.error("%s: the writer process could not be restarted: %s", self._describe, exc)
+            self._trouble = f"the writer process could not be restarted: {exc}"
+            self.restart_failed.set()
             return
         finally:
             self._replacing = None
+        self._trouble = None
         log.warning("%s: writer process %s replaced by %s", self._describe, dead, self._pid)
         self.restarted.set()
 

@@ -190,6 +190,10 @@ class QueueingWriter:
     def running(self) -> bool:
         return self._accepting
 
+    def health(self) -> dict[str, Any]:
+        """For `/healthz`: `up`, or `down` (closed, or its owner gone for good)."""
+        return {"state": "up"} if self._accepting else {"state": "down", "error": "not open"}
+
     async def start(self) -> None:
         raise NotImplementedError
 

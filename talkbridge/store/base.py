@@ -111,6 +111,10 @@ class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
 
+    def health(self) -> dict[str, Any]:
+        """For `/healthz`: `{"state": "up"}`, or another state with an `error` in plain words."""
+        ...
+
     # -- inbound inbox: dedupe by (connection, native id), at-least-once processing ------------
     async def accept_inbound(
         self, message: NormalizedMessage, *, record_history: bool = False

@@ -440,6 +440,13 @@ class RedisStore:
         self._writer = _PipelineWriter(client, self._where, lua.ALL)
         self._writer.start()
 
+    def health(self) -> dict[str, Any]:
+        # Commands that fail are retried and logged by the pipeline writer; this says whether
+        # the store is open at all.
+        return (
+            {"state": "up"} if self._writer is not None else {"state": "down", "error": "not open"}
+        )
+
     async def close(self) -> None:
         writer, client = self._writer, self._client
         self._writer = self._client = None

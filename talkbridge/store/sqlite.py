@@ -776,6 +776,9 @@ class SqliteStore:
     async def close(self) -> None:
         await self._writer.stop()
 
+    def health(self) -> dict[str, Any]:
+        return self._writer.health()
+
     # -- inbound ----------------------------------------------------------------------------
 
     async def accept_inbound(

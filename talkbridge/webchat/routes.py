@@ -131,6 +131,9 @@ class HttpRoutes:
             status = health_status(connections)
             if self._node_info is not None:
                 node = self._node_info()
+                store = node.get("store")
+                if isinstance(store, dict) and store.get("state") != "up":
+                    status = "degraded"
         except Exception:
             connections, status = {}, "unknown"
         body = json.dumps({"status": status, **node, "connections": connections}, default=str)

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
@@ -103,3 +106,34 @@ async def test_a_message_recorded_but_never_handed_over_is_answered_when_sent_ag
         "lost?",
         "lost?",
     ]
+
+
+async def test_healthz_shows_the_store_and_a_store_that_is_gone_degrades_it(
+    bridge: Bridge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from talkbridge.store._process import ProcessWriter, _ForkServer
+
+    http = (await bridge.webchat_url()).split("?")[0].rstrip("/")
+    health = await _get_json(f"{http}/healthz")
+    assert health["status"] == "ok" and health["store"] == {"state": "up"}
+
+    def no_fork(*_: object) -> int:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(_ForkServer, "fork", no_fork)  # a replacement cannot start
+    monkeypatch.setattr("talkbridge.store._process.RESTART_PAUSE", 0.0)
+    writer = bridge.store._writer  # type: ignore[attr-defined]
+    assert isinstance(writer, ProcessWriter) and writer._pid is not None
+    os.kill(writer._pid, signal.SIGKILL)
+    await asyncio.wait_for(writer.restart_failed.wait(), TIMEOUT)
+    health = await _get_json(f"{http}/healthz")
+    assert health["status"] == "degraded"
+    assert health["store"]["state"] == "down"
+    assert "could not be restarted" in health["store"]["error"]
+    assert "no more processes" in health["store"]["error"]
+
+
+async def _get_json(url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200
+        return cast(dict[str, Any], await response.json())
