@@ -125,7 +125,7 @@ async def _check(args: argparse.Namespace) -> int:
     if not config.connections:
         print("no connections to check: the webchat needs no credentials")
         return EXIT_OK
-    store = open_store(config.store, prefix=config.store_prefix)
+    store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     await store.open()
     try:
         registry = ConnectionRegistry(store, secrets)
@@ -151,7 +151,7 @@ async def _pair(args: argparse.Namespace) -> int:
     from talkbridge.store import open_store
 
     config, _ = _load(args.config)
-    store = open_store(config.store, prefix=config.store_prefix)
+    store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     await store.open()
     try:
         if args.pair_command == "approve":
@@ -186,7 +186,7 @@ async def _hooks(args: argparse.Namespace) -> int:
     from talkbridge.store import open_store
 
     config, _ = _load(args.config)
-    store = open_store(config.store, prefix=config.store_prefix)
+    store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     await store.open()
     try:
         if args.dead_command == "replay":

@@ -38,7 +38,7 @@ def _scheme(url: str) -> str:
     return scheme.lower() if sep else ""
 
 
-def _sqlite_store(url: str) -> Store:
+def _sqlite_store(url: str, *, short_lived: bool) -> Store:
     rest = url.partition("://")[2]
     if not rest.startswith("/"):
         raise ConfigError(f"store URL {url!r} has a host part; write it as {_SQLITE_FORMS}")
@@ -47,17 +47,21 @@ def _sqlite_store(url: str) -> Store:
         raise ConfigError(f"store URL {url!r} names no database file; write it as {_SQLITE_FORMS}")
     if "?" in path or "#" in path:
         raise ConfigError(f"store URL {url!r}: query parameters are not supported for sqlite")
-    return SqliteStore(path)
+    return SqliteStore(path, writer="thread" if short_lived else None)
 
 
-def open_store(url: str, *, prefix: str = "talkbridge") -> Store:
+def open_store(url: str, *, prefix: str = "talkbridge", short_lived: bool = False) -> Store:
     """Build (not yet open) the store a `store:` URL names; `prefix` namespaces Redis keys.
+
+    `short_lived`: for a command that makes a few calls and ends (`talkbridge pair`): SQLite
+    then writes from a thread, not from a process of its own, which would cost more to start
+    than the command's whole work.
 
     The URL is never echoed for schemes that can carry a password (redis), only its scheme.
     """
     scheme = _scheme(url.strip())
     if scheme == "sqlite":
-        return _sqlite_store(url.strip())
+        return _sqlite_store(url.strip(), short_lived=short_lived)
     if scheme in ("redis", "rediss"):
         try:
             from talkbridge.store.redis import RedisStore  # the redis extra: only when asked for

@@ -15,7 +15,8 @@ import pytest
 from talkbridge.errors import ConfigError, StoreError
 from talkbridge.store import HistoryEntry, Retention, SqliteStore, open_store
 from talkbridge.store import sqlite as sqlite_module
-from talkbridge.store._writer import BatchRunner
+from talkbridge.store._process import ProcessWriter
+from talkbridge.store._writer import BatchRunner, GroupCommitWriter
 
 
 @pytest.fixture
@@ -266,6 +267,13 @@ def test_open_store_sqlite_urls(url: str, path: Path | str) -> None:
     store = open_store(url)
     assert isinstance(store, SqliteStore)
     assert store.path == path
+
+
+def test_a_short_lived_store_writes_from_a_thread() -> None:
+    # `talkbridge pair approve` makes a few calls: a writer process would cost it more to start.
+    assert isinstance(open_store("sqlite:///x.db")._writer, ProcessWriter)  # type: ignore[attr-defined]
+    brief = open_store("sqlite:///x.db", short_lived=True)
+    assert isinstance(brief._writer, GroupCommitWriter)  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
