@@ -31,8 +31,7 @@ async def test_only_a_slow_turn_shows_typing_and_it_refreshes_until_the_end() ->
     while len(activity.shown) < 3:  # refreshed while the turn runs
         activity.event.clear()
         await asyncio.wait_for(activity.event.wait(), 5)
-    indicators.end(slow)
-    await asyncio.sleep(0)  # let the cancellation land
+    indicators.end(slow)  # its task is cancelled: it never shows typing again
     count = len(activity.shown)
     later = indicators.begin(activity, "later")  # a turn after: the sweep runs again
     activity.event.clear()

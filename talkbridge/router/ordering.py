@@ -9,8 +9,8 @@ submits.
 An item may come with a gate, a future that must be done before the item is handled (an inbound
 message's place in its thread is taken before the store has accepted it). A key whose first item
 is still gated holds no worker: it is parked, and becomes ready when the gate opens. So a worker
-never waits on one thread's store round trip while other threads have work, and a batch of
-messages accepted together is handled by the workers already running, without a wake-up each.
+never waits on one thread's store round trip while other threads have work, and takes a message
+up once, when it can be handled (not once to find it waiting and again when the store answers).
 """
 
 from __future__ import annotations

@@ -687,13 +687,16 @@ class RedisStore:
         }
         counts: dict[str, int] = {}
         more = False
+        swept: list[str] | None = None  # read once, when a mark has aged
         for table, (cutoff, _, ordered) in tables.items():
             mark: int | None = await self._script(
                 "AGED_MARK", [k.prune_marks(table)], [cutoff], parse=_opt_int
             )
             count = 0
             if mark is not None:
-                for cid in await self._swept_connections():
+                if swept is None:
+                    swept = await self._swept_connections()
+                for cid in swept:
                     key = ordered(cid)
                     if table == "inbound":
                         keys, args = [key, k.pending()], [mark, limit - count, cid + _SEP]

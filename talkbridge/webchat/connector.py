@@ -109,7 +109,6 @@ class WebchatConnector(BaseConnector):
         self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
-        self._undelivered: dict[str, NormalizedMessage] = {}
         self._streams = DeltaCoalescer(self._publish_delta, DELTA_WINDOW)
         self.port: int | None = None
         """The bound port once `ready` is set (useful with `port: 0`)."""
@@ -323,9 +322,7 @@ class WebchatConnector(BaseConnector):
                 await ws.send(dumps({**ack, "seq": seq, "duplicate": True}))
                 # Deliver it again: the router drops it if it has it already, and takes it if
                 # the bridge stopped between recording the message and handing it over.
-                retry = self._undelivered.get(native_id) or await self._recorded_turn(
-                    seq, native_id, thread_id, session_id
-                )
+                retry = await self._recorded_turn(seq, native_id, thread_id, session_id)
                 if retry is not None:
                     await self._deliver_turn(ws, retry)
                 return
@@ -362,7 +359,6 @@ class WebchatConnector(BaseConnector):
 
     async def _deliver_turn(self, ws: ServerConnection, message: NormalizedMessage) -> None:
         """Hand the turn to the router; if that fails, a resend of the client id retries it."""
-        self._undelivered[message.id] = message
         try:
             await self.deliver(message)
         except Exception:
@@ -378,8 +374,6 @@ class WebchatConnector(BaseConnector):
                     )
                 )
             )
-        else:
-            self._undelivered.pop(message.id, None)
 
     async def _on_history(self, ws: ServerConnection, session_id: str, frame: HistoryFrame) -> None:
         await self._own_thread(session_id, frame.thread_id, frame.ref)

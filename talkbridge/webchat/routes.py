@@ -66,9 +66,11 @@ def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
     return found
 
 
-def health_status(connections: dict[str, Any]) -> str:
-    """`ok` when every connection reports `up` (or, in distributed mode, `standby` while another
-    node owns it), else `degraded`."""
+def health_status(connections: dict[str, Any], store: Any = None) -> str:
+    """`ok` when the store (if reported) and every connection are `up` (a connection may also be
+    `standby` while another node owns it, in distributed mode), else `degraded`."""
+    if isinstance(store, dict) and store.get("state") != "up":
+        return "degraded"
     for value in connections.values():
         state = value.get("state") if isinstance(value, dict) else value
         if state == "standby" and isinstance(value, dict) and value.get("owner"):
@@ -128,12 +130,9 @@ class HttpRoutes:
         node: dict[str, Any] = {}
         try:
             connections = self._health()
-            status = health_status(connections)
             if self._node_info is not None:
                 node = self._node_info()
-                store = node.get("store")
-                if isinstance(store, dict) and store.get("state") != "up":
-                    status = "degraded"
+            status = health_status(connections, node.get("store"))
         except Exception:
             connections, status = {}, "unknown"
         body = json.dumps({"status": status, **node, "connections": connections}, default=str)

@@ -47,93 +47,100 @@ async def test_order_per_key_and_the_concurrency_bound_hold() -> None:
     await executor.cancel()
 
 
+class _Recorder:
+    """A handler that records what it handled and signals each item; the `hold` item waits
+    inside the handler until `release` is set (so a second worker on its key would show)."""
+
+    def __init__(self, hold: str | None = None) -> None:
+        self.seen: list[str] = []
+        self.inside: dict[str, int] = {}
+        self.most = 0
+        """The most handlers ever running at once for one key: 1 unless a key ran twice."""
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self._hold = hold
+        self._done: dict[str, asyncio.Event] = {}
+
+    def done(self, item: str) -> asyncio.Event:
+        return self._done.setdefault(item, asyncio.Event())
+
+    async def __call__(self, key: str, item: str) -> None:
+        self.inside[key] = self.inside.get(key, 0) + 1
+        self.most = max(self.most, self.inside[key])
+        try:
+            if item == self._hold:
+                self.entered.set()
+                await self.release.wait()
+            self.seen.append(item)
+        finally:
+            self.inside[key] -= 1
+        self.done(item).set()
+
+
+async def _handled(recorder: _Recorder, item: str) -> None:
+    await asyncio.wait_for(recorder.done(item).wait(), 5)
+
+
 async def test_a_gated_item_holds_no_worker_and_runs_when_its_gate_opens() -> None:
-    seen: list[str] = []
-    handled = {"a1": asyncio.Event(), "b1": asyncio.Event()}
-
-    async def handle(key: str, item: str) -> None:
-        seen.append(item)
-        handled[item].set()
-
+    record = _Recorder()
     gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_active=1)
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(record, max_active=1)
     await executor.submit("a", "a1", gate)
     await executor.submit("b", "b1")  # the only worker is free for it: "a" waits parked
-    await asyncio.wait_for(handled["b1"].wait(), 5)
-    assert seen == ["b1"]
+    await _handled(record, "b1")
+    assert record.seen == ["b1"]
     gate.set_result(True)
-    await asyncio.wait_for(handled["a1"].wait(), 5)
-    assert seen == ["b1", "a1"]
+    await _handled(record, "a1")
+    assert record.seen == ["b1", "a1"]
     await asyncio.wait_for(executor.join(), 5)
     await executor.cancel()
 
 
 async def test_gates_opening_out_of_order_keep_the_keys_order() -> None:
-    seen: list[str] = []
-    other_done = asyncio.Event()
-
-    async def handle(key: str, item: str) -> None:
-        seen.append(item)
-        if key == "other":
-            other_done.set()
-
+    record = _Recorder()
     loop = asyncio.get_running_loop()
     gates: list[asyncio.Future[bool]] = [loop.create_future() for _ in range(3)]
-    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_active=2)
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(record, max_active=2)
     for item, gate in enumerate(gates):
         await executor.submit("t", f"t{item}", gate)
     gates[2].set_result(True)
     gates[1].cancel()  # an abandoned delivery still opens its gate: the handler decides
     await executor.submit("other", "o")  # by the time it is handled, "t" had its chance
-    await asyncio.wait_for(other_done.wait(), 5)
-    assert seen == ["o"]  # the first item's gate is still shut, so nothing of "t" ran
+    await _handled(record, "o")
+    assert record.seen == ["o"]  # the first item's gate is still shut, so nothing of "t" ran
     gates[0].set_result(True)
     await asyncio.wait_for(executor.join(), 5)
-    assert seen == ["o", "t0", "t1", "t2"]
+    assert record.seen == ["o", "t0", "t1", "t2"]
     await executor.cancel()
 
 
 async def test_a_gate_reported_open_at_once_still_releases_its_key_only_once() -> None:
-    seen: list[str] = []
-    inside = 0
-    most = 0
-
-    async def handle(key: str, item: str) -> None:
-        nonlocal inside, most
-        inside += 1
-        most = max(most, inside)
-        await asyncio.sleep(0)  # a second worker on the same key would overlap here
-        seen.append(item)
-        inside -= 1
-
+    record = _Recorder(hold="t0")
     gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle)
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(record)
     await executor.submit("t", "t0", gate)
     await executor.submit("t", "t1")
     gate.set_result(True)
     executor.opened("t", gate)  # as the router does; the gate's own callback comes later
+    await asyncio.wait_for(record.entered.wait(), 5)
+    await executor.submit("other", "o")  # by the time it is handled, a second worker on "t"
+    await _handled(record, "o")  # (released twice) would be inside "t0" too
+    record.release.set()
     await asyncio.wait_for(executor.join(), 5)
-    assert seen == ["t0", "t1"] and most == 1
+    assert [i for i in record.seen if i != "o"] == ["t0", "t1"] and record.most == 1
     await executor.cancel()
 
 
 async def test_a_gate_reported_open_before_it_is_resolved_still_holds_its_item() -> None:
-    seen: list[str] = []
-    first_done = asyncio.Event()
-
-    async def handle(key: str, item: str) -> None:
-        seen.append(item)
-        if item == "o":
-            first_done.set()
-
+    record = _Recorder()
     gate: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle)
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(record)
     await executor.submit("t", "t0", gate)
     executor.opened("t", gate)  # too early: a worker that looks now must park it again
     await executor.submit("other", "o")
-    await asyncio.wait_for(first_done.wait(), 5)  # the workers have run meanwhile
-    assert seen == ["o"]
+    await _handled(record, "o")  # the workers have run meanwhile
+    assert record.seen == ["o"]
     gate.set_result(True)
     await asyncio.wait_for(executor.join(), 5)
-    assert seen == ["o", "t0"]
+    assert record.seen == ["o", "t0"]
     await executor.cancel()

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,11 +22,8 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the writer proc
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    store = SqliteStore(tmp_path / "talkbridge.db")
-    await store.open()
-    yield store
-    await store.close()
+def db(sqlite_store: SqliteStore) -> SqliteStore:
+    return sqlite_store
 
 
 def _child(store: SqliteStore) -> int:
@@ -48,10 +44,20 @@ def _gone(pid: int) -> bool:
 
 
 async def _wait_gone(pid: int) -> None:
-    # The child is not ours to wait for (the fork server is its parent): poll until it is gone.
-    async with asyncio.timeout(10):
-        while not _gone(pid):  # noqa: ASYNC110 - another process's exit: nothing to await
-            await asyncio.sleep(0.02)
+    """Wait for another process's exit: it is not our child, but a pidfd becomes readable when
+    it ends (Linux 5.3+)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await asyncio.wait_for(ended, 10)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 async def test_the_writer_runs_in_another_process_and_ends_with_close(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -52,13 +53,19 @@ def _answer(frame: dict[str, Any]) -> bool:
     return frame["type"] == "message" and frame["role"] == "assistant"
 
 
-async def test_a_resend_after_the_reply_is_a_duplicate_and_history_pages_past_it(
-    bridge: Bridge,
-) -> None:
+@asynccontextmanager
+async def _page(bridge: Bridge) -> AsyncIterator[tuple[ClientConnection, dict[str, Any]]]:
+    """A socket authenticated as the page does, and its `ready` frame."""
     url = (await bridge.webchat_url()).split("?")[0].replace("http://", "ws://").rstrip("/")
     async with connect(f"{url}/ws") as ws:
         await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
-        ready = await _recv(ws)
+        yield ws, await _recv(ws)
+
+
+async def test_a_resend_after_the_reply_is_a_duplicate_and_history_pages_past_it(
+    bridge: Bridge,
+) -> None:
+    async with _page(bridge) as (ws, ready):
         thread = ready["conversations"][0]["thread_id"]
         send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "hello"}
         await ws.send(json.dumps(send))
@@ -86,10 +93,7 @@ async def test_a_resend_after_the_reply_is_a_duplicate_and_history_pages_past_it
 async def test_a_message_recorded_but_never_handed_over_is_answered_when_sent_again(
     bridge: Bridge,
 ) -> None:
-    url = (await bridge.webchat_url()).split("?")[0].replace("http://", "ws://").rstrip("/")
-    async with connect(f"{url}/ws") as ws:
-        await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
-        ready = await _recv(ws)
+    async with _page(bridge) as (ws, ready):
         session, thread = ready["session_id"], ready["conversations"][0]["thread_id"]
         # As if the bridge had stopped right after recording it: in history, never accepted.
         await bridge.store.append_history_once(
