@@ -35,7 +35,6 @@ log = logging.getLogger("talkbridge.agents")
 TurnStatus = Literal["completed", "interrupted", "stopped", "error"]
 
 SORRY = "Sorry, something went wrong while answering."
-new_turn_id = unique_id
 
 
 EventSink = Callable[[TurnContext, Any], Awaitable[None]]
@@ -133,7 +132,7 @@ class AgentRunner:
         agent = self.agent(agent_name)
         session = TurnSession(
             session_id=message.thread_key,
-            turn_id=new_turn_id(),
+            turn_id=unique_id(),
             agent_name=agent.name if agent_name == agent.name else agent_name,
             connection_id=message.connection_id,
             thread_id=message.thread_id,
