@@ -145,7 +145,7 @@ class Bridge:
                 obj.register_connection(cid)
         self.router.subscribe_all(self.handle)
         self.router.on_arrival(self._prefetch)
-        await self.router.recover()
+        await self.router.start()
         await self.registry.start()
         if self.cluster is not None:
             await self.cluster.inbound.start()

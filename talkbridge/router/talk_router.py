@@ -2,6 +2,8 @@
 
 Inbound, every message is deduped by (connection id, native id) in the store, recorded, and then
 handed to subscribers strictly in order per thread, different threads concurrently (bounded).
+A message that the store's filter of seen keys (`SeenFilter`) calls new is handled at once,
+while its acceptance is still being written; only a "maybe seen" waits for the store's verdict.
 Outbound, each connection has its own `OutboundQueue`.
 
 In distributed mode (`use_cluster`) the owner of a connection puts accepted messages on the
@@ -23,6 +25,7 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, t
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue
 from talkbridge.store.base import Store
+from talkbridge.store.seen import MIN_CAPACITY, SeenFilter
 from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
 
 if TYPE_CHECKING:
@@ -76,6 +79,13 @@ class TalkRouter:
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
+        self._seen: SeenFilter | None = None
+        """Inbound keys the store may hold; None until the store has built it (or if it can't)."""
+        self._seen_meanwhile: list[tuple[str, str]] | None = None
+        """Keys accepted while the store builds a filter (it may not have them): added to it."""
+        self._seen_loading: asyncio.Task[None] | None = None
+        self._seen_rebuild_at = 0
+        """How many keys the filter may hold before the store is asked for a larger one."""
         self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
             max_active=self._config.max_concurrent_threads,
@@ -168,6 +178,15 @@ class TalkRouter:
             if not await self._cluster.inbound.publish(message, record_history=not keeps_history):
                 log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
             return
+        key = (message.connection_id, message.id)
+        if self._seen_meanwhile is not None:
+            self._seen_meanwhile.append(key)
+        seen = self._seen
+        if seen is not None and seen.add(*key):
+            if seen.count >= self._seen_rebuild_at:  # "maybe" grows common: a larger one
+                self._load_seen(2 * seen.count)
+            await self._accept_new(message, keeps_history)
+            return
         # The thread slot is taken before the store answers, so messages delivered concurrently
         # keep their arrival order; `deliver` returns once the store has the message.
         verdict: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -186,6 +205,64 @@ class TalkRouter:
             for listener in self._arrival:
                 listener(message)
 
+    async def _accept_new(self, message: NormalizedMessage, keeps_history: bool) -> None:
+        """A message no earlier one can have been: into its thread's line now, and `deliver`
+        returns once the store has it. The store queues the write before it first suspends
+        (`Store.seen_inbound`), and no worker runs before that: so it precedes every write the
+        message's handling makes (its completion included)."""
+        await self._inbound.submit(message.thread_key, (message, None, None))
+        for listener in self._arrival:
+            listener(message)
+        try:
+            accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
+        except asyncio.CancelledError:
+            raise  # the write is queued all the same; the connector may deliver it again
+        except Exception as exc:
+            log.error(
+                "the store refused %s/%s while it was being handled: %s",
+                message.connection_id,
+                message.id,
+                exc,
+            )
+            raise
+        if not accepted:  # only if something else writes to the store: the filter has no misses
+            log.warning(
+                "%s/%s was handled although the store had it already",
+                message.connection_id,
+                message.id,
+            )
+
+    def _load_seen(self, capacity: int) -> None:
+        """Have the store build a filter of the keys it holds; until then the slow path (or the
+        filter in use) answers, and the keys accepted meanwhile are added to the new one."""
+        if self._seen_meanwhile is not None:
+            return  # one is on its way
+        self._seen_meanwhile = []
+        self._seen_loading = asyncio.create_task(self._take_seen(capacity), name="inbound filter")
+
+    async def seen_filter(self) -> SeenFilter | None:
+        """The filter in use once the one being built (if any) is in place; None: no filter,
+        every message waits for the store's verdict."""
+        loading = self._seen_loading
+        if loading is not None:
+            await asyncio.shield(loading)
+        return self._seen
+
+    async def _take_seen(self, capacity: int) -> None:
+        try:
+            seen = await self._store.seen_inbound(capacity)
+        except Exception as exc:
+            log.warning("no filter of seen messages: %s", exc)
+            seen = None
+        meanwhile, self._seen_meanwhile = self._seen_meanwhile or [], None
+        if seen is None:  # messages wait for the store's verdict (or the filter in use answers)
+            self._seen_rebuild_at = 2 * max(self._seen_rebuild_at, capacity)
+            return
+        for key in meanwhile:
+            seen.add(*key)
+        self._seen = seen
+        self._seen_rebuild_at = seen.capacity
+
     async def _from_bus(self, message: NormalizedMessage, recovered: bool, ack: Ack) -> None:
         """A message from a held inbound shard; `recovered` when another node may have worked
         on it already (it was left unacknowledged)."""
@@ -194,6 +271,14 @@ class TalkRouter:
         for listener in self._arrival:
             listener(message)
         await self._inbound.submit(message.thread_key, (message, None, ack))
+
+    async def start(self) -> int:
+        """Begin taking traffic: have the store build its filter of seen messages (in the
+        background: until it is there, each message waits for the store's verdict), then
+        re-dispatch what an earlier run left unfinished (`recover`)."""
+        if self._cluster is None:
+            self._load_seen(MIN_CAPACITY)
+        return await self.recover()
 
     async def recover(self) -> int:
         """Re-dispatch messages accepted before a crash but never completed.
@@ -285,6 +370,8 @@ class TalkRouter:
     async def close(self) -> None:
         for cid in list(self._subscriptions):
             self.detach(cid)
+        if self._seen_loading is not None:
+            self._seen_loading.cancel()
         await self._inbound.cancel()
         for queue in self._outbound.values():
             await queue.cancel()

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
 from talkbridge.message import NormalizedMessage
+from talkbridge.store.seen import SeenFilter
 
 Role = Literal["user", "assistant", "system"]
 
@@ -137,6 +138,12 @@ class Store(Protocol):
 
     async def pending_inbound(self) -> Sequence[NormalizedMessage]:
         """Accepted but not completed messages, in arrival order."""
+        ...
+
+    async def seen_inbound(self, capacity: int) -> SeenFilter | None:
+        """A filter that holds every (connection_id, id) accepted before this call (at least;
+        sized for `capacity` keys or more), so a message it calls new can be handled before its
+        acceptance is written. None when this store cannot promise that (several writers)."""
         ...
 
     # -- thread history ------------------------------------------------------------------------

@@ -538,6 +538,11 @@ class RedisStore:
         )
         return found
 
+    async def seen_inbound(self, capacity: int) -> None:
+        """None: with Redis, nodes accept concurrently, so no node's memory can say a message
+        is new; the inbound bus dedupes in the one script that accepts."""
+        return None
+
     # -- history ----------------------------------------------------------------------------
 
     def _append_args(

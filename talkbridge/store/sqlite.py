@@ -30,6 +30,7 @@ from talkbridge.store.base import (
     Role,
     once_key,
 )
+from talkbridge.store.seen import SeenFilter
 
 MEMORY = ":memory:"
 SCHEMA_VERSION = 3
@@ -157,6 +158,8 @@ _CACHE_MAX = 100_000
 
 _ACCEPT_HEAD = "INSERT INTO inbound (connection_id, message_id, body)"
 _PENDING = "SELECT body FROM inbound WHERE body IS NOT NULL ORDER BY id"
+_COUNT_INBOUND = "SELECT count(*) FROM inbound"
+_INBOUND_KEYS = "SELECT connection_id, message_id FROM inbound"
 _LAST_SEQ = "SELECT seq FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT 1"
 _APPEND_HEAD = (
     "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at, data)"
@@ -467,6 +470,11 @@ class _SqliteOps:
     def pending_inbound(self) -> list[NormalizedMessage]:
         rows = self._cur.execute(_PENDING).fetchall()
         return [NormalizedMessage.model_validate_json(body) for (body,) in rows]
+
+    def seen_inbound(self, capacity: int) -> tuple[bytes, int]:
+        (held,) = self._cur.execute(_COUNT_INBOUND).fetchone()
+        keys = self._cur.connection.execute(_INBOUND_KEYS)
+        return SeenFilter.of(keys, max(capacity, 2 * held)).dump()
 
     def history(self, thread_key: str, limit: int, after_seq: int) -> list[HistoryEntry]:
         if after_seq:
@@ -806,6 +814,9 @@ class SqliteStore:
 
     async def pending_inbound(self) -> Sequence[NormalizedMessage]:
         return await self._writer.submit(self._ops.pending_inbound)
+
+    async def seen_inbound(self, capacity: int) -> SeenFilter:
+        return SeenFilter.restore(await self._writer.submit(self._ops.seen_inbound, capacity))
 
     # -- history ----------------------------------------------------------------------------
 

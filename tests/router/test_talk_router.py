@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,12 +13,14 @@ from talkbridge.errors import (
     PermanentError,
     RateLimitedError,
     SendFailedError,
+    StoreError,
     TransientError,
     UnknownConnectionError,
 )
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.router import TalkRouter
 from talkbridge.store import SqliteStore
+from talkbridge.store.seen import SeenFilter
 from tests.support.talk_connector import TalkConnector, make_message
 
 FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64)
@@ -318,3 +321,148 @@ async def test_by_default_a_connection_has_the_configured_sends_in_flight(
 ) -> None:
     router = TalkRouter(sqlite_store, RouterConfig(send_concurrency=3))
     assert await _in_flight_at_most(router, _Holding(3), 9) == 3
+
+
+# -- the filter of seen messages ----------------------------------------------------------------
+
+
+class StoreSpy:
+    """A SqliteStore whose acceptances and filter builds the test can hold back after the
+    store has queued them (as a slow disk would), and whose filter requests it records."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+        self.accepting = asyncio.Event()
+        self.accepting.set()
+        self.building = asyncio.Event()
+        self.building.set()
+        self.filter_requests: list[int] = []
+        self.refuse: Exception | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def accept_inbound(self, message: NormalizedMessage, **kw: Any) -> bool:
+        accepted = await self.inner.accept_inbound(message, **kw)
+        await self.accepting.wait()
+        if self.refuse is not None:
+            raise self.refuse
+        return accepted
+
+    async def seen_inbound(self, capacity: int) -> SeenFilter:
+        self.filter_requests.append(capacity)
+        seen = await self.inner.seen_inbound(capacity)  # built now; handed over when released
+        await self.building.wait()
+        return seen
+
+
+@pytest.fixture
+async def spy(sqlite_store: SqliteStore) -> StoreSpy:
+    return StoreSpy(sqlite_store)
+
+
+def counting_router(store: Any) -> tuple[TalkRouter, TalkConnector, list[str]]:
+    router = TalkRouter(store, FAST)
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    handled: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        handled.append(m.id)
+
+    router.subscribe_all(handler)
+    return router, conn, handled
+
+
+async def test_a_message_the_filter_calls_new_is_handled_while_its_acceptance_is_written(
+    spy: StoreSpy,
+) -> None:
+    router, conn, _ = counting_router(spy)
+    await router.start()
+    assert await router.seen_filter() is not None
+    handling = asyncio.Event()
+
+    async def handler(m: NormalizedMessage) -> None:
+        handling.set()
+
+    router.subscribe_all(handler)
+    spy.accepting.clear()  # the store has the write queued but has not confirmed it
+    delivery = asyncio.create_task(conn.inject(make_message(connection_id="alpha")))
+    await asyncio.wait_for(handling.wait(), 10)
+    assert not delivery.done()  # the connector still waits: the platform is not acked yet
+    spy.accepting.set()
+    await delivery
+    await router.join()
+    assert await spy.inner.pending_inbound() == []  # completion came after the acceptance
+    await router.close()
+
+
+async def test_duplicates_are_dropped_with_the_filter_in_use_and_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    handled: list[str] = []
+    for _ in range(2):
+        store = SqliteStore(tmp_path / "db.sqlite")
+        await store.open()
+        router, conn, handled_now = counting_router(store)
+        await router.start()
+        assert await router.seen_filter() is not None
+        same = make_message(connection_id="alpha", message_id="native-1")
+        await asyncio.gather(conn.inject(same), conn.inject(same))  # in flight together
+        await conn.inject(same)
+        await router.join()
+        handled += handled_now
+        await router.close()
+        await store.close()
+    assert handled == ["native-1"]
+
+
+async def test_messages_accepted_while_the_filter_is_built_are_in_it(spy: StoreSpy) -> None:
+    router, conn, handled = counting_router(spy)
+    spy.building.clear()
+    await router.start()  # the store builds the filter now, before the message arrives
+    await conn.inject(make_message(connection_id="alpha", message_id="early"))
+    await router.join()
+    spy.building.set()
+    assert await router.seen_filter() is not None
+    await conn.inject(make_message(connection_id="alpha", message_id="early"))
+    await router.join()
+    assert handled == ["early"]
+    await router.close()
+
+
+async def test_a_filter_at_capacity_is_replaced_by_a_larger_one(spy: StoreSpy) -> None:
+    async def small(capacity: int) -> SeenFilter:  # the first one tiny, the next as asked
+        spy.filter_requests.append(capacity)
+        return await spy.inner.seen_inbound(16 if len(spy.filter_requests) == 1 else capacity)
+
+    spy.seen_inbound = small  # type: ignore[method-assign]
+    router, conn, handled = counting_router(spy)
+    await router.start()
+    first = await router.seen_filter()
+    assert first is not None and first.capacity < 40
+    ids = [f"m{i}" for i in range(40)]
+    for mid in ids:
+        await conn.inject(make_message(connection_id="alpha", message_id=mid))
+    larger = await router.seen_filter()
+    assert larger is not None and larger is not first and larger.capacity >= 2 * first.capacity
+    assert len(spy.filter_requests) == 2
+    for mid in ids:  # every key, from before and during the rebuild, is in the new filter
+        await conn.inject(make_message(connection_id="alpha", message_id=mid))
+    await router.join()
+    assert handled == ids
+    await router.close()
+
+
+async def test_a_store_that_refuses_a_fast_path_acceptance_fails_the_delivery(
+    spy: StoreSpy, caplog: pytest.LogCaptureFixture
+) -> None:
+    router, conn, _ = counting_router(spy)
+    await router.start()
+    assert await router.seen_filter() is not None
+    spy.refuse = StoreError("disk full")
+    with pytest.raises(StoreError, match="disk full"):
+        await conn.inject(make_message(connection_id="alpha", message_id="n-9"))
+    assert "the store refused alpha/n-9 while it was being handled: disk full" in caplog.text
+    await router.join()
+    await router.close()
