@@ -27,6 +27,7 @@ from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
 from talkbridge.hooks import HookRegistry, Modify
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.serving import freeze_startup_objects
 from talkbridge.store import SqliteStore
 from talkbridge.talk import MessageHandler, Subscription
 
@@ -131,6 +132,7 @@ async def pipeline(count: int, threads: int, history: int = 0) -> dict[str, floa
             for i in range(abs(history)):
                 store.queue_history(key, "user", f"h{i}", "u1", f"old message {i}")
             await store.history(key, limit=1)
+        freeze_startup_objects()  # as `talkbridge run` does once the bridge is up
         raws = [_raw(i, i % threads) for i in range(count)]
         started = time.perf_counter()
         # Platforms hand over updates in batches (Telegram's getUpdates: up to 100); a batch is

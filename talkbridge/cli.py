@@ -59,6 +59,7 @@ def _load(path: str | None) -> tuple[BridgeConfig, Secrets]:
 
 async def _run(args: argparse.Namespace) -> int:
     from talkbridge.bridge import Bridge
+    from talkbridge.serving import freeze_startup_objects
 
     config, secrets = _load(args.config)
     overrides: dict[str, object] = {}
@@ -87,6 +88,7 @@ async def _run(args: argparse.Namespace) -> int:
         print(f"talkbridge: the webchat did not start: {health.last_error}", file=sys.stderr)
         await bridge.stop()
         return EXIT_RUNTIME
+    freeze_startup_objects()
     ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
     if bridge.node_id is not None:
         print(
