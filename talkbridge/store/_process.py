@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.errors import StoreError
+from talkbridge.store._checkpoint import WalCheckpointer
 from talkbridge.store._writer import (
     MAX_BATCH,
     BatchRunner,
@@ -70,6 +71,7 @@ class ChildOps(NamedTuple):
     resolve: Callable[[str], Callable[..., Any]]
     on_rollback: Callable[[], None]
     map_error: Callable[[Exception], Exception]
+    checkpointer: WalCheckpointer | None = None
 
 
 def available() -> bool:
@@ -434,9 +436,20 @@ class _Frames:
         self._sock = sock
         self._buf = bytearray()
 
-    def read(self) -> list[Any] | None:
-        """Every complete frame there is, waiting for at least one; None when the parent is gone."""
+    def read(self, idle: Callable[[], None] | None = None) -> list[Any] | None:
+        """Every complete frame there is, waiting for at least one; None when the parent is gone.
+        `idle` runs first if nothing has arrived yet."""
         frames: list[Any] = []
+        if idle is not None and not self._buf:
+            try:
+                chunk = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                idle()
+            else:
+                if not chunk:
+                    return None
+                self._buf += chunk
+                self._take(frames)
         while not frames:
             chunk = self._sock.recv(1 << 20)
             if not chunk:
@@ -494,11 +507,15 @@ def _serve(sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any,
         _report(sock, [(_READY, exc, None)])
         return
     runner = BatchRunner(conn, on_rollback=ops.on_rollback, map_error=ops.map_error)
+    keeper = ops.checkpointer
+    if keeper is not None:
+        keeper.start(conn)
     _report(sock, [(_READY, None, None)])
     frames = _Frames(sock)
     resolved: dict[str, Callable[..., Any]] = {}
+    idle = keeper.idle if keeper is not None else None
     try:
-        while (got := frames.read()) is not None:
+        while (got := frames.read(idle)) is not None:
             items = [item for frame in got for item in frame]
             stop = items.pop() if items and items[-1][0] is None else None
             for first in range(0, len(items), MAX_BATCH):
@@ -509,9 +526,15 @@ def _serve(sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any,
                         fn = resolved[name] = ops.resolve(name)
                     batch.append((fn, op_args, token))
                 _report(sock, runner.run(batch))
+                if keeper is not None:
+                    keeper.committed()
             if stop is not None:
+                if keeper is not None:
+                    keeper.close()
                 _report(sock, [(stop[2], runner.close(), None)])
                 return
     except OSError:  # the parent is gone
         pass
+    if keeper is not None:
+        keeper.close()
     runner.close()

@@ -16,8 +16,9 @@ only the failing operation's future gets the exception and the others commit. Op
 therefore only touch the database and caches that `on_rollback` resets.
 
 Measured and rejected: one `json_each` statement per run of like calls (SQLite re-parses the JSON
-per column: 50% more writer CPU) and checkpoints on a second thread (the WAL never resets under a
-steady write load).
+per column: 50% more writer CPU) and a free-running checkpoint thread (the WAL never resets under
+a steady write load). The writer process does checkpoint on a second thread, but only once it
+has run out of work (`talkbridge.store._checkpoint`).
 """
 
 from __future__ import annotations

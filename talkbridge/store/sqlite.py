@@ -18,6 +18,7 @@ from typing import Any, Literal, get_args
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import _process
+from talkbridge.store._checkpoint import WalCheckpointer
 from talkbridge.store._writer import BulkOp, GroupCommitWriter, QueueingWriter
 from talkbridge.store.base import (
     Appended,
@@ -370,6 +371,12 @@ class _SqliteOps:
         self._cur = conn.cursor()
         return conn
 
+    def connect_checkpointer(self) -> sqlite3.Connection:
+        """A second connection for `WalCheckpointer`, opened after the writer's (migrated)."""
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        return conn
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
@@ -716,7 +723,11 @@ def _child_ops(path: Path | str) -> _process.ChildOps:
         return found
 
     return _process.ChildOps(
-        ops.connect, resolve, ops.reset_caches, functools.partial(_map_error, path)
+        ops.connect,
+        resolve,
+        ops.reset_caches,
+        functools.partial(_map_error, path),
+        None if path == MEMORY else WalCheckpointer(ops.connect_checkpointer),
     )
 
 
