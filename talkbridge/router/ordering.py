@@ -3,8 +3,10 @@
 Inbound messages are keyed by thread; outbound sends by destination thread. A pool of long-lived
 worker tasks (at most `max_active`) takes keys that have work from a ready queue and drains each
 key's items in order, so one key is never handled by two workers at once and no task is created
-per message. At most `max_pending` items wait in all, so a flood applies back-pressure to whoever
-submits.
+per message. A worker goes from one ready key to the next without returning to the event loop,
+and only one more is woken at a time, to take over should a handler suspend: a burst of
+messages that need no waiting costs one wake-up, not one per thread. At most `max_pending`
+items wait in all, so a flood applies back-pressure to whoever submits.
 
 An item may come with a gate, a future that must be done before the item is handled (an inbound
 message's place in its thread is taken before the store has accepted it). A key whose first item
@@ -47,6 +49,8 @@ class KeyedSerialExecutor(Generic[K, T]):
         """Workers draining a key, plus callers holding a claim."""
         self._workers: set[asyncio.Task[None]] = set()
         self._sleepers: deque[asyncio.Future[None]] = deque()
+        self._waking = 0
+        """Workers woken (or started) that have not run yet: each takes every ready key it can."""
         self._max_pending = max_pending
         self._queued = 0
         self._space_waiters: deque[asyncio.Future[None]] = deque()
@@ -106,29 +110,39 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._kick()
 
     def _kick(self) -> None:
-        """Get a worker onto the ready keys: wake a sleeping one, or start one."""
-        if not self._ready or self._busy >= self._max_active:
+        """Get a worker onto the ready keys: wake a sleeping one, or start one. One on its way
+        is enough: it takes the ready keys one after another, and wakes the next worker as it
+        starts on one, so a handler that suspends never holds up the keys behind it."""
+        if not self._ready or self._busy >= self._max_active or self._waking:
             return
         while self._sleepers:
             sleeper = self._sleepers.popleft()
             if not sleeper.done():
                 sleeper.set_result(None)
+                self._waking += 1
                 return
         if len(self._workers) < self._max_active:
             task = asyncio.create_task(self._work(), name=f"{self._name}-worker")
             self._workers.add(task)
             task.add_done_callback(self._workers.discard)
+            self._waking += 1
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
+        self._waking -= 1
         while True:
             if not self._ready or self._busy >= self._max_active:
                 sleeper = loop.create_future()
                 self._sleepers.append(sleeper)
-                await sleeper
+                try:
+                    await sleeper
+                finally:
+                    if sleeper.done() and not sleeper.cancelled():
+                        self._waking -= 1  # woken (even if cancelled before it ran)
                 continue
             key = self._ready.popleft()
             self._busy += 1
+            self._kick()  # someone for the keys still ready, should this handler suspend
             parked = False
             try:
                 parked = await self._drain(key)
@@ -199,6 +213,7 @@ class KeyedSerialExecutor(Generic[K, T]):
 
     async def cancel(self) -> None:
         self._closed = True  # parked keys stay parked: what they hold is still in the store
+        self._waking = 0  # a worker cancelled before it ran never counts itself off
         for task in list(self._workers):
             task.cancel()
         if self._workers:

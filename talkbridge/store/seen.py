@@ -9,6 +9,7 @@ its way; only a "maybe" waits for the store's own verdict. The store builds it f
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from hashlib import blake2b
 
@@ -23,6 +24,10 @@ soon."""
 def _size_bits(capacity: int) -> int:
     """A power of two (so a probe is a mask), at most 2**32 (four 32-bit probes per digest)."""
     return min(1 << 32, 1 << (max(capacity, 1) * BITS_PER_KEY - 1).bit_length())
+
+
+_probes = struct.Struct(f"<{PROBES}I").unpack
+"""A 128-bit digest as four 32-bit probes."""
 
 
 def _key(connection_id: str, native_id: str) -> bytes:
@@ -68,17 +73,14 @@ class SeenFilter:
 
     def add(self, connection_id: str, native_id: str) -> bool:
         """Add a key; True when it was certainly not in the filter before."""
-        digest = int.from_bytes(
-            blake2b(_key(connection_id, native_id), digest_size=16).digest(), "little"
-        )
         bits, mask = self._bits, self._mask
         new = False
-        for _ in range(PROBES):
-            at = digest & mask
-            byte, bit = at >> 3, 1 << (at & 7)
-            if not bits[byte] & bit:
-                bits[byte] |= bit
+        for probe in _probes(blake2b(_key(connection_id, native_id), digest_size=16).digest()):
+            at = probe & mask
+            byte, bit = at >> 3, at & 7
+            old = bits[byte]
+            if not old >> bit & 1:
+                bits[byte] = old | 1 << bit
                 new = True
-            digest >>= 32
         self.count += 1
         return new

@@ -144,3 +144,39 @@ async def test_a_gate_reported_open_before_it_is_resolved_still_holds_its_item()
     await asyncio.wait_for(executor.join(), 5)
     assert record.seen == ["o", "t0"]
     await executor.cancel()
+
+
+async def test_handlers_that_never_suspend_share_one_worker() -> None:
+    ran: list[int] = []
+
+    async def handle(key: int, item: int) -> None:
+        ran.append(key)
+
+    executor: KeyedSerialExecutor[int, int] = KeyedSerialExecutor(
+        handle, max_active=64, name="shared"
+    )
+    for key in range(50):
+        await executor.submit(key, key)
+    started = [t for t in asyncio.all_tasks() if t.get_name() == "shared-worker"]
+    assert len(started) == 1  # one on its way takes them all, not one woken per key
+    await asyncio.wait_for(executor.join(), 5)
+    assert ran == list(range(50))
+    await executor.cancel()
+
+
+async def test_a_handler_that_suspends_does_not_hold_up_the_keys_behind_it() -> None:
+    """Key "a" waits for something only key "b"'s handler does: with the worker on "a" and no
+    other taking "b", this would never finish."""
+    b_ran = asyncio.Event()
+
+    async def handle(key: str, item: int) -> None:
+        if key == "a":
+            await b_ran.wait()
+        else:
+            b_ran.set()
+
+    executor: KeyedSerialExecutor[str, int] = KeyedSerialExecutor(handle, max_active=8)
+    await executor.submit("a", 1)
+    await executor.submit("b", 2)
+    await asyncio.wait_for(executor.join(), 5)
+    await executor.cancel()
