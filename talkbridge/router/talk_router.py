@@ -14,6 +14,7 @@ executor, and a send to a connection another node owns goes to that node (`talkb
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -122,9 +123,7 @@ class TalkRouter:
         else:
             self._keeps_history.discard(cid)
 
-        async def on_inbound(message: NormalizedMessage) -> None:
-            await self._accept(message, keeps_history)
-
+        on_inbound = functools.partial(self._accept, keeps_history=keeps_history)
         self._subscriptions[cid] = connector.subscribe(on_inbound)
 
     def detach(self, connection_id: str) -> None:
@@ -310,10 +309,12 @@ class TalkRouter:
                 return  # the delivery was abandoned before the store took it
             except Exception:  # the store refused it: `deliver` raised to the connector already
                 return
-        for handler in self._handlers.get(message.connection_id, ()):
-            await self._call(handler, message)
-        for handler in self._all_handlers:
-            await self._call(handler, message)
+        for handlers in (self._handlers.get(message.connection_id, ()), self._all_handlers):
+            for handler in handlers:
+                try:
+                    await handler(message)
+                except Exception:
+                    log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
         # Not reached when cancelled (shutdown, crash): the message stays pending and is
         # handled again by `recover()` at the next start (or by the shard's next holder).
         if ack is not None:
@@ -325,12 +326,6 @@ class TalkRouter:
     def was_recovered(self, message: NormalizedMessage) -> bool:
         """True for a message accepted by an earlier run: work for it may already be done."""
         return (message.connection_id, message.id) in self._recovered
-
-    async def _call(self, handler: MessageHandler, message: NormalizedMessage) -> None:
-        try:
-            await handler(message)
-        except Exception:
-            log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
 
     async def join(self) -> None:
         """Wait until every accepted message has been handled and every queued send is done."""
