@@ -124,6 +124,8 @@ class AgentsConfig(_Model):
 
 class RouterConfig(_Model):
     max_concurrent_threads: int = Field(default=256, ge=1)
+    max_pending_messages: int = Field(default=10_000, ge=1)
+    """Accepted messages waiting for their thread, in all: past this, deliveries wait."""
     send_attempts: int = Field(default=5, ge=1)
     send_concurrency: int = Field(default=8, ge=1)
     """Concurrent sends per connection (different threads; one thread is always in order)."""

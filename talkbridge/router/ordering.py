@@ -62,6 +62,11 @@ class KeyedSerialExecutor(Generic[K, T]):
         """Keys waiting for the gate of their first item, with that gate."""
 
     @property
+    def has_room(self) -> bool:
+        """`submit` would queue at once, not wait for space."""
+        return self._queued < self._max_pending and not self._space_waiters
+
+    @property
     def pending(self) -> int:
         return sum(len(q) for q in self._queues.values())
 

@@ -90,6 +90,7 @@ class TalkRouter:
         self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
             max_active=self._config.max_concurrent_threads,
+            max_pending=self._config.max_pending_messages,
             name="inbound",
         )
 
@@ -181,9 +182,12 @@ class TalkRouter:
         if self._seen_meanwhile is not None:
             self._seen_meanwhile.append(key)
         seen = self._seen
-        if seen is not None and seen.add(*key):
-            if seen.count >= self._seen_rebuild_at:  # "maybe" grows common: a larger one
-                self._load_seen(2 * seen.count)
+        new = seen is not None and seen.add(*key)  # every key goes in, whichever path it takes
+        if seen is not None and seen.count >= self._seen_rebuild_at:  # "maybe" grows common
+            self._load_seen(2 * seen.count)
+        # Only when its place in line is free to take at once: were it to wait for room, a
+        # redelivery meanwhile would reach the store first and be taken for the original.
+        if new and self._inbound.has_room:
             await self._accept_new(message, keeps_history)
             return
         # The thread slot is taken before the store answers, so messages delivered concurrently

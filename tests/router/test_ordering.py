@@ -180,3 +180,21 @@ async def test_a_handler_that_suspends_does_not_hold_up_the_keys_behind_it() -> 
     await executor.submit("b", 2)
     await asyncio.wait_for(executor.join(), 5)
     await executor.cancel()
+
+
+async def test_has_room_says_whether_submit_would_wait() -> None:
+    release = asyncio.Event()
+
+    async def handle(key: str, item: int) -> None:
+        await release.wait()
+
+    executor: KeyedSerialExecutor[str, int] = KeyedSerialExecutor(handle, max_pending=1)
+    assert executor.has_room
+    await executor.submit("a", 1)
+    assert not executor.has_room  # in hand still counts until handled
+    waiting = asyncio.create_task(executor.submit("b", 2))
+    release.set()
+    await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(executor.join(), 5)
+    assert executor.has_room
+    await executor.cancel()

@@ -466,3 +466,30 @@ async def test_a_store_that_refuses_a_fast_path_acceptance_fails_the_delivery(
     assert "the store refused alpha/n-9 while it was being handled: disk full" in caplog.text
     await router.join()
     await router.close()
+
+
+async def test_a_redelivery_while_deliveries_wait_for_room_is_handled_once(
+    sqlite_store: SqliteStore,
+) -> None:
+    router = TalkRouter(sqlite_store, FAST.model_copy(update={"max_pending_messages": 1}))
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release = asyncio.Event()
+    handled: list[str] = []
+
+    async def handler(m: NormalizedMessage) -> None:
+        handled.append(m.id)
+        if m.id == "a":
+            await release.wait()
+
+    router.subscribe_all(handler)
+    await router.start()
+    assert await router.seen_filter() is not None
+    await conn.inject(make_message(connection_id="alpha", message_id="a", thread_id="t1"))
+    b = make_message(connection_id="alpha", message_id="b", thread_id="t2")
+    deliveries = [asyncio.create_task(conn.inject(b)) for _ in range(2)]  # both wait for room
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*deliveries), 10)
+    await router.join()
+    assert handled == ["a", "b"]
+    await router.close()
