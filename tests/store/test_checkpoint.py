@@ -17,6 +17,17 @@ def open_writer(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def started(path: Path) -> tuple[sqlite3.Connection, WalCheckpointer]:
+    writer = open_writer(path)
+    keeper = WalCheckpointer(lambda: sqlite3.connect(path, isolation_level=None))
+    keeper.start(writer)
+    return writer, keeper
+
+
+def log_size(path: Path) -> int:
+    return path.with_name(path.name + "-wal").stat().st_size
+
+
 def commit_batches(writer: sqlite3.Connection, keeper: WalCheckpointer, count: int) -> None:
     for _ in range(count):
         writer.execute("BEGIN")
@@ -25,17 +36,19 @@ def commit_batches(writer: sqlite3.Connection, keeper: WalCheckpointer, count: i
         keeper.committed()
 
 
+def then_idle(keeper: WalCheckpointer) -> None:
+    """The writer runs out of work; wait for the checkpoint that may start."""
+    keeper.idle()
+    keeper.drain()
+
+
 def test_checkpoints_when_the_writer_idles_keep_the_log_small(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    writer = open_writer(path)
-    keeper = WalCheckpointer(lambda: sqlite3.connect(path, isolation_level=None))
-    keeper.start(writer)
+    writer, keeper = started(path)
     for _ in range(20):  # ~20 MB written in all: under the backstop, so only the thread helps
         commit_batches(writer, keeper, BATCHES_PER_CHECKPOINT)
-        keeper.idle()
-        keeper.drain()
-    log_size = path.with_name(path.name + "-wal").stat().st_size
-    assert log_size < 3 * BATCHES_PER_CHECKPOINT * len(ROW)  # restarted after each checkpoint
+        then_idle(keeper)
+    assert log_size(path) < 3 * BATCHES_PER_CHECKPOINT * len(ROW)  # restarted each time
     keeper.close()
     writer.close()
     reopened = open_writer(path)
@@ -45,34 +58,20 @@ def test_checkpoints_when_the_writer_idles_keep_the_log_small(tmp_path: Path) ->
 
 def test_a_few_batches_do_not_start_a_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    writer = open_writer(path)
-    opened: list[sqlite3.Connection] = []
-
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(path, isolation_level=None)
-        opened.append(conn)
-        return conn
-
-    keeper = WalCheckpointer(connect)
-    keeper.start(writer)
+    writer, keeper = started(path)
     commit_batches(writer, keeper, BATCHES_PER_CHECKPOINT - 1)
-    keeper.idle()
-    keeper.drain()
+    then_idle(keeper)
     commit_batches(writer, keeper, 1)  # would restart the log had a checkpoint run
-    size = path.with_name(path.name + "-wal").stat().st_size
-    assert size > BATCHES_PER_CHECKPOINT * len(ROW)
+    assert log_size(path) > BATCHES_PER_CHECKPOINT * len(ROW)
     keeper.close()
     writer.close()
 
 
 def test_closing_hands_the_last_checkpoint_to_the_writer(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite"
-    writer = open_writer(path)
-    keeper = WalCheckpointer(lambda: sqlite3.connect(path, isolation_level=None))
-    keeper.start(writer)
+    writer, keeper = started(path)
     commit_batches(writer, keeper, BATCHES_PER_CHECKPOINT)
-    keeper.idle()
-    keeper.drain()  # its connection has the log open now
+    then_idle(keeper)  # its connection has the log open now
     commit_batches(writer, keeper, 3)
     keeper.close()  # and closes it, so the writer's is the last one
     writer.close()
