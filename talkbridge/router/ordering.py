@@ -73,11 +73,21 @@ class KeyedSerialExecutor(Generic[K, T]):
     async def submit(self, key: K, item: T, gate: asyncio.Future[Any] | None = None) -> None:
         """Queue `item` behind everything already queued for `key`; waits only when full.
         With a `gate`, the item is handled only once the gate is done (whatever its outcome)."""
-        while self._queued >= self._max_pending:
+        if self._queued >= self._max_pending or self._space_waiters:
+            # In line behind earlier waiters: a slot freed is handed to the first of them, so
+            # a submit that comes later never takes it (and one key's items keep their order).
             waiter = asyncio.get_running_loop().create_future()
             self._space_waiters.append(waiter)
-            await waiter
-        self._queued += 1
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release(1)  # handed a slot, then cancelled: pass it on
+                else:
+                    self._space_waiters.remove(waiter)  # out of line: later ones move up
+                raise
+        else:
+            self._queued += 1
         queue = self._queues.get(key)
         if queue is not None:
             queue.append((item, gate))
@@ -208,9 +218,9 @@ class KeyedSerialExecutor(Generic[K, T]):
         self._queued -= count
         while self._space_waiters and self._queued < self._max_pending:
             waiter = self._space_waiters.popleft()
-            if not waiter.done():
+            if not waiter.done():  # (a cancelled waiter is skipped)
+                self._queued += 1  # the slot is the waiter's now
                 waiter.set_result(None)
-                break
 
     async def join(self) -> None:
         """Wait until every queued item has been handled."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from talkbridge.router.ordering import KeyedSerialExecutor
 
 
@@ -195,6 +197,58 @@ async def test_has_room_says_whether_submit_would_wait() -> None:
     waiting = asyncio.create_task(executor.submit("b", 2))
     release.set()
     await asyncio.wait_for(waiting, 5)
+    await asyncio.wait_for(executor.join(), 5)
+    assert executor.has_room
+    await executor.cancel()
+
+
+async def test_submits_waiting_for_room_keep_their_order_when_a_newcomer_arrives() -> None:
+    """A slot freed for the first waiter is not taken by a submit that came later: otherwise the
+    waiter queues again behind the others, and one thread's messages swap places."""
+    release, a_started = asyncio.Event(), asyncio.Event()
+    handled: list[str] = []
+    late: list[asyncio.Task[None]] = []
+
+    async def handle(key: str, item: str) -> None:
+        handled.append(item)
+        if item == "A":
+            a_started.set()
+            await release.wait()
+            # A newcomer (another connection's delivery) starts before the first waiter runs.
+            late.append(asyncio.create_task(executor.submit("x", "newcomer")))
+
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_pending=1)
+    await executor.submit("a", "A")
+    waiting = [asyncio.create_task(executor.submit("t", item)) for item in ("t1", "t2")]
+    await a_started.wait()  # by now both submits wait for room
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    await asyncio.wait_for(asyncio.gather(*late), 5)
+    await asyncio.wait_for(executor.join(), 5)
+    assert [h for h in handled if h.startswith("t")] == ["t1", "t2"]
+    assert handled[-1] == "newcomer"
+    await executor.cancel()
+
+
+async def test_a_submit_cancelled_after_it_was_given_room_passes_the_room_on() -> None:
+    release, a_started, a_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def handle(key: str, item: str) -> None:
+        if item == "A":
+            a_started.set()
+            await release.wait()
+            a_done.set()  # wakes the test before the waiter that A's slot is handed to
+
+    executor: KeyedSerialExecutor[str, str] = KeyedSerialExecutor(handle, max_pending=1)
+    await executor.submit("a", "A")
+    given_up = asyncio.create_task(executor.submit("b", "B"))
+    await a_started.wait()  # by now B waits for room
+    release.set()
+    await a_done.wait()
+    given_up.cancel()  # it has the slot by now, but has not run since
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+    await asyncio.wait_for(executor.submit("c", "C"), 5)  # the slot was not lost with it
     await asyncio.wait_for(executor.join(), 5)
     assert executor.has_room
     await executor.cancel()
