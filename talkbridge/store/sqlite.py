@@ -160,7 +160,11 @@ _CACHE_MAX = 100_000
 _ACCEPT_HEAD = "INSERT INTO inbound (connection_id, message_id, body)"
 _PENDING = "SELECT body FROM inbound WHERE body IS NOT NULL ORDER BY id"
 _COUNT_INBOUND = "SELECT count(*) FROM inbound"
-_INBOUND_KEYS = "SELECT connection_id, message_id FROM inbound"
+_INBOUND_KEYS_AFTER = (
+    "SELECT id, connection_id, message_id FROM inbound WHERE id > ? ORDER BY id LIMIT ?"
+)
+SEEN_STEP_ROWS = 20_000
+"""Rows a filter build reads per operation (~40 ms): other writes go on in between."""
 _LAST_SEQ = "SELECT seq FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT 1"
 _APPEND_HEAD = (
     "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at, data)"
@@ -347,6 +351,9 @@ class _SqliteOps:
         self.path = path
         self._cur: sqlite3.Cursor
         self._next_seq: dict[str, int] = {}
+        self._seen_builds: dict[int, tuple[SeenFilter, int]] = {}
+        """Filters being built (`seen_begin`), with the last row id read."""
+        self._builds = 0
 
     def connect(self) -> sqlite3.Connection:
         try:
@@ -478,10 +485,27 @@ class _SqliteOps:
         rows = self._cur.execute(_PENDING).fetchall()
         return [NormalizedMessage.model_validate_json(body) for (body,) in rows]
 
-    def seen_inbound(self, capacity: int) -> tuple[bytes, int]:
+    def seen_begin(self, capacity: int) -> int:
+        """Start building a `SeenFilter` in steps (a large inbox takes seconds: at once, it would
+        hold up every write queued behind it); the build's number."""
         (held,) = self._cur.execute(_COUNT_INBOUND).fetchone()
-        keys = self._cur.connection.execute(_INBOUND_KEYS)
-        return SeenFilter.of(keys, max(capacity, 2 * held)).dump()
+        self._builds += 1
+        self._seen_builds[self._builds] = (SeenFilter(max(capacity, 2 * held)), 0)
+        return self._builds
+
+    def seen_step(self, build: int, limit: int) -> bool:
+        """Add the next `limit` rows; True while there may be more."""
+        seen, after = self._seen_builds[build]
+        rows = self._cur.execute(_INBOUND_KEYS_AFTER, (after, limit)).fetchall()
+        for _, connection_id, message_id in rows:
+            seen.add(connection_id, message_id)
+        if rows:
+            self._seen_builds[build] = (seen, rows[-1][0])
+        return len(rows) == limit
+
+    def seen_end(self, build: int) -> tuple[bytes, int]:
+        seen, _ = self._seen_builds.pop(build)
+        return seen.dump()
 
     def history(self, thread_key: str, limit: int, after_seq: int) -> list[HistoryEntry]:
         if after_seq:
@@ -827,7 +851,10 @@ class SqliteStore:
         return await self._writer.submit(self._ops.pending_inbound)
 
     async def seen_inbound(self, capacity: int) -> SeenFilter:
-        return SeenFilter.restore(await self._writer.submit(self._ops.seen_inbound, capacity))
+        build = await self._writer.submit(self._ops.seen_begin, capacity)
+        while await self._writer.submit(self._ops.seen_step, build, SEEN_STEP_ROWS):
+            pass
+        return SeenFilter.restore(await self._writer.submit(self._ops.seen_end, build))
 
     # -- history ----------------------------------------------------------------------------
 

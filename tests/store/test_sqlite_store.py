@@ -335,3 +335,26 @@ async def test_a_version_1_file_is_migrated_keeping_its_data(tmp_path: Path) -> 
     with sqlite3.connect(path) as peek:
         assert peek.execute("PRAGMA user_version").fetchone()[0] == sqlite_module.SCHEMA_VERSION
         assert peek.execute("SELECT count(*) FROM sent").fetchone()[0] == 1
+
+
+async def test_the_seen_filter_is_built_in_steps_with_other_writes_in_between(
+    db: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.store.test_store_contract import msg
+
+    monkeypatch.setattr(sqlite_module, "SEEN_STEP_ROWS", 7)
+    accepted = [msg(f"m{i}") for i in range(30)]
+    for m in accepted:
+        await db.accept_inbound(m)
+    operations: list[str] = []
+    submit = db._writer.submit
+
+    def recording(fn: Any, *args: Any) -> Any:
+        operations.append(getattr(fn, "__name__", str(fn)))
+        return submit(fn, *args)
+
+    monkeypatch.setattr(db._writer, "submit", recording)
+    seen = await db.seen_inbound(10)
+    # One writer operation per 7 rows, each a chance for the writes queued meanwhile.
+    assert operations == ["seen_begin", *["seen_step"] * 5, "seen_end"]
+    assert not any(seen.add(m.connection_id, m.id) for m in accepted)
