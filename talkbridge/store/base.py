@@ -143,7 +143,11 @@ class Store(Protocol):
     async def seen_inbound(self, capacity: int) -> SeenFilter | None:
         """A filter that holds every (connection_id, id) accepted before this call (at least;
         sized for `capacity` keys or more), so a message it calls new can be handled before its
-        acceptance is written. None when this store cannot promise that (several writers)."""
+        acceptance is written. None when this store cannot promise that (several writers).
+
+        A store that returns one must also queue `accept_inbound`'s write before that call first
+        suspends, and apply writes in the order they were queued: the write then comes before
+        every write the message's handling makes (its `complete_inbound` included)."""
         ...
 
     # -- thread history ------------------------------------------------------------------------
