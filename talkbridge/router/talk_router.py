@@ -25,8 +25,9 @@ from talkbridge.errors import UnknownConnectionError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue
+from talkbridge.router.seen_keys import SeenKeys
 from talkbridge.store.base import Store
-from talkbridge.store.seen import MIN_CAPACITY, SeenFilter
+from talkbridge.store.seen import SeenFilter
 from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
 
 if TYPE_CHECKING:
@@ -80,13 +81,7 @@ class TalkRouter:
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
-        self._seen: SeenFilter | None = None
-        """Inbound keys the store may hold; None until the store has built it (or if it can't)."""
-        self._seen_meanwhile: list[tuple[str, str]] | None = None
-        """Keys accepted while the store builds a filter (it may not have them): added to it."""
-        self._seen_loading: asyncio.Task[None] | None = None
-        self._seen_rebuild_at = 0
-        """How many keys the filter may hold before the store is asked for a larger one."""
+        self._seen = SeenKeys(store)
         self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
             max_active=self._config.max_concurrent_threads,
@@ -178,13 +173,7 @@ class TalkRouter:
             if not await self._cluster.inbound.publish(message, record_history=not keeps_history):
                 log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
             return
-        key = (message.connection_id, message.id)
-        if self._seen_meanwhile is not None:
-            self._seen_meanwhile.append(key)
-        seen = self._seen
-        new = seen is not None and seen.add(*key)  # every key goes in, whichever path it takes
-        if seen is not None and seen.count >= self._seen_rebuild_at:  # "maybe" grows common
-            self._load_seen(2 * seen.count)
+        new = self._seen.add((message.connection_id, message.id))  # every key, either path
         # Only when its place in line is free to take at once: were it to wait for room, a
         # redelivery meanwhile would reach the store first and be taken for the original.
         if new and self._inbound.has_room:
@@ -235,36 +224,10 @@ class TalkRouter:
                 message.id,
             )
 
-    def _load_seen(self, capacity: int) -> None:
-        """Have the store build a filter of the keys it holds; until then the slow path (or the
-        filter in use) answers, and the keys accepted meanwhile are added to the new one."""
-        if self._seen_meanwhile is not None:
-            return  # one is on its way
-        self._seen_meanwhile = []
-        self._seen_loading = asyncio.create_task(self._take_seen(capacity), name="inbound filter")
-
     async def seen_filter(self) -> SeenFilter | None:
         """The filter in use once the one being built (if any) is in place; None: no filter,
         every message waits for the store's verdict."""
-        loading = self._seen_loading
-        if loading is not None:
-            await asyncio.shield(loading)
-        return self._seen
-
-    async def _take_seen(self, capacity: int) -> None:
-        try:
-            seen = await self._store.seen_inbound(capacity)
-        except Exception as exc:
-            log.warning("no filter of seen messages: %s", exc)
-            seen = None
-        meanwhile, self._seen_meanwhile = self._seen_meanwhile or [], None
-        if seen is None:  # messages wait for the store's verdict (or the filter in use answers)
-            self._seen_rebuild_at = 2 * max(self._seen_rebuild_at, capacity)
-            return
-        for key in meanwhile:
-            seen.add(*key)
-        self._seen = seen
-        self._seen_rebuild_at = seen.capacity
+        return await self._seen.current()
 
     async def _from_bus(self, message: NormalizedMessage, recovered: bool, ack: Ack) -> None:
         """A message from a held inbound shard; `recovered` when another node may have worked
@@ -280,7 +243,7 @@ class TalkRouter:
         background: until it is there, each message waits for the store's verdict), then
         re-dispatch what an earlier run left unfinished (`recover`)."""
         if self._cluster is None:
-            self._load_seen(MIN_CAPACITY)
+            self._seen.start()
         return await self.recover()
 
     async def recover(self) -> int:
@@ -369,8 +332,7 @@ class TalkRouter:
     async def close(self) -> None:
         for cid in list(self._subscriptions):
             self.detach(cid)
-        if self._seen_loading is not None:
-            self._seen_loading.cancel()
+        self._seen.close()
         await self._inbound.cancel()
         for queue in self._outbound.values():
             await queue.cancel()
