@@ -32,6 +32,23 @@ class HistoryEntry:
     data: dict[str, Any] = field(default_factory=dict)
     """Extra JSON-able fields (client ids, turn ids, attachments) a connector wants back."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Entries cross from the SQLite writer process by the thousand; a slots dataclass's
+        # own pickling goes through `dataclasses.fields()` for each one.
+        return (
+            HistoryEntry,
+            (
+                self.seq,
+                self.thread_key,
+                self.role,
+                self.message_id,
+                self.sender,
+                self.text,
+                self.created_at,
+                self.data,
+            ),
+        )
+
 
 def once_key(native_id: str) -> str:
     """Where a store keeps `append_history_once`'s record of a native id, in its id map's space:
