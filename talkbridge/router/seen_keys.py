@@ -20,10 +20,16 @@ log = logging.getLogger("talkbridge.router")
 Key = tuple[str, str]
 """(connection id, native message id)"""
 
+RETRY_AFTER = 30.0
+"""Seconds before asking again when the store could not build the first filter (its writer
+was being replaced, say)."""
+
 
 class SeenKeys:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, retry_after: float = RETRY_AFTER) -> None:
         self._store = store
+        self._retry_after = retry_after
+        self._retry_at: float | None = None
         self._filter: SeenFilter | None = None
         self._meanwhile: list[Key] | None = None
         """Keys that arrived while the store builds a filter: added to it when it comes."""
@@ -36,9 +42,13 @@ class SeenKeys:
 
     def add(self, key: Key) -> bool:
         """Note an arriving key; True when the store certainly does not hold it."""
+        seen = self._filter
+        retry_at = self._retry_at
+        if retry_at is not None and asyncio.get_running_loop().time() >= retry_at:
+            self._retry_at = None  # (only set while there is no filter)
+            self._load(MIN_CAPACITY)
         if self._meanwhile is not None:
             self._meanwhile.append(key)
-        seen = self._filter
         if seen is None:
             return False
         new = seen.add(*key)
@@ -69,8 +79,11 @@ class SeenKeys:
             log.warning("no filter of seen messages: %s", exc)
             seen = None
         meanwhile, self._meanwhile = self._meanwhile or [], None
-        if seen is None:  # the filter in use (if any) goes on answering, less and less often
-            self._rebuild_at = 2 * max(self._rebuild_at, capacity)
+        if seen is None:
+            if self._filter is None:  # none at all: every message waits for the store; later
+                self._retry_at = asyncio.get_running_loop().time() + self._retry_after
+            else:  # the one in use goes on answering, "maybe" more often; ask again later
+                self._rebuild_at = 2 * max(self._rebuild_at, capacity)
             return
         for key in meanwhile:
             seen.add(*key)
