@@ -79,7 +79,7 @@ class TurnSession:
 HistoryLoader = Callable[[int], Awaitable[Sequence[HistoryEntry]]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class TurnContext:
     """Everything one turn sees; middleware, agents and listeners share this object."""
 
