@@ -440,8 +440,8 @@ async def test_a_filter_at_capacity_is_replaced_by_a_larger_one(spy: StoreSpy) -
     router, conn, handled = counting_router(spy)
     await router.start()
     first = await router.seen_filter()
-    assert first is not None and first.capacity < 40
-    ids = [f"m{i}" for i in range(40)]
+    assert first is not None and first.capacity < 60
+    ids = [f"m{i}" for i in range(60)]
     for mid in ids:
         await conn.inject(make_message(connection_id="alpha", message_id=mid))
     larger = await router.seen_filter()
