@@ -12,7 +12,6 @@ its way; only a "maybe" waits for the store's own verdict. The store builds it f
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 from hashlib import blake2b
 
 BITS_PER_KEY = 12
@@ -56,13 +55,6 @@ class SeenFilter:
         """A mask: blocks are numbered 0 to this."""
         self.capacity = size // BITS_PER_KEY
         """Keys it holds at its intended error rate; past that, "maybe" grows more common."""
-
-    @classmethod
-    def of(cls, keys: Iterable[tuple[str, str]], capacity: int) -> SeenFilter:
-        built = cls(capacity)
-        for connection_id, native_id in keys:
-            built.add(connection_id, native_id)
-        return built
 
     def dump(self) -> tuple[bytes, int]:
         """What crosses from the writer: `restore` takes it back."""
