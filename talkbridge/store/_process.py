@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -198,6 +199,14 @@ def _frame(obj: Any) -> bytes:
 
 
 _MARSHAL, _PICKLE = b"m", b"p"
+_SYNC = "__sync__"
+"""An operation that does nothing: its result confirms the writes sent before it."""
+SYNC_AFTER_FRAMES = 256
+"""Frames of writes nobody waits for that may go unconfirmed before a sync is asked for."""
+
+
+def _nothing() -> None:
+    return None
 
 
 def _ops_frame(ops: list[Any]) -> bytes:
@@ -232,14 +241,22 @@ class ProcessWriter(QueueingWriter):
         args: tuple[Any, ...],
         describe: str,
         not_running: Callable[[], Exception],
+        replayed: Callable[[_Item], _Item] = lambda item: item,
     ) -> None:
         super().__init__(not_running=not_running)
         self._name = name
         self._setup = setup
         self._args = args
         self._describe = describe
+        self._replayed = replayed
+        """How a write the dead writer may have made already is sent to its successor."""
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
+        self._unconfirmed: deque[tuple[int, list[_Item]]] = deque()
+        """Frames sent but not known to be committed, with the last request number given out
+        when each was sent: a result for a later number confirms it (the child commits in
+        order). A writer that dies has their writes nobody waits for sent to the next one."""
+        self._syncing = False
         self._pid: int | None = None
         self._reader: asyncio.StreamReader | None = None
         self._stream: asyncio.StreamWriter | None = None
@@ -333,6 +350,28 @@ class ProcessWriter(QueueingWriter):
         except Exception:  # an argument that does not pickle: fail it alone
             frame = self._frame_each(payload)
         self._stream.write(frame)
+        self._unconfirmed.append((self._next, items))
+        if len(self._unconfirmed) > SYNC_AFTER_FRAMES and not self._syncing:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Only writes nobody waits for lately: ask for a result, which confirms them."""
+        self._syncing = True
+        done: asyncio.Future[None] = self._loop.create_future()  # type: ignore[union-attr]
+        done.add_done_callback(self._synced)
+        sync: Any = (_SYNC, (), self._token(done))  # named already, as `_op` names the rest
+        self._enqueue(sync)
+
+    def _synced(self, done: asyncio.Future[None]) -> None:
+        self._syncing = False
+        if not done.cancelled():
+            done.exception()  # a writer that died: said where it is noticed
+
+    def _confirm(self, through: int) -> None:
+        """Results up to request `through` arrived: frames sent before it are committed."""
+        unconfirmed = self._unconfirmed
+        while unconfirmed and unconfirmed[0][0] < through:
+            unconfirmed.popleft()
 
     def _frame_each(self, payload: list[tuple[Any, ...]]) -> bytes:
         sendable: list[tuple[Any, ...]] = []
@@ -355,8 +394,12 @@ class ProcessWriter(QueueingWriter):
     async def _read_results(self) -> None:
         try:
             while True:
+                latest = 0
                 for token, exc, value in await self._read():
                     self._resolve(token, exc, value)
+                    if token is not None and token > latest:
+                        latest = token
+                self._confirm(latest)
         except (asyncio.IncompleteReadError, OSError):
             pass
         if not (self._waiting or self._accepting):
@@ -369,17 +412,24 @@ class ProcessWriter(QueueingWriter):
         log.error("%s", err)
         self._trouble = str(err)
         self._accepting = False
-        unsent, self._outbox = self._outbox, []  # never sent: not for the next child either
-        if lost := sum(1 for _, _, token in unsent if token is None):
-            log.error("%d store writes nobody waited for were not made", lost)
+        # Writes nobody waits for go to the next writer, those it may have made already marked
+        # so (`replayed`); callers that wait were told, and may try again themselves.
+        replay = [self._replayed(item) for _, items in self._unconfirmed for item in items]
+        replay += self._outbox
+        self._unconfirmed.clear()
+        self._outbox = []
+        replay = [item for item in replay if item[2] is None]
         for token in list(self._waiting):
             self._resolve(token, err)
         if died:
-            await self._replace()
+            await self._replace(replay)
+        elif replay:
+            log.error("%d store writes nobody waited for were not made", len(replay))
 
-    async def _replace(self) -> None:
-        """Start a new child for a writer that died, so the bridge carries on: what the old one
-        had not confirmed is lost, as in any crash, and its callers were told so."""
+    async def _replace(self, replay: list[_Item]) -> None:
+        """Start a new child for a writer that died, so the bridge carries on. Calls the old one
+        had not answered failed (their callers were told); the writes nobody waits for that it
+        had not confirmed, `replay`, go to the new one first."""
         self._replacing, self._reading = asyncio.current_task(), None
         stream, self._stream = self._stream, None
         if stream is not None:
@@ -389,19 +439,31 @@ class ProcessWriter(QueueingWriter):
         if pause > 0:  # one that dies at once is not restarted in a tight loop
             await asyncio.sleep(pause)
         if self._stopping:
+            if replay:
+                log.error("%d store writes nobody waited for were not made", len(replay))
             return
         dead = self._pid
         try:
             await self.start()
         except Exception as exc:
             log.error("%s: the writer process could not be restarted: %s", self._describe, exc)
+            if replay:
+                log.error("%d store writes nobody waited for were not made", len(replay))
             self._trouble = f"the writer process could not be restarted: {exc}"
             self.restart_failed.set()
             return
         finally:
             self._replacing = None
+        if replay:  # before anything else reaches the new writer
+            self._send(replay)
         self._trouble = None
-        log.warning("%s: writer process %s replaced by %s", self._describe, dead, self._pid)
+        log.warning(
+            "%s: writer process %s replaced by %s (%d unconfirmed writes sent to it again)",
+            self._describe,
+            dead,
+            self._pid,
+            len(replay),
+        )
         self.restarted.set()
 
     def _resolve(self, token: Token, exc: BaseException | None, value: Any = None) -> None:
@@ -532,7 +594,7 @@ def _serve(sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any,
         keeper.start(conn)
     _report(sock, [(_READY, None, None)])
     frames = _Frames(sock)
-    resolved: dict[str, Callable[..., Any]] = {}
+    resolved: dict[str, Callable[..., Any]] = {_SYNC: _nothing}
     idle = keeper.idle if keeper is not None else None
     try:
         while (got := frames.read(idle)) is not None:

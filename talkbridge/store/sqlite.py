@@ -166,6 +166,11 @@ _INBOUND_KEYS_AFTER = (
 SEEN_STEP_ROWS = 20_000
 """Rows a filter build reads per operation (~40 ms): other writes go on in between."""
 _LAST_SEQ = "SELECT seq FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT 1"
+_RECENTLY_APPENDED = (
+    "SELECT 1 FROM (SELECT role, message_id FROM history WHERE thread_key = ?"
+    " ORDER BY seq DESC LIMIT 1000) WHERE role = ? AND message_id = ?"
+)
+"""A replayed append was made, if at all, just before its writer died: among the latest."""
 _APPEND_HEAD = (
     "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at, data)"
 )
@@ -404,8 +409,9 @@ class _SqliteOps:
 
     def write_messages(self, calls: list[tuple[Any, ...]]) -> list[Any]:
         """Accepts (`("accept", cid, mid, body, history_row | None)`), history appends
-        (`("append", history_row)`) and once-only appends (`("once", cid, native_id, row)`), in
-        queue order, so a thread's seqs follow arrival."""
+        (`("append", history_row)`, or `("replay", history_row)` when a writer that died may have
+        made it), and once-only appends (`("once", cid, native_id, row)`), in queue order, so a
+        thread's seqs follow arrival."""
         cur = self._cur
         accepted = self._known(_KNOWN_INBOUND, {(c[1], c[2]) for c in calls if c[0] == "accept"})
         mapped = self._known(
@@ -440,12 +446,22 @@ class _SqliteOps:
                 mapped[cid, key] = str(entry.seq)
                 map_rows.append((cid, key, str(entry.seq)))
                 results.append(Appended(entry.seq, entry))
+            elif kind == "replay" and self._appended_already(call[1]):
+                results.append(None)  # the writer before this one made it
             else:
                 results.append(self._history_row(call[1], now, stamp, history_rows))
         _insert_many(cur, _ACCEPT_HEAD, inbound_rows, 3)
         _insert_many(cur, _APPEND_HEAD, history_rows, 8)
         _insert_many(cur, _MAP_ID_HEAD, map_rows, 3)
         return results
+
+    def _appended_already(self, row: HistoryRow) -> bool:
+        """Whether an append sent again after its writer died is among its thread's latest."""
+        thread_key, role, message_id = row[0], row[1], row[2]
+        return (
+            self._cur.execute(_RECENTLY_APPENDED, (thread_key, role, message_id)).fetchone()
+            is not None
+        )
 
     def _known(self, source: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """Which (connection id, id) keys `source` already holds, with the value it gives."""
@@ -723,6 +739,16 @@ def _bulk_ops(ops: _SqliteOps) -> dict[str, BulkOp]:
     }
 
 
+def _replayed(item: Any) -> Any:
+    """A write the writer that died may have made already, as sent to the next one: history
+    appends are skipped if their entry is there (the id map, sent records and completions are
+    the same written twice)."""
+    name, args, token = item
+    if name == "messages" and args[0] == "append":
+        return name, ("replay", *args[1:]), token
+    return item
+
+
 def _map_error(path: Path | str, exc: Exception) -> Exception:
     if isinstance(exc, sqlite3.Error):
         err = StoreError(f"sqlite store at {path}: {exc}")
@@ -795,6 +821,7 @@ class SqliteStore:
             return _process.ProcessWriter(
                 name=name,
                 setup=_child_ops,
+                replayed=_replayed,
                 # Absolute: the child runs in the fork server's working directory.
                 args=(self._path if self._path == MEMORY else Path(self._path).absolute(),),
                 describe=f"sqlite store at {self._path}",

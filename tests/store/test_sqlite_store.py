@@ -358,3 +358,16 @@ async def test_the_seen_filter_is_built_in_steps_with_other_writes_in_between(
     # One writer operation per 7 rows, each a chance for the writes queued meanwhile.
     assert operations == ["seen_begin", *["seen_step"] * 5, "seen_end"]
     assert not any(seen.add(m.connection_id, m.id) for m in accepted)
+
+
+async def test_an_append_sent_again_after_its_writer_died_is_made_once(
+    thread_db: SqliteStore,
+) -> None:
+    """The dead writer may have committed it before it could say so."""
+    made = sqlite_module._history_row("k", "assistant", "r1", "bridge", "hi", None)
+    await thread_db._writer.submit(thread_db._messages, "append", made)
+    await thread_db._writer.submit(thread_db._messages, "replay", made)
+    not_made = sqlite_module._history_row("k", "assistant", "r2", "bridge", "there", None)
+    await thread_db._writer.submit(thread_db._messages, "replay", not_made)
+    entries = await thread_db.history("k", limit=10)
+    assert [(e.seq, e.message_id) for e in entries] == [(1, "r1"), (2, "r2")]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from talkbridge.errors import StoreError
-from talkbridge.store import SqliteStore
+from talkbridge.store import SqliteStore, _process
 from talkbridge.store._process import ProcessWriter
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the writer process needs fork")
@@ -229,3 +229,46 @@ def test_a_forked_copy_of_the_bridge_starts_its_own_fork_server(tmp_path: Path) 
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_writes_nobody_waited_for_reach_the_next_writer_when_one_dies(
+    db: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reply's history entry, its id map and the message's completion are written without
+    waiting: a writer killed before committing them must not take them along."""
+    writer = db._writer
+    assert isinstance(writer, ProcessWriter)
+    await db.append_history("web\x1ft1", "user", "before", "Ada", "committed")
+    dead = _child(db)
+    os.kill(dead, signal.SIGSTOP)  # it reads nothing more, commits nothing more
+    for i in range(100):
+        db.queue_history("web\x1ft1", "assistant", f"r{i}", "bridge", f"reply {i}")
+    await db.map_id("web", "m1", "r0")
+    sent = asyncio.ensure_future(db.get_state("anything"))  # in the same frames: flushed
+    await asyncio.wait([sent], timeout=0)
+    os.kill(dead, signal.SIGKILL)
+    await asyncio.wait_for(writer.restarted.wait(), 10)
+    with pytest.raises(StoreError, match="exited unexpectedly"):
+        await sent  # a caller that waits is told, and may try again itself
+    entries = await db.history("web\x1ft1", limit=500)
+    assert [e.message_id for e in entries] == ["before", *(f"r{i}" for i in range(100))]
+    assert [e.seq for e in entries] == list(range(1, 102))
+    assert await db.lookup_id("web", "m1") == "r0"
+    assert "(101 unconfirmed writes sent to it again)" in caplog.text
+
+
+async def test_results_confirm_the_writes_sent_before_them(
+    db: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a writer that dies has to hand on stays small: every result confirms what was sent
+    before it, and a run of writes nobody waits for asks for a result of its own."""
+    monkeypatch.setattr(_process, "SYNC_AFTER_FRAMES", 3)
+    writer = db._writer
+    assert isinstance(writer, ProcessWriter)
+    for i in range(10):
+        db.queue_history("k", "assistant", f"r{i}", "bridge", "x")
+        writer._flush()  # a frame each
+    assert writer._syncing  # more than 3 frames unconfirmed: a sync is on its way
+    assert len(await db.history("k", limit=20)) == 10
+    assert len(writer._unconfirmed) <= 1  # only the frame of that last call may remain
+    assert not writer._syncing
