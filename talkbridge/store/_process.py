@@ -6,8 +6,9 @@ each time. So a writer thread only made progress while the loop idled, and the l
 for its commits: `benchmarks/core.py` spent about 36 µs per message idle in `epoll`, a quarter of
 the time, with the writer's work never overlapping the turns'. A process has its own GIL.
 
-The cost is pickling: each loop turn's operations go to the child as one frame on a socketpair,
-and each batch's results come back as one frame. Operations are named (a `BulkOp`'s name or a
+The cost is serializing: each loop turn's operations go to the child as one frame on a
+socketpair (marshal, or pickle for anything else), and each batch's results come back as one
+pickled frame. Operations are named (a `BulkOp`'s name or a
 method name of the operations object), since the child has its own copy of them, built by the
 `setup` function it is started with.
 
@@ -18,6 +19,10 @@ script in every child, which would start a second bridge in any script not guard
 `if __name__ == "__main__"`. It ignores SIGINT and SIGTERM (a Ctrl-C or a
 `systemctl stop` reaches the whole process group, and the bridge still drains through its store)
 and exits when the parent's end of the socket closes, whether by `stop()` or by the parent dying.
+
+A child that dies is replaced. Calls it had not answered fail with an error that says so; writes
+nobody waits for that it had not confirmed (a result for a later call confirms them) are sent to
+the new child first, so a crash of the writer alone loses none of them.
 """
 
 from __future__ import annotations
