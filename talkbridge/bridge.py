@@ -253,7 +253,8 @@ class Bridge:
         prefetch = self._prefetches.pop((message.connection_id, message.id), None)
         outcome = await self.hooks.channel_message.decide(message, prefetch=prefetch)
         message = outcome.message
-        trusted = await self.is_trusted(message)
+        # Trusted by config (the common case) decides without a store call, nor a coroutine.
+        trusted = self._trusted_by_config(message) or await self.is_trusted(message)
         trust: Trust = "trusted" if trusted else "untrusted"
         decision = outcome.decision
         sentinel = self.config.agents.sentinel
@@ -269,10 +270,13 @@ class Bridge:
         return Route(self.config.agents.default if trusted else sentinel, trust, None, message)
 
     async def is_trusted(self, message: NormalizedMessage) -> bool:
-        config = self.registry.config(message.connection_id)
-        if config is not None and config.trusts_message(message):
+        if self._trusted_by_config(message):
             return True
         return await self.store.is_trusted(message.connection_id, message.channel_user_id)
+
+    def _trusted_by_config(self, message: NormalizedMessage) -> bool:
+        config = self.registry.config(message.connection_id)
+        return config is not None and config.trusts_message(message)
 
     async def handle(self, message: NormalizedMessage) -> None:
         route = await self.route(message)
@@ -299,13 +303,20 @@ class Bridge:
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
-        await self._notify_listeners(routed)
+        if self._notify_listeners_wanted(routed):
+            await self._notify_listeners(routed)
         if routed.edit_of is not None:
             await self._handle_edit(routed, agent)
             return
         outcome = await self.answer(routed, agent)
         if outcome is not None and outcome.text:
             await self._reply(routed, outcome)
+
+    def _notify_listeners_wanted(self, message: NormalizedMessage) -> bool:
+        listeners = self.hooks.listeners
+        return bool(
+            message.attachments and listeners.has_listeners("on_file_upload")
+        ) or listeners.has_listeners("on_thread_create")
 
     async def _notify_listeners(self, message: NormalizedMessage) -> None:
         """`on_file_upload` and `on_thread_create` run listeners; free when nobody listens."""
@@ -365,7 +376,7 @@ class Bridge:
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
         await self.store.map_id(cid, message.id, result.message_id)
-        if outcome.ok:  # durable hooks (issue 5): after the whole turn and its reply
+        if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
             await self.durable.emit_turn_completed(outcome.session, outcome.status)
 
     async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:

@@ -252,6 +252,11 @@ class DurableHooks:
         self._wake.set()
         return True
 
+    @property
+    def wants_turn_completed(self) -> bool:
+        """Whether `emit_turn_completed` would do anything (checked before making the call)."""
+        return bool(self._handlers) and self._enabled
+
     async def emit_turn_completed(self, session: Any, status: str) -> None:
         """For the Bridge after a reply was sent: never raises into the message path."""
         if not self._handlers or not self._enabled:

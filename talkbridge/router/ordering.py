@@ -73,7 +73,7 @@ class KeyedSerialExecutor(Generic[K, T]):
     async def submit(self, key: K, item: T, gate: asyncio.Future[Any] | None = None) -> None:
         """Queue `item` behind everything already queued for `key`; waits only when full.
         With a `gate`, the item is handled only once the gate is done (whatever its outcome)."""
-        if self._queued >= self._max_pending or self._space_waiters:
+        if not self.has_room:
             # In line behind earlier waiters: a slot freed is handed to the first of them, so
             # a submit that comes later never takes it (and one key's items keep their order).
             waiter = asyncio.get_running_loop().create_future()
@@ -86,8 +86,18 @@ class KeyedSerialExecutor(Generic[K, T]):
                 else:
                     self._space_waiters.remove(waiter)  # out of line: later ones move up
                 raise
-        else:
-            self._queued += 1
+            self._place(key, item, gate)
+            return
+        self.put(key, item, gate)
+
+    def put(self, key: K, item: T, gate: asyncio.Future[Any] | None = None) -> None:
+        """`submit` for a caller that saw `has_room`: queued at once, no coroutine."""
+        if not self.has_room:
+            raise RuntimeError(f"{self._name}: no room; submit() waits for it")
+        self._queued += 1
+        self._place(key, item, gate)
+
+    def _place(self, key: K, item: T, gate: asyncio.Future[Any] | None) -> None:
         queue = self._queues.get(key)
         if queue is not None:
             queue.append((item, gate))

@@ -200,9 +200,9 @@ class TalkRouter:
     async def _accept_new(self, message: NormalizedMessage, keeps_history: bool) -> None:
         """A message no earlier one can have been: into its thread's line now, and `deliver`
         returns once the store has it. The store queues the write before it first suspends
-        (`Store.seen_inbound`), and no worker runs before that: so it precedes every write the
-        message's handling makes (its completion included)."""
-        await self._inbound.submit(message.thread_key, (message, None, None))
+        (`Store.seen_inbound`), and no worker runs before that (nothing here suspends before
+        it): so it precedes every write the message's handling makes (its completion included)."""
+        self._inbound.put(message.thread_key, (message, None, None))  # `_accept` saw room
         for listener in self._arrival:
             listener(message)
         try:

@@ -192,8 +192,10 @@ async def test_has_room_says_whether_submit_would_wait() -> None:
 
     executor: KeyedSerialExecutor[str, int] = KeyedSerialExecutor(handle, max_pending=1)
     assert executor.has_room
-    await executor.submit("a", 1)
+    executor.put("a", 1)  # room: queued at once
     assert not executor.has_room  # in hand still counts until handled
+    with pytest.raises(RuntimeError, match="no room"):
+        executor.put("c", 3)
     waiting = asyncio.create_task(executor.submit("b", 2))
     release.set()
     await asyncio.wait_for(waiting, 5)
