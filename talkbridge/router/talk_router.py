@@ -177,7 +177,13 @@ class TalkRouter:
         # Only when its place in line is free to take at once: were it to wait for room, a
         # redelivery meanwhile would reach the store first and be taken for the original.
         if new and self._inbound.has_room:
-            await self._accept_new(message, keeps_history)
+            # Handled at once, while the store writes it; `deliver` returns once it has. The
+            # store queues the write as it is called (`Store.seen_inbound`), before any worker
+            # can run: so it precedes every write the handling makes (its completion included).
+            self._inbound.put(message.thread_key, (message, None, None))
+            for listener in self._arrival:
+                listener(message)
+            await self._written(message, keeps_history)
             return
         # The thread slot is taken before the store answers, so messages delivered concurrently
         # keep their arrival order; `deliver` returns once the store has the message.
@@ -197,14 +203,8 @@ class TalkRouter:
             for listener in self._arrival:
                 listener(message)
 
-    async def _accept_new(self, message: NormalizedMessage, keeps_history: bool) -> None:
-        """A message no earlier one can have been: into its thread's line now, and `deliver`
-        returns once the store has it. The store queues the write before it first suspends
-        (`Store.seen_inbound`), and no worker runs before that (nothing here suspends before
-        it): so it precedes every write the message's handling makes (its completion included)."""
-        self._inbound.put(message.thread_key, (message, None, None))  # `_accept` saw room
-        for listener in self._arrival:
-            listener(message)
+    async def _written(self, message: NormalizedMessage, keeps_history: bool) -> None:
+        """Wait for the store to have a message already being handled."""
         try:
             accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
         except asyncio.CancelledError:

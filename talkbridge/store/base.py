@@ -6,7 +6,7 @@ Every method is a coroutine and must never block the event loop. Keys that name 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
@@ -134,9 +134,9 @@ class Store(Protocol):
         ...
 
     # -- inbound inbox: dedupe by (connection, native id), at-least-once processing ------------
-    async def accept_inbound(
+    def accept_inbound(
         self, message: NormalizedMessage, *, record_history: bool = False
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """Record an arriving message; False when (connection_id, id) was seen before.
 
         With `record_history`, a new message is also appended to its thread's history (role
@@ -162,9 +162,10 @@ class Store(Protocol):
         sized for `capacity` keys or more), so a message it calls new can be handled before its
         acceptance is written. None when this store cannot promise that (several writers).
 
-        A store that returns one must also queue `accept_inbound`'s write before that call first
-        suspends, and apply writes in the order they were queued: the write then comes before
-        every write the message's handling makes (its `complete_inbound` included)."""
+        A store that returns one must also queue `accept_inbound`'s write when it is called (or
+        before the awaitable it returns first suspends), and apply writes in the order they were
+        queued: the write then comes before every write the message's handling makes (its
+        `complete_inbound` included)."""
         ...
 
     # -- thread history ------------------------------------------------------------------------

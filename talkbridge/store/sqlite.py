@@ -7,6 +7,7 @@ its future. Reads go through the same writer, so they always see every write que
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import sqlite3
@@ -851,9 +852,10 @@ class SqliteStore:
 
     # -- inbound ----------------------------------------------------------------------------
 
-    async def accept_inbound(
+    def accept_inbound(
         self, message: NormalizedMessage, *, record_history: bool = False
-    ) -> bool:
+    ) -> asyncio.Future[bool]:
+        """Queued when called (not when awaited): the router relies on that ordering."""
         row = (
             _history_row(
                 message.thread_key,
@@ -867,7 +869,7 @@ class SqliteStore:
             else None
         )
         body = message.model_dump_json()
-        return await self._writer.submit(
+        return self._writer.submit(
             self._messages, "accept", message.connection_id, message.id, body, row
         )
 
