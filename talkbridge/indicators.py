@@ -1,8 +1,8 @@
 """Typing indicators for turns that take a while.
 
 A turn shows typing only once it has run `TYPING_DELAY` seconds: an instant reply needs no
-indicator. Rather than a timer per turn, one sweep (while any turn runs) finds the turns that
-have become slow; registering and ending a turn is two dict operations.
+indicator. Rather than a timer per turn, one sweep (`DelayedSweep`) finds the turns that have
+become slow; registering and ending a turn is a dict operation each.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import itertools
 import logging
 from collections.abc import Callable
 
+from talkbridge.sweep import DelayedSweep
 from talkbridge.talk import Activity
 
 log = logging.getLogger("talkbridge.bridge")
@@ -31,52 +32,35 @@ class TypingIndicators:
         refresh: float = TYPING_REFRESH,
     ) -> None:
         self._redact = redact
-        self._delay = delay
         self._refresh = refresh
         self._ids = itertools.count()
-        self._waiting: dict[int, tuple[float, Activity, str]] = {}
-        """Turns not showing typing yet, oldest first (insertion order is start order)."""
+        self._waiting: DelayedSweep[int, tuple[Activity, str]] = DelayedSweep(
+            delay, self._start_typing
+        )
+        """Turns not showing typing yet."""
         self._showing: dict[int, asyncio.Task[None]] = {}
-        self._sweep: asyncio.TimerHandle | None = None
 
     def begin(self, activity: Activity, thread_id: str) -> int:
         """A turn starts in `thread_id`; returns the handle to pass to `end`."""
         turn = next(self._ids)
-        loop = asyncio.get_running_loop()
-        self._waiting[turn] = (loop.time(), activity, thread_id)
-        if self._sweep is None:
-            self._sweep = loop.call_later(self._delay, self._start_slow_turns)
+        self._waiting.add(turn, (activity, thread_id))
         return turn
 
     def end(self, turn: int) -> None:
-        if self._waiting.pop(turn, None) is None:
+        if self._waiting.pop(turn) is None:
             task = self._showing.pop(turn, None)
             if task is not None:
                 task.cancel()
 
     def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        self._waiting.close()
         for task in self._showing.values():
             task.cancel()
         self._showing.clear()
-        self._waiting.clear()
 
-    def _start_slow_turns(self) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() - self._delay
-        while self._waiting:
-            turn, (started, activity, thread_id) = next(iter(self._waiting.items()))
-            if started > due:  # every later turn started later still
-                break
-            del self._waiting[turn]
-            self._showing[turn] = asyncio.create_task(self._keep_typing(activity, thread_id))
-        if self._waiting:
-            oldest = next(iter(self._waiting.values()))[0]
-            self._sweep = loop.call_at(oldest + self._delay, self._start_slow_turns)
-        else:
-            self._sweep = None
+    def _start_typing(self, turn: int, waiting: tuple[Activity, str]) -> None:
+        activity, thread_id = waiting
+        self._showing[turn] = asyncio.create_task(self._keep_typing(activity, thread_id))
 
     async def _keep_typing(self, activity: Activity, thread_id: str) -> None:
         while True:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from talkbridge.sweep import DelayedSweep
+
 DELTA_WINDOW = 0.05
 """Seconds between delta frames of one stream (and before the first one)."""
 
@@ -18,51 +20,31 @@ Publish = Callable[[str, str, str], Awaitable[None]]
 
 
 class DeltaCoalescer:
-    """Rather than a timer per stream, one sweep (while any stream holds pieces) sends the
-    pieces of every stream whose window is over: adding a piece is a dict operation."""
+    """Rather than a timer per stream, one sweep (`DelayedSweep`) sends the pieces of every
+    stream whose window is over: adding a piece is a dict operation."""
 
     def __init__(self, publish: Publish, window: float = DELTA_WINDOW) -> None:
         self._publish = publish
-        self._window = window
-        self._buffers: dict[str, tuple[float, str, list[str]]] = {}
-        """Streams holding pieces, by when their window opened (insertion order is that order):
-        (opened at, thread id, pieces)."""
-        self._sweep: asyncio.TimerHandle | None = None
+        self._buffers: DelayedSweep[str, tuple[str, list[str]]] = DelayedSweep(window, self._send)
+        """Streams holding pieces: (thread id, pieces)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def add(self, thread_id: str, stream_id: str, text: str) -> None:
         buffered = self._buffers.get(stream_id)
         if buffered is not None:
-            buffered[2].append(text)
-            return
-        loop = asyncio.get_running_loop()
-        self._buffers[stream_id] = (loop.time(), thread_id, [text])
-        if self._sweep is None:
-            self._sweep = loop.call_later(self._window, self._send_due)
-
-    def _send_due(self) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time() - self._window
-        while self._buffers:
-            stream_id, (opened, thread_id, pieces) = next(iter(self._buffers.items()))
-            if opened > due:  # every later stream opened later still
-                break
-            del self._buffers[stream_id]
-            task = asyncio.ensure_future(self._publish(thread_id, stream_id, "".join(pieces)))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        if self._buffers:
-            oldest = next(iter(self._buffers.values()))[0]
-            self._sweep = loop.call_at(oldest + self._window, self._send_due)
+            buffered[1].append(text)
         else:
-            self._sweep = None
+            self._buffers.add(stream_id, (thread_id, [text]))
+
+    def _send(self, stream_id: str, buffered: tuple[str, list[str]]) -> None:
+        thread_id, pieces = buffered
+        task = asyncio.ensure_future(self._publish(thread_id, stream_id, "".join(pieces)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def finish(self, stream_id: str) -> None:
         """The final message is about to go out: it carries the whole text, so what is still
         buffered is dropped, and pieces already on their way go out first."""
-        self._buffers.pop(stream_id, None)
-        if not self._buffers and self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        self._buffers.pop(stream_id)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
