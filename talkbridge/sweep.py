@@ -5,7 +5,7 @@ at most once per window) both have one such deadline per turn or stream, by the 
 load. A timer each costs a heap entry and a handle, and most are cancelled before they fire (the
 turn or stream ends first). Here adding and removing an entry is a dict operation, and one timer
 runs while any entry waits: entries fall due in the order they were added, since they share the
-delay.
+delay. At most one timer fires per `delay` while entries keep coming and going.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ class DelayedSweep(Generic[K, V]):
         return None if waiting is None else waiting[1]
 
     def pop(self, key: K) -> V | None:
-        """Take `key` out before it falls due; its value, or None if it was not waiting."""
+        """Take `key` out before it falls due; its value, or None if it was not waiting.
+
+        The timer stays, even with nothing left: most entries are taken out soon after they
+        were added (a quick turn), and the next one added reuses it instead of making another.
+        """
         waiting = self._waiting.pop(key, None)
-        if not self._waiting and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         return None if waiting is None else waiting[1]
 
     def close(self) -> None:

@@ -38,3 +38,21 @@ async def test_closing_drops_what_waits() -> None:
     later.add("marker", None)  # falls due after the closed one would have
     await asyncio.wait_for(done.wait(), 5)
     assert fired == []
+
+
+async def test_an_entry_added_after_one_was_taken_out_still_falls_due() -> None:
+    """The timer made for the first entry is kept and reused: it must not fire the second one
+    early, nor forget it."""
+    fired: list[str] = []
+    done = asyncio.Event()
+
+    def due(key: str, _: None) -> None:
+        fired.append(key)
+        done.set()
+
+    sweep: DelayedSweep[str, None] = DelayedSweep(0.02, due)
+    sweep.add("quick", None)
+    sweep.pop("quick")  # a turn that ended at once
+    sweep.add("slow", None)
+    await asyncio.wait_for(done.wait(), 5)
+    assert fired == ["slow"]
