@@ -318,8 +318,11 @@ class WebchatConnector(BaseConnector):
                 frame.text,
                 data={"client_id": frame.client_id},
             )
+            # The ack is written without waiting, like every frame `_publish` writes: the turn
+            # goes to the router even if this socket closed meanwhile (the message is saved),
+            # and no per-send context is set up for the commonest frame.
             if entry is None:
-                await ws.send(dumps({**ack, "seq": seq, "duplicate": True}))
+                broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": True}))
                 # Deliver it again: the router drops it if it has it already, and takes it if
                 # the bridge stopped between recording the message and handing it over.
                 retry = await self._recorded_turn(seq, native_id, thread_id, session_id)
@@ -328,7 +331,7 @@ class WebchatConnector(BaseConnector):
                 return
             renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
             await self._publish(session_id, message_frame(thread_id, entry))
-            await ws.send(dumps({**ack, "seq": seq, "duplicate": False}))
+            broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": False}))
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)

@@ -338,3 +338,16 @@ async def test_a_slow_reply_streams_its_first_part_before_the_end(webchat: Webch
     webchat.echo.gate.set()
     final = await client.expect("message", role="assistant")
     assert final["text"] == "echo: abcdef" and final["stream_id"] == delta["stream_id"]
+
+
+async def test_a_message_is_answered_even_if_its_tab_closed_right_after_sending(
+    webchat: Webchat,
+) -> None:
+    """It is saved before the ack: closing the tab must not leave it unanswered until a resend
+    that may never come. The session's other tab sees the answer."""
+    tab1 = await webchat.authed()
+    tab2 = await webchat.authed(session_id=tab1.session_id)
+    await tab1.send({"type": "send", "thread_id": tab1.thread_id, "client_id": "c1", "text": "bye"})
+    await tab1.close()
+    assert (await tab2.expect("message", role="user"))["text"] == "bye"
+    assert (await tab2.expect("message", role="assistant"))["text"] == "echo: bye"
