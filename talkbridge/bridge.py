@@ -303,20 +303,13 @@ class Bridge:
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
-        if self._notify_listeners_wanted(routed):
-            await self._notify_listeners(routed)
+        await self._notify_listeners(routed)
         if routed.edit_of is not None:
             await self._handle_edit(routed, agent)
             return
         outcome = await self.answer(routed, agent)
         if outcome is not None and outcome.text:
             await self._reply(routed, outcome)
-
-    def _notify_listeners_wanted(self, message: NormalizedMessage) -> bool:
-        listeners = self.hooks.listeners
-        return bool(
-            message.attachments and listeners.has_listeners("on_file_upload")
-        ) or listeners.has_listeners("on_thread_create")
 
     async def _notify_listeners(self, message: NormalizedMessage) -> None:
         """`on_file_upload` and `on_thread_create` run listeners; free when nobody listens."""

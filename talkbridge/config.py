@@ -54,12 +54,9 @@ class ConnectionConfig(_Model):
     enabled: bool = True
 
     def trusts(self, channel_user_id: str) -> bool:
-        if channel_user_id in self.trusted:
+        if channel_user_id in self.trusted:  # an exact id: most entries, and no pattern work
             return True
-        return any(
-            pattern == channel_user_id or fnmatch.fnmatchcase(channel_user_id, pattern)
-            for pattern in self.trusted
-        )
+        return any(fnmatch.fnmatchcase(channel_user_id, pattern) for pattern in self.trusted)
 
     def trusts_message(self, message: Any) -> bool:
         """Whether the sender of `message` is trusted by config; channels with more to go on

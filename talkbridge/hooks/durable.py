@@ -259,7 +259,7 @@ class DurableHooks:
 
     async def emit_turn_completed(self, session: Any, status: str) -> None:
         """For the Bridge after a reply was sent: never raises into the message path."""
-        if not self._handlers or not self._enabled:
+        if not self.wants_turn_completed:
             return
         try:
             ref = TurnRef(

@@ -181,8 +181,7 @@ class TalkRouter:
             # store queues the write as it is called (`Store.seen_inbound`), before any worker
             # can run: so it precedes every write the handling makes (its completion included).
             self._inbound.put(message.thread_key, (message, None, None))
-            for listener in self._arrival:
-                listener(message)
+            self._arrived(message)
             await self._written(message, keeps_history)
             return
         # The thread slot is taken before the store answers, so messages delivered concurrently
@@ -200,15 +199,16 @@ class TalkRouter:
         self._inbound.opened(message.thread_key, verdict)  # now, not a loop turn later
         verdict.set_result(accepted)
         if accepted:
-            for listener in self._arrival:
-                listener(message)
+            self._arrived(message)
+
+    def _arrived(self, message: NormalizedMessage) -> None:
+        for listener in self._arrival:
+            listener(message)
 
     async def _written(self, message: NormalizedMessage, keeps_history: bool) -> None:
         """Wait for the store to have a message already being handled."""
-        try:
+        try:  # (a cancelled wait leaves the write queued: the connector may deliver it again)
             accepted = await self._store.accept_inbound(message, record_history=not keeps_history)
-        except asyncio.CancelledError:
-            raise  # the write is queued all the same; the connector may deliver it again
         except Exception as exc:
             log.error(
                 "the store refused %s/%s while it was being handled: %s",
@@ -234,8 +234,7 @@ class TalkRouter:
         on it already (it was left unacknowledged)."""
         if recovered:
             self._recovered.add((message.connection_id, message.id))
-        for listener in self._arrival:
-            listener(message)
+        self._arrived(message)
         await self._inbound.submit(message.thread_key, (message, None, ack))
 
     async def start(self) -> int:
@@ -257,8 +256,7 @@ class TalkRouter:
         pending = await self._store.pending_inbound()
         for message in pending:
             self._recovered.add((message.connection_id, message.id))
-            for listener in self._arrival:
-                listener(message)
+            self._arrived(message)
             await self._inbound.submit(message.thread_key, (message, None, None))
         return len(pending)
 

@@ -57,6 +57,7 @@ from talkbridge.store._writer import (
     Token,
     _Item,
     _Result,
+    settle,
 )
 
 log = logging.getLogger("talkbridge.store")
@@ -419,17 +420,21 @@ class ProcessWriter(QueueingWriter):
         self._accepting = False
         # Writes nobody waits for go to the next writer, those it may have made already marked
         # so (`replayed`); callers that wait were told, and may try again themselves.
-        replay = [self._replayed(item) for _, items in self._unconfirmed for item in items]
-        replay += self._outbox
+        replay = [
+            self._replayed(item)
+            for _, items in self._unconfirmed
+            for item in items
+            if item[2] is None
+        ]
+        replay += [item for item in self._outbox if item[2] is None]  # never sent
         self._unconfirmed.clear()
         self._outbox = []
-        replay = [item for item in replay if item[2] is None]
         for token in list(self._waiting):
             self._resolve(token, err)
         if died:
             await self._replace(replay)
-        elif replay:
-            log.error("%d store writes nobody waited for were not made", len(replay))
+        else:
+            _lost(replay)
 
     async def _replace(self, replay: list[_Item]) -> None:
         """Start a new child for a writer that died, so the bridge carries on. Calls the old one
@@ -444,16 +449,14 @@ class ProcessWriter(QueueingWriter):
         if pause > 0:  # one that dies at once is not restarted in a tight loop
             await asyncio.sleep(pause)
         if self._stopping:
-            if replay:
-                log.error("%d store writes nobody waited for were not made", len(replay))
+            _lost(replay)
             return
         dead = self._pid
         try:
             await self.start()
         except Exception as exc:
             log.error("%s: the writer process could not be restarted: %s", self._describe, exc)
-            if replay:
-                log.error("%d store writes nobody waited for were not made", len(replay))
+            _lost(replay)
             self._trouble = f"the writer process could not be restarted: {exc}"
             self.restart_failed.set()
             return
@@ -472,17 +475,10 @@ class ProcessWriter(QueueingWriter):
         self.restarted.set()
 
     def _resolve(self, token: Token, exc: BaseException | None, value: Any = None) -> None:
-        if token is None:  # submitted without waiting: nobody to tell but the log
-            if exc is not None:
-                log.error("a store write failed: %s", exc)
-            return
-        fut = self._waiting.pop(token, None)
-        if fut is None or fut.done():  # the caller was cancelled; the operation ran anyway
-            return
-        if exc is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(exc)
+        if token is None:
+            settle(None, exc, value)
+        elif (fut := self._waiting.pop(token, None)) is not None:
+            settle(fut, exc, value)
 
     async def _end(self) -> None:
         _running.discard(self)
@@ -500,6 +496,11 @@ class ProcessWriter(QueueingWriter):
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 self._stream.transport.abort()
+
+
+def _lost(writes: list[_Item]) -> None:
+    if writes:
+        log.error("%d store writes nobody waited for were not made", len(writes))
 
 
 _running: weakref.WeakSet[ProcessWriter] = weakref.WeakSet()

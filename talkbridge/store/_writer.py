@@ -66,16 +66,21 @@ MAX_BATCH = 4096
 def deliver(results: list[_Result]) -> None:
     """Resolve the futures of a batch (on the event loop)."""
     for fut, exc, value in results:
-        if fut is None:  # submitted without waiting: nobody to tell but the log
-            if exc is not None:
-                log.error("a store write failed: %s", exc)
-            continue
-        if fut.done():  # the caller was cancelled; the operation ran anyway
-            continue
-        if exc is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(exc)
+        settle(fut, exc, value)
+
+
+def settle(fut: asyncio.Future[Any] | None, exc: BaseException | None, value: Any) -> None:
+    """Tell the caller of one operation its outcome (the log, if nobody waits for it)."""
+    if fut is None:  # submitted without waiting: nobody to tell but the log
+        if exc is not None:
+            log.error("a store write failed: %s", exc)
+        return
+    if fut.done():  # the caller was cancelled; the operation ran anyway
+        return
+    if exc is None:
+        fut.set_result(value)
+    else:
+        fut.set_exception(exc)
 
 
 class BatchRunner:

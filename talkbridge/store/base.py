@@ -1,7 +1,9 @@
 """The persistence contract: one interface; SQLite (embedded) and Redis (scale-out) implement it.
 
-Every method is a coroutine and must never block the event loop. Keys that name a conversation use
-`thread_key` = `connection_id + "\\x1f" + thread_id` (see `NormalizedMessage.thread_key`).
+Every method returns an awaitable (a coroutine, or for `accept_inbound` possibly a future queued
+when called), except the few marked otherwise, and none may block the event loop. Keys that name
+a conversation use `thread_key` = `connection_id + "\\x1f" + thread_id` (see
+`NormalizedMessage.thread_key`).
 """
 
 from __future__ import annotations

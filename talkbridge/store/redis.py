@@ -734,9 +734,13 @@ class RedisStore:
         whose records predate the registry (the only SCAN, once)."""
         k = self.keys
         if await self._call("SET", k.prune_done("registry"), "1", "NX", parse=bool):
-            for kind in ("in:seenz", "sentz"):
-                for key in await self._scan(kind):
-                    await self._call("SADD", k.swept_connections(), k.part_of(key, kind))
+            found_by_scan = [
+                k.part_of(key, kind)
+                for kind in ("in:seenz", "sentz")
+                for key in await self._scan(kind)
+            ]
+            if found_by_scan:
+                await self._call("SADD", k.swept_connections(), *found_by_scan)
         found: list[str] = await self._call("SMEMBERS", k.swept_connections(), parse=_text_list)
         return sorted(found)
 
