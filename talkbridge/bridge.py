@@ -368,9 +368,16 @@ class Bridge:
         except SendFailedError as exc:  # recorded by the queue; nothing else to do here
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
-        await self.store.map_id(cid, message.id, result.message_id)
+        if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
+            await self.store.map_id(cid, message.id, result.message_id)
         if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
             await self.durable.emit_turn_completed(outcome.session, outcome.status)
+
+    def _edits_or_deletes(self, connection_id: str) -> bool:
+        feature = self.router.feature
+        return feature(connection_id, "edit") is not None or (
+            feature(connection_id, "delete") is not None
+        )
 
     async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:
         """An edit re-answers by editing our earlier reply; it never starts a second thread."""

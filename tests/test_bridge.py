@@ -76,7 +76,30 @@ async def test_trusted_sender_gets_the_echo_as_a_threaded_reply(tmp_path: Path) 
         ("user", "hello bridge"),
         ("assistant", "hello bridge"),
     ]
-    assert await bridge.store.lookup_id("test", msg.id) == sent.ids[0]
+    # Nothing could edit or delete that reply here, so no map from the message to it is kept.
+    assert await bridge.store.lookup_id("test", msg.id) is None
+    await bridge.stop()
+
+
+class Editor:
+    def __init__(self) -> None:
+        self.edits: asyncio.Queue[tuple[str, str, str]] = asyncio.Queue()
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        await self.edits.put((thread_id, message_id, text))
+
+
+async def test_an_edited_message_edits_the_reply_it_got(tmp_path: Path) -> None:
+    bridge, conns = await _bridge(tmp_path)
+    conn = conns["test"]
+    editor = conn.features["edit"] = Editor()
+    msg = make_message("helo", thread_id="chat-1")
+    await conn.inject(msg)
+    (sent,) = await conn.wait_sent(1)
+    await conn.inject(make_message("hello", thread_id="chat-1", edit_of=msg.id))
+    edit = await asyncio.wait_for(editor.edits.get(), 10)
+    assert edit == ("chat-1", sent.ids[0], "hello")
+    assert len(conn.sent) == 1  # edited in place, not answered again
     await bridge.stop()
 
 

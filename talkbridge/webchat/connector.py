@@ -42,6 +42,7 @@ from talkbridge.webchat.protocol import (
 )
 from talkbridge.webchat.routes import HttpRoutes
 from talkbridge.webchat.sessions import Sessions, split_thread
+from talkbridge.webchat.socket_writes import write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
 if TYPE_CHECKING:
@@ -330,8 +331,8 @@ class WebchatConnector(BaseConnector):
                     await self._deliver_turn(ws, retry)
                 return
             renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
-            await self._publish(session_id, message_frame(thread_id, entry))
-            broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": False}))
+            ack_text = dumps({**ack, "seq": seq, "duplicate": False})
+            await self._publish(session_id, message_frame(thread_id, entry), then=(ws, ack_text))
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
@@ -404,15 +405,29 @@ class WebchatConnector(BaseConnector):
         self._fanout = fanout
         fanout.set_receiver(self.broadcast_local)
 
-    async def _publish(self, session_id: str, frame: dict[str, Any]) -> None:
+    async def _publish(
+        self,
+        session_id: str,
+        frame: dict[str, Any],
+        *,
+        then: tuple[ServerConnection, str] | None = None,
+    ) -> None:
         """Send a frame to every socket of a session (every tab and device, on every node).
 
         The one place fan-out happens: this node's sockets get it at once, other nodes' through
         the fan-out (distributed mode). `broadcast` writes to each socket without waiting, so a
-        slow tab never stalls the rest.
+        slow tab never stalls the rest. `then` is a socket and a frame it gets right after this
+        one, in the same write (a message and its ack to the tab that sent it).
         """
         text = dumps(frame)
-        self.broadcast_local(session_id, text)
+        if then is None:
+            self.broadcast_local(session_id, text)
+        else:
+            ws, after = then
+            write_frames(ws, (text, after))
+            sockets = self._sockets.get(session_id)
+            if sockets and len(sockets) > 1:
+                broadcast([s for s in sockets if s is not ws], text)
         if self._fanout is not None:
             await self._fanout.publish(session_id, text)
 
