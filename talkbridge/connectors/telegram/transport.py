@@ -1,8 +1,9 @@
 """The Telegram transport: aiogram's `Bot` for the Bot API, long polling or a webhook server.
 
-Inbound is at-least-once without replays: an update's offset is stored only after `deliver`
-returned (the router has durably accepted or deduped the message by then), so a crash between
-the two re-delivers one update, which the router's inbox drops as a duplicate.
+Inbound is at-least-once without replays: the offset past a batch of updates is stored (and
+confirmed to Telegram by the next poll) only after `deliver` returned for each of them (the router
+has durably accepted or deduped them by then), so a crash in between re-delivers at most that
+batch, which the router's inbox drops as duplicates.
 
 `send` never sleeps on a 429 or retries: it raises the translated error and the router's
 per-connection queue waits (`RateLimitedError.retry_after`) or retries (`TransientError`). It
@@ -159,10 +160,15 @@ class TelegramConnector(BaseConnector):
             if not healthy:
                 healthy = True
                 status.up()
-            for update in updates:
-                await self._accept(update)
-                offset = update.update_id + 1
-                await self.context.store.set_state(self._offset_key, str(offset))
+            reached = offset
+            try:
+                for update in updates:
+                    await self._accept(update)
+                    reached = update.update_id + 1
+            finally:  # once per batch, and for the part of it accepted before a failure
+                if reached != offset:
+                    offset = reached
+                    await self.context.store.set_state(self._offset_key, str(offset))
 
     async def _accept(self, update: Update | dict[str, Any]) -> None:
         """Decode and deliver one update; returns once subscribers accepted it."""
