@@ -30,12 +30,11 @@ from talkbridge.store.base import (
     Pruned,
     Retention,
     Role,
-    once_key,
 )
 from talkbridge.store.seen import SeenFilter
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -152,6 +151,21 @@ _MIGRATIONS: tuple[str, ...] = (
         max_id INTEGER NOT NULL
     );
     """,
+    # version 4: `append_history_once`'s records get a table of their own. In the id map they
+    # cost a row and two index entries each (one of them, by message id, never read), and
+    # `lookup_native` had to tell them apart from real mappings.
+    """
+    CREATE TABLE once_keys (
+        connection_id TEXT NOT NULL,
+        native_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        PRIMARY KEY (connection_id, native_id)
+    ) WITHOUT ROWID;
+    INSERT OR IGNORE INTO once_keys (connection_id, native_id, seq)
+        SELECT connection_id, substr(native_id, 7), CAST(message_id AS INTEGER) FROM id_map
+        WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
+    DELETE FROM id_map WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
@@ -184,6 +198,8 @@ _HISTORY_AFTER = (
 )
 _MAP_ID_HEAD = "INSERT OR REPLACE INTO id_map (connection_id, native_id, message_id)"
 _LOOKUP_ID = "SELECT message_id FROM id_map WHERE connection_id = ? AND native_id = ?"
+_ONCE_HEAD = "INSERT INTO once_keys (connection_id, native_id, seq)"
+_ONCE_SEQ = "SELECT seq FROM once_keys WHERE connection_id = ? AND native_id = ?"
 _LOOKUP_NATIVE = (
     "SELECT native_id FROM id_map WHERE connection_id = ? AND message_id = ? ORDER BY rowid LIMIT 1"
 )
@@ -314,7 +330,7 @@ _KNOWN_KEYS = "k JOIN inbound i ON i.connection_id = k.c AND i.message_id = k.m"
 table (SQLite 3.40 does not use the unique index for row values), so dedupe grew with every
 message ever received."""
 _KNOWN_INBOUND = f"'' FROM {_KNOWN_KEYS}"
-_KNOWN_MAPPED = "i.message_id FROM k JOIN id_map i ON i.connection_id = k.c AND i.native_id = k.m"
+_KNOWN_ONCE = "o.seq FROM k JOIN once_keys o ON o.connection_id = k.c AND o.native_id = k.m"
 
 
 def _keys(count: int) -> str:
@@ -415,12 +431,10 @@ class _SqliteOps:
         thread's seqs follow arrival."""
         cur = self._cur
         accepted = self._known(_KNOWN_INBOUND, {(c[1], c[2]) for c in calls if c[0] == "accept"})
-        mapped = self._known(
-            _KNOWN_MAPPED, {(c[1], once_key(c[2])) for c in calls if c[0] == "once"}
-        )
+        recorded = self._known(_KNOWN_ONCE, {(c[1], c[2]) for c in calls if c[0] == "once"})
         inbound_rows: list[tuple[Any, ...]] = []
         history_rows: list[tuple[Any, ...]] = []
-        map_rows: list[tuple[Any, ...]] = []
+        once_rows: list[tuple[Any, ...]] = []
         results: list[Any] = []
         now = datetime.now(UTC)
         stamp = now.isoformat()
@@ -438,14 +452,13 @@ class _SqliteOps:
                     self._history_row(row, now, stamp, history_rows)
             elif kind == "once":
                 _, cid, native_id, row = call
-                key = once_key(native_id)
-                earlier = mapped.get((cid, key))
+                earlier = recorded.get((cid, native_id))
                 if earlier is not None:
-                    results.append(Appended(int(earlier), None))
+                    results.append(Appended(earlier, None))
                     continue
                 entry = self._history_row(row, now, stamp, history_rows)
-                mapped[cid, key] = str(entry.seq)
-                map_rows.append((cid, key, str(entry.seq)))
+                recorded[cid, native_id] = entry.seq
+                once_rows.append((cid, native_id, entry.seq))
                 results.append(Appended(entry.seq, entry))
             elif kind == "replay" and self._appended_already(call[1]):
                 results.append(None)  # the writer before this one made it
@@ -453,7 +466,7 @@ class _SqliteOps:
                 results.append(self._history_row(call[1], now, stamp, history_rows))
         _insert_many(cur, _ACCEPT_HEAD, inbound_rows, 3)
         _insert_many(cur, _APPEND_HEAD, history_rows, 8)
-        _insert_many(cur, _MAP_ID_HEAD, map_rows, 3)
+        _insert_many(cur, _ONCE_HEAD, once_rows, 3)
         return results
 
     def _appended_already(self, row: HistoryRow) -> bool:
@@ -464,9 +477,9 @@ class _SqliteOps:
             is not None
         )
 
-    def _known(self, source: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    def _known(self, source: str, keys: set[tuple[str, str]]) -> dict[tuple[str, str], Any]:
         """Which (connection id, id) keys `source` already holds, with the value it gives."""
-        found: dict[tuple[str, str], str] = {}
+        found: dict[tuple[str, str], Any] = {}
         for chunk in _chunks(list(keys), 2):
             rows = self._cur.execute(
                 f"{_keys(len(chunk))} SELECT k.c, k.m, {source}", [v for r in chunk for v in r]
@@ -934,10 +947,10 @@ class SqliteStore:
         return await self._writer.submit(self._ops.history, thread_key, limit, after_seq)
 
     async def history_seq(self, connection_id: str, native_id: str) -> int | None:
-        found: str | None = await self._writer.submit(
-            self._ops.lookup, _LOOKUP_ID, connection_id, once_key(native_id)
+        found: int | None = await self._writer.submit(
+            self._ops.lookup, _ONCE_SEQ, connection_id, native_id
         )
-        return None if found is None else int(found)
+        return found
 
     # -- id map -----------------------------------------------------------------------------
 
@@ -954,9 +967,6 @@ class SqliteStore:
         found: str | None = await self._writer.submit(
             self._ops.lookup, _LOOKUP_NATIVE, connection_id, message_id
         )
-        once = once_key("")
-        if found is not None and found.startswith(once):  # an entry's seq: its own native id
-            return found[len(once) :]
         return found
 
     # -- outbound ---------------------------------------------------------------------------

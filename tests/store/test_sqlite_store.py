@@ -72,7 +72,7 @@ async def test_dedupe_and_completion_look_up_keys_by_index(sqlite_store: SqliteS
     # `(a, b) IN (VALUES ...)` made SQLite scan every inbound row ever received, per batch.
     for query in (
         f"{sqlite_module._keys(2)} SELECT k.c, k.m, {sqlite_module._KNOWN_INBOUND}",
-        f"{sqlite_module._keys(2)} SELECT k.c, k.m, {sqlite_module._KNOWN_MAPPED}",
+        f"{sqlite_module._keys(2)} SELECT k.c, k.m, {sqlite_module._KNOWN_ONCE}",
         f"{sqlite_module._keys(2)} UPDATE inbound SET body = NULL WHERE body IS NOT NULL"
         f" AND id IN (SELECT i.id FROM {sqlite_module._KNOWN_KEYS})",
     ):
@@ -80,8 +80,8 @@ async def test_dedupe_and_completion_look_up_keys_by_index(sqlite_store: SqliteS
             sqlite_store._ops.query, f"EXPLAIN QUERY PLAN {query}", ("x",) * 4
         )
         found = " | ".join(row[3] for row in rows)
-        assert "SCAN inbound" not in found and "SCAN id_map" not in found, found
-        assert "SEARCH i USING" in found, found
+        assert "SCAN inbound" not in found and "SCAN once_keys" not in found, found
+        assert "SEARCH i USING" in found or "SEARCH o USING" in found, found
 
 
 async def test_prune_keeps_rows_newer_than_the_mark_that_aged(tmp_path: Path) -> None:
@@ -335,6 +335,42 @@ async def test_a_version_1_file_is_migrated_keeping_its_data(tmp_path: Path) -> 
     with sqlite3.connect(path) as peek:
         assert peek.execute("PRAGMA user_version").fetchone()[0] == sqlite_module.SCHEMA_VERSION
         assert peek.execute("SELECT count(*) FROM sent").fetchone()[0] == 1
+
+
+async def test_a_version_3_file_keeps_its_once_records_and_reply_map(tmp_path: Path) -> None:
+    """Version 3 kept `append_history_once`'s records in the id map, under a prefixed key."""
+    path = tmp_path / "v3.db"
+    key = "web\x1fs.c"
+    with sqlite3.connect(path) as conn:
+        for script in sqlite_module._MIGRATIONS[:3]:
+            conn.executescript(script)
+        conn.execute(
+            "INSERT INTO history (thread_key, seq, role, message_id, sender, text, created_at)"
+            " VALUES (?, 1, 'user', 's.c:a', 's', 'hi', '2026-11-01T00:00:00+00:00')",
+            (key,),
+        )
+        conn.executemany(
+            "INSERT INTO id_map (connection_id, native_id, message_id) VALUES (?, ?, ?)",
+            [("web", "\x1fonce\x1fs.c:a", "1"), ("web", "s.c:a", "reply-1")],
+        )
+        conn.execute("PRAGMA user_version = 3")
+    conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert await store.history_seq("web", "s.c:a") == 1
+        assert await store.lookup_id("web", "s.c:a") == "reply-1"
+        assert await store.lookup_native("web", "reply-1") == "s.c:a"
+        assert await store.lookup_native("web", "1") is None  # a seq is not a mapped message id
+        resend = await store.append_history_once("web", "s.c:a", key, "user", "s", "hi")
+        assert resend == (1, None)
+        fresh = await store.append_history_once("web", "s.c:b", key, "user", "s", "there")
+        assert fresh.seq == 2 and fresh.entry is not None
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as peek:
+        assert peek.execute("SELECT count(*) FROM id_map").fetchone()[0] == 1
+    peek.close()
 
 
 async def test_the_seen_filter_is_built_in_steps_with_other_writes_in_between(
