@@ -1,4 +1,5 @@
-"""Keeping cancellation intact in loops that retry on connection errors."""
+"""Keeping cancellation intact in loops that retry on connection errors, and waiting for tasks
+to end."""
 
 from __future__ import annotations
 
@@ -33,3 +34,16 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any], again_after: float = 0.25) 
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved: the caller stops them, it does not want their errors
+
+
+async def drain_tasks(tasks: set[asyncio.Task[Any]]) -> None:
+    """Wait until `tasks` is empty, tasks added meanwhile included.
+
+    For a set its tasks leave by a done callback (`task.add_done_callback(tasks.discard)`).
+    Finished tasks are also taken out here: since Python 3.12 gathering tasks that are all done
+    returns without yielding to the loop, so a loop waiting for the callbacks to empty the set
+    never let them run, and spun forever (a hung shutdown).
+    """
+    while tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks.difference_update([task for task in tasks if task.done()])

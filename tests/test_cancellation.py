@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
+from talkbridge.cancellation import cancel_and_wait, drain_tasks, raise_if_cancelling
 
 
 async def test_a_retry_loop_stops_when_cancelled_mid_command() -> None:
@@ -62,3 +63,51 @@ async def test_cancel_and_wait_cancels_again_when_a_cancel_was_lost() -> None:
     await asyncio.wait_for(cancel_and_wait(stubborn, broken, again_after=0.01), 5)
     assert swallowed.is_set() and stubborn.cancelled()
     assert isinstance(broken.exception(), RuntimeError)  # ended; its error was not raised here
+
+
+async def test_drain_tasks_returns_once_every_task_ended_even_ones_started_meanwhile() -> None:
+    tasks: set[asyncio.Task[None]] = set()
+    release = asyncio.Event()
+    ended: list[str] = []
+
+    def start(name: str, coro: Any) -> None:
+        task = asyncio.create_task(coro, name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def quick() -> None:
+        ended.append("quick")
+
+    async def failing() -> None:
+        raise RuntimeError("a background failure is not the drainer's")
+
+    async def slow() -> None:
+        await release.wait()
+        start("late", quick())  # started while the drain waits: waited for too
+        ended.append("slow")
+
+    start("quick", quick())
+    start("failing", failing())
+    start("slow", slow())
+    await asyncio.sleep(0)  # quick and failing are done; their callbacks may not have run yet
+    draining = asyncio.create_task(drain_tasks(tasks))
+    await asyncio.sleep(0)
+    assert not draining.done()  # slow holds it
+    release.set()
+    await asyncio.wait_for(draining, 5)
+    assert not tasks and sorted(ended) == ["quick", "quick", "slow"]
+
+
+async def test_drain_tasks_with_only_finished_tasks_left_returns() -> None:
+    """Since Python 3.12 gathering finished tasks does not yield: the set must still empty."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def nothing() -> None:
+        return None
+
+    task = asyncio.create_task(nothing())
+    await task
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)  # scheduled, not yet run
+    await drain_tasks(tasks)
+    assert not tasks

@@ -30,6 +30,8 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from talkbridge.cancellation import drain_tasks
+
 E = TypeVar("E")
 
 OnError = Literal["fail-open", "fail-closed"]
@@ -815,8 +817,7 @@ class HookChain(Generic[E]):
 
     async def drain(self) -> None:
         """Wait for every observer started so far (shutdown, tests)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await drain_tasks(self._background)
 
     async def aclose(self) -> None:
         """Cancel observers still running."""

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
+from talkbridge.cancellation import drain_tasks
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
 from talkbridge.message import utcnow
 
@@ -246,8 +247,7 @@ class LifecycleWatchers:
 
     async def drain(self) -> None:
         """Wait for every watcher already started."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await drain_tasks(self._tasks)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):
