@@ -279,6 +279,20 @@ class _Failure:
     login: str | None
 
 
+class _TrackedSMTP(SMTP):
+    """aiosmtpd's protocol, telling its peer when a client connects and when it is gone."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.event_handler._sessions.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        peer = self.event_handler
+        peer._sessions.discard(self)
+        peer._notify()
+
+
 @dataclass
 class SmtpPeer(Waitable):
     """aiosmtpd in this event loop; `users` are the logins it accepts (none: AUTH not required)."""
@@ -295,8 +309,14 @@ class SmtpPeer(Waitable):
     """With TLS: STARTTLS required on `port`, and TLS from the first byte on `tls_port`."""
     tls_port: int = 0
     _servers: list[asyncio.Server] = field(default_factory=list)
+    _sessions: set[SMTP] = field(default_factory=set)
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     wait_timeout = 15.0
+
+    @property
+    def open_connections(self) -> int:
+        """Client connections the server has not seen closed (a leaking client keeps some)."""
+        return len(self._sessions)
 
     async def __aenter__(self) -> SmtpPeer:
         loop = asyncio.get_running_loop()
@@ -320,7 +340,7 @@ class SmtpPeer(Waitable):
         with warnings.catch_warnings():
             # "Requiring AUTH while not requiring TLS": intended here, plain SMTP on 127.0.0.1.
             warnings.simplefilter("ignore", UserWarning)
-            return SMTP(
+            return _TrackedSMTP(
                 self,
                 hostname="smtp.test",
                 authenticator=self._authenticate,

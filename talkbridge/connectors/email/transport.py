@@ -133,7 +133,17 @@ class EmailConnector(BaseConnector):
             return None
 
     async def _catch_up(self, session: ImapSession) -> None:
-        """Handle every mail after the cursor, oldest first, advancing it one mail at a time."""
+        """Handle every mail after the cursor, oldest first, until a search finds nothing new.
+
+        Searching again matters: the server announces a mail that lands meanwhile (EXISTS) in
+        its answer to one of these commands, where aioimaplib drops it, and does not announce it
+        again in IDLE, which would leave it until the next renewal (25 minutes by default).
+        """
+        while await self._catch_up_once(session):
+            pass
+
+    async def _catch_up_once(self, session: ImapSession) -> bool:
+        """Handle the mail after the cursor, advancing it one mail at a time; False: none."""
         cursor = await self._load_cursor()
         if cursor is None or cursor[0] != session.uidvalidity:
             if cursor is not None:
@@ -156,6 +166,7 @@ class EmailConnector(BaseConnector):
             await self.context.store.set_state(
                 self._cursor_key, f"{session.uidvalidity}:{max(last, session.uidnext - 1, 0)}"
             )
+        return bool(uids)
 
     async def _handle(self, session: ImapSession, uid: int) -> None:
         raw = await session.fetch(uid)
@@ -355,10 +366,14 @@ class _SmtpSession:
     async def __aenter__(self) -> aiosmtplib.SMTP:
         with smtp_errors(self.where, *self._secrets):
             await self.client.connect()
-            if self._config.username and self._config.password:
-                await self.client.login(
-                    self._config.username, self._config.password.get_secret_value()
-                )
+            try:
+                if self._config.username and self._config.password:
+                    await self.client.login(
+                        self._config.username, self._config.password.get_secret_value()
+                    )
+            except BaseException:  # `__aexit__` does not run when entering failed
+                self.client.close()
+                raise
         return self.client
 
     async def __aexit__(self, *exc: object) -> None:

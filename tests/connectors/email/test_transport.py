@@ -75,6 +75,33 @@ async def test_restart_catches_up_on_mail_that_arrived_while_down_without_replay
     assert [m.text for m in messages][3:] == ["after"]  # "before" was never replayed
 
 
+class LandsMailOnReceipt(Inbox):
+    """Has `land` called the moment a mail with text `trigger` is handed over."""
+
+    def __init__(self, trigger: str, land: Callable[[], object]) -> None:
+        super().__init__()
+        self.trigger, self.land = trigger, land
+
+    async def __call__(self, message: Any) -> None:
+        await super().__call__(message)
+        if message.text == self.trigger:
+            self.land()
+
+
+async def test_mail_landing_during_a_catch_up_is_handled_without_waiting_for_idle(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """The server announces such a mail (EXISTS) in the answer to a command of the catch-up,
+    which aioimaplib drops, and never again in IDLE: it waited for the next IDLE renewal (25
+    minutes by default)."""
+    for n in range(2):
+        dovecot.deliver("help", mail(body=f"queued {n}"))
+    inbox = LandsMailOnReceipt("queued 1", lambda: dovecot.deliver("help", mail(body="landed")))
+    await start(inbox=inbox)
+    await inbox.wait_count(3)
+    assert inbox.texts == ["queued 0", "queued 1", "landed"]
+
+
 async def test_a_server_without_idle_is_polled(
     smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
 ) -> None:
@@ -151,6 +178,8 @@ async def test_send_translates_smtp_failures(
     with pytest.raises(UnauthorizedError, match="refused the login") as caught:
         await connector.send(out)
     assert "smtp-pw-help" not in str(caught.value)
+    # No connection is left open by any of those, the refused login's included.
+    await smtp.wait_for(lambda: smtp.open_connections == 0)
 
 
 async def test_the_reply_limit_stops_a_thread_after_n_replies(
