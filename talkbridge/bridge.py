@@ -232,9 +232,10 @@ class Bridge:
         return {"store": self.store.health(), **info}
 
     async def webchat_url(self, timeout: float = 30.0) -> str:
-        """The address to open once the webchat listens; with the token if we generated it."""
+        """The address to open once the webchat listens; with the token if we generated it.
+        Raises `TransientError` (saying why) if its first attempt to listen failed."""
         async with asyncio.timeout(timeout):
-            await self.webchat.ready.wait()
+            await self.webchat.listening()
         url: str = self.webchat.url(self.webchat_token)
         return url
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from talkbridge.config import BridgeConfig, Secrets, load_config
-from talkbridge.errors import ConfigError, TalkbridgeError
+from talkbridge.errors import ConfigError, TalkbridgeError, TransientError
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
@@ -83,6 +83,10 @@ async def _run(args: argparse.Namespace) -> int:
         return EXIT_RUNTIME
     try:
         url = await bridge.webchat_url()
+    except TransientError as exc:
+        print(f"talkbridge: cannot start: {exc}", file=sys.stderr)
+        await bridge.stop()
+        return EXIT_RUNTIME
     except TimeoutError:
         health = bridge.registry.health("webchat")
         print(f"talkbridge: the webchat did not start: {health.last_error}", file=sys.stderr)

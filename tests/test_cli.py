@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 from pathlib import Path
 
 import websockets
@@ -48,6 +49,18 @@ async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Pat
     assert "stopping" in err
     assert token not in err  # the token is printed once, on stdout, for the operator
     assert (tmp_path / "talkbridge.db").exists()  # the embedded default store
+
+
+async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        code, out, err = await finish(await talkbridge("run", "--port", str(port), cwd=tmp_path))
+    finally:
+        holder.close()
+    assert code == 1 and "http://" not in out
+    assert f"cannot start: webchat cannot listen on 127.0.0.1:{port}: the port is in use" in err
+    assert "choose another with --port" in err
 
 
 async def test_init_writes_a_starter_whose_hook_acts_on_messages(tmp_path: Path) -> None:

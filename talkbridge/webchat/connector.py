@@ -8,6 +8,7 @@ reconnecting page resumes without losing or repeating anything. See docs/webchat
 from __future__ import annotations
 
 import asyncio
+import errno
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -114,6 +115,9 @@ class WebchatConnector(BaseConnector):
         self.port: int | None = None
         """The bound port once `ready` is set (useful with `port: 0`)."""
         self.ready = asyncio.Event()
+        self.listen_error: str | None = None
+        """Why the last attempt to listen failed (None once listening)."""
+        self._attempted = asyncio.Event()
         self.provide("streaming", self)
         self.provide("activity", self)
         self.provide("history", self)
@@ -147,17 +151,30 @@ class WebchatConnector(BaseConnector):
                 logger=self.log,
             )
         except OSError as exc:
-            where = f"{self.config.host}:{self.config.port}"
-            raise TransientError(f"webchat cannot listen on {where}: {exc.strerror}") from exc
+            self.listen_error = _listen_error(self.config.host, self.config.port, exc)
+            self._attempted.set()
+            raise TransientError(self.listen_error) from exc
         try:
             self.port = next(iter(server.sockets)).getsockname()[1]
             status.up()
+            self.listen_error = None
             self.ready.set()
+            self._attempted.set()
             await asyncio.Future()
         finally:
             self.ready.clear()
             server.close()
             await server.wait_closed()
+
+    async def listening(self) -> None:
+        """Wait for the first attempt to listen; raise `TransientError` (why) if it failed.
+
+        For `talkbridge run`: a port in use is reported at once, not after the registry's
+        retries (which go on for apps that prefer to wait).
+        """
+        await self._attempted.wait()
+        if not self.ready.is_set():
+            raise TransientError(self.listen_error or "the webchat is not listening")
 
     # ---- sockets -----------------------------------------------------------------------------
 
@@ -532,6 +549,16 @@ class WebchatConnector(BaseConnector):
         """Close every chat socket (pages reconnect and resume); the server keeps listening."""
         sockets = [ws for group in self._sockets.values() for ws in group]
         await asyncio.gather(*(ws.close(code, reason) for ws in sockets))
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"webchat cannot listen on {where}: the port is in use (another talkbridge?);"
+            " choose another with --port or webchat.port"
+        )
+    return f"webchat cannot listen on {where}: {exc.strerror}"
 
 
 def _thread_key(thread_id: str) -> str:
