@@ -113,6 +113,17 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, so a bad one is a usage error (exit 2), not a failed start."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: use 0-65535 (0 picks a free one)")
+    return port
+
+
 def _describe_store(url: str) -> str:
     return url.split("@")[-1] if url.startswith("redis") else url
 
@@ -262,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the bridge and its webchat")
     config_arg(run)
     run.add_argument("--host", help="webchat listen address (default 127.0.0.1)")
-    run.add_argument("--port", type=int, help="webchat port (default 8765; 0 picks a free one)")
+    run.add_argument("--port", type=_port, help="webchat port (default 8765; 0 picks a free one)")
     run.add_argument(
         "--node-id",
         default=os.environ.get("TALKBRIDGE_NODE_ID"),

@@ -63,6 +63,12 @@ async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     assert "choose another with --port" in err
 
 
+async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
+    code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
+    assert code == 2 and "http://" not in out
+    assert "argument --port: 99999 is not a port: use 0-65535" in err
+
+
 async def test_init_writes_a_starter_whose_hook_acts_on_messages(tmp_path: Path) -> None:
     code, _, err = await finish(await talkbridge("init", cwd=tmp_path))
     assert code == 0, err
