@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("talkbridge")
 
+_TOKEN_KEY = "webchat:generated-token"
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -98,6 +100,8 @@ class Bridge:
         self._with_webchat = with_webchat
         self.webchat: Any = None
         self.webchat_token: str | None = None
+        self.new_webchat_token = False
+        """Set before `start` to replace the generated webchat token (a leaked link)."""
         self._prefetches: dict[tuple[str, str], Any] = {}
         self._hook_objects: list[Any] = []
         self._started = False
@@ -122,7 +126,7 @@ class Bridge:
         self._add_configured_agents()
         self.registry.build(self.config, self.context)
         if self._with_webchat:
-            self._add_webchat()
+            await self._add_webchat()
             if self.cluster is not None:
                 self.webchat.use_fanout(self.cluster.fanout)
                 await self.cluster.fanout.start()
@@ -207,14 +211,14 @@ class Bridge:
                     f"known agents: {', '.join(self.runner.agent_names)}"
                 )
 
-    def _add_webchat(self) -> None:
+    async def _add_webchat(self) -> None:
         from talkbridge.config import ConnectionConfig
         from talkbridge.webchat import WebchatConnector
 
         settings = self.config.webchat
         tokens = [t.get_secret_value() for t in settings.tokens]
         if not tokens and settings.issuer is None:
-            self.webchat_token = pysecrets.token_urlsafe(24)
+            self.webchat_token = await self._generated_token()
             tokens = [self.webchat_token]
         for token in tokens:
             self.secrets.add(token)
@@ -225,6 +229,17 @@ class Bridge:
             self.webchat,
             ConnectionConfig(id="webchat", channel="webchat", trusted=settings.trusted),
         )
+
+    async def _generated_token(self) -> str:
+        """The embedded default's token: made at the first start and kept in the store, so the
+        printed link, and the pages open with it, keep working across restarts (and the nodes
+        of a cluster share it). `new_webchat_token` replaces it."""
+        token = None if self.new_webchat_token else await self.store.get_state(_TOKEN_KEY)
+        if token is None:
+            await self.store.set_state(_TOKEN_KEY, pysecrets.token_urlsafe(24))
+            token = await self.store.get_state(_TOKEN_KEY)  # a node that wrote after us wins
+            assert token is not None
+        return token
 
     def _node_info(self) -> dict[str, Any]:
         """What /healthz shows beside the connections: the store, and this node's part."""

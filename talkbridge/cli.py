@@ -71,6 +71,7 @@ async def _run(args: argparse.Namespace) -> int:
         config = config.model_copy(update={"webchat": config.webchat.model_copy(update=overrides)})
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
+    bridge.new_webchat_token = args.new_token
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -281,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--log-level", default=os.environ.get("TALKBRIDGE_LOG", "info"), help="debug|info|warning"
+    )
+    run.add_argument(
+        "--new-token",
+        action="store_true",
+        help="replace the generated webchat token (kept across restarts), e.g. after a link leaked",
     )
 
     check = sub.add_parser(

@@ -141,3 +141,47 @@ async def _get_json(url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http, http.get(url) as response:
         assert response.status == 200
         return cast(dict[str, Any], await response.json())
+
+
+async def _auth(url: str, token: str, session_id: str | None = None) -> dict[str, Any]:
+    """Authenticate as the page does; the `ready` frame, or the close code it was refused with."""
+    ws_url = url.split("?")[0].replace("http://", "ws://").rstrip("/") + "/ws"
+    async with connect(ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token, "session_id": session_id}))
+        frame = await _recv(ws)
+        if frame["type"] == "error":
+            await ws.wait_closed()
+            return {"closed": ws.close_code}
+        return frame
+
+
+async def test_the_generated_token_lasts_across_restarts_until_replaced(tmp_path: Path) -> None:
+    """An open page, and the link that was printed, still work after a restart."""
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "webchat": {"port": 0}}
+    )
+    first = Bridge(config)
+    await first.start()
+    url = await first.webchat_url()
+    token = first.webchat_token
+    assert token is not None and url.endswith(f"?token={token}")
+    session = (await _auth(url, token))["session_id"]
+    await first.stop()
+
+    second = Bridge(config)
+    await second.start()
+    try:
+        assert second.webchat_token == token
+        ready = await _auth(await second.webchat_url(), token, session)
+        assert ready["session_id"] == session and ready["new_session"] is False
+    finally:
+        await second.stop()
+
+    third = Bridge(config)
+    third.new_webchat_token = True  # `talkbridge run --new-token`: the old link stops working
+    await third.start()
+    try:
+        assert third.webchat_token not in (None, token)
+        assert await _auth(await third.webchat_url(), token) == {"closed": 4401}
+    finally:
+        await third.stop()
