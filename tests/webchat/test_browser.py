@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+from talkbridge.bridge import Bridge
+from talkbridge.config import BridgeConfig
 from talkbridge.message import OutboundMessage
 from tests.conftest import require
 from tests.webchat.conftest import (
@@ -170,6 +174,38 @@ async def test_reconnects_by_itself_and_resumes(webchat: Webchat, context: Any) 
     await expect(page.locator(".msg .bubble")).to_have_text(
         ["before", "echo: before", "said while away", "after", "echo: after"]
     )
+
+
+async def test_a_page_outlives_a_restart_of_the_bridge_on_its_generated_token(
+    context: Any, tmp_path: Path
+) -> None:
+    """The embedded default: no token configured. What is typed while the bridge is down is
+    sent once it is back, on the same link."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "webchat": {"port": port}}
+    )
+    first = Bridge(config)
+    await first.start()
+    url = await first.webchat_url()
+    page = await context.new_page()
+    await page.goto(url)
+    await say(page, "before")
+    await expect(page.locator(".msg .bubble")).to_have_text(["before", "before"])
+    await first.stop()
+    await expect(page.locator("#status")).not_to_have_attribute("data-state", "online")
+    await say(page, "while down")
+    second = Bridge(config)
+    await second.start()
+    try:
+        assert await second.webchat_url() == url
+        await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+        await expect(page.locator(".msg .bubble")).to_have_text(
+            ["before", "before", "while down", "while down"]
+        )
+    finally:
+        await second.stop()
 
 
 async def test_a_wrong_token_gets_a_clear_page(webchat: Webchat, context: Any) -> None:
