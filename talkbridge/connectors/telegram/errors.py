@@ -51,7 +51,11 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
         return NotFoundError(message)
     if isinstance(exc, tg.TelegramEntityTooLarge):
         return PermanentError(f"file too large for Telegram: {message}")
-    if isinstance(exc, tg.TelegramNetworkError | tg.TelegramServerError):
+    if isinstance(exc, tg.TelegramNetworkError):
+        # aiogram's "HTTP Client says - ClientConnectorDNSError: Cannot connect to host ..."
+        reason = message.removeprefix("HTTP Client says - ")
+        return TransientError(f"cannot reach the Telegram Bot API: {reason}")
+    if isinstance(exc, tg.TelegramServerError):
         return TransientError(message)
     if isinstance(exc, tg.TelegramConflictError):
         return TransientError(

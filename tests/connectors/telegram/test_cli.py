@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from pathlib import Path
 
 from tests.connectors.telegram.conftest import TOKEN
@@ -54,6 +55,23 @@ async def test_check_reports_the_bot_username_or_the_failure(
     text = out.decode() + err.decode()
     for token in (TOKEN, revoked):
         assert token not in text and token.split(":")[1] not in text
+
+
+async def test_check_says_when_the_bot_api_cannot_be_reached(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as probe:  # a port nobody listens on after
+        port = probe.getsockname()[1]
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        "connections:\n  - id: bot\n    channel: telegram\n    token: ${TELEGRAM_TOKEN}\n"
+        f"    api_base: http://127.0.0.1:{port}\n",
+        encoding="utf-8",
+    )
+    process = await talkbridge("check", "--config", str(config), env=ENV)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    [line] = [line for line in out.decode().splitlines() if " bot " in line]
+    assert line.startswith("FAIL") and "cannot reach the Telegram Bot API" in line, line
+    assert f"127.0.0.1:{port}" in line and TOKEN.split(":")[1] not in out.decode() + err.decode()
 
 
 async def test_run_answers_a_telegram_message_end_to_end(
