@@ -69,11 +69,14 @@ async def test_drain_tasks_returns_once_every_task_ended_even_ones_started_meanw
     tasks: set[asyncio.Task[None]] = set()
     release = asyncio.Event()
     ended: list[str] = []
+    draining: asyncio.Task[None] | None = None
+    drain_waited_for_slow: list[bool] = []
 
-    def start(name: str, coro: Any) -> None:
+    def start(name: str, coro: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=name)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        return task
 
     async def quick() -> None:
         ended.append("quick")
@@ -83,18 +86,18 @@ async def test_drain_tasks_returns_once_every_task_ended_even_ones_started_meanw
 
     async def slow() -> None:
         await release.wait()
+        assert draining is not None
+        drain_waited_for_slow.append(not draining.done())  # slow holds it
         start("late", quick())  # started while the drain waits: waited for too
         ended.append("slow")
 
-    start("quick", quick())
-    start("failing", failing())
+    done_first = [start("quick", quick()), start("failing", failing())]
     start("slow", slow())
-    await asyncio.sleep(0)  # quick and failing are done; their callbacks may not have run yet
+    await asyncio.wait(done_first)  # done; their callbacks may not have run yet
     draining = asyncio.create_task(drain_tasks(tasks))
-    await asyncio.sleep(0)
-    assert not draining.done()  # slow holds it
     release.set()
     await asyncio.wait_for(draining, 5)
+    assert drain_waited_for_slow == [True]
     assert not tasks and sorted(ended) == ["quick", "quick", "slow"]
 
 
