@@ -13,9 +13,15 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from talkbridge.config import BridgeConfig, Secrets, load_config
+from pydantic import ValidationError
+
+from talkbridge.config import BridgeConfig, Secrets, WebchatConfig, load_config
 from talkbridge.errors import ConfigError, TalkbridgeError, TransientError
+
+if TYPE_CHECKING:
+    from talkbridge.bridge import Bridge
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
@@ -79,20 +85,14 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         await bridge.start()
     except OSError as exc:
-        print(f"talkbridge: cannot start: {secrets.redact(str(exc))}", file=sys.stderr)
-        await bridge.stop()
-        return EXIT_RUNTIME
+        return await _give_up(bridge, f"cannot start: {secrets.redact(str(exc))}")
     try:
         url = await bridge.webchat_url()
     except TransientError as exc:
-        print(f"talkbridge: cannot start: {exc}", file=sys.stderr)
-        await bridge.stop()
-        return EXIT_RUNTIME
+        return await _give_up(bridge, f"cannot start: {exc}")
     except TimeoutError:
-        health = bridge.registry.health("webchat")
-        print(f"talkbridge: the webchat did not start: {health.last_error}", file=sys.stderr)
-        await bridge.stop()
-        return EXIT_RUNTIME
+        last_error = bridge.registry.health("webchat").last_error
+        return await _give_up(bridge, f"the webchat did not start: {last_error}")
     freeze_startup_objects()
     ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
     if bridge.node_id is not None:
@@ -114,14 +114,25 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _give_up(bridge: Bridge, reason: str) -> int:
+    print(f"talkbridge: {reason}", file=sys.stderr)
+    await bridge.stop()
+    return EXIT_RUNTIME
+
+
 def _port(text: str) -> int:
-    """argparse type: a TCP port, so a bad one is a usage error (exit 2), not a failed start."""
+    """argparse type: a port `webchat.port` accepts, so a bad one is a usage error (exit 2),
+    not a failed start."""
     try:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not a port: use 0-65535 (0 picks a free one)")
+    try:
+        WebchatConfig(port=port)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{port} is not a port: use 0-65535 (0 picks a free one)"
+        ) from None
     return port
 
 

@@ -93,7 +93,8 @@ class WebchatConfig(_Model):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     tokens: tuple[SecretStr, ...] = ()
-    """Accepted tokens; none given (and no issuer): one is generated at start and printed."""
+    """Accepted tokens; none given (and no issuer): one is generated at the first start, kept
+    in the store and printed at every start."""
     issuer: WebchatIssuer | None = None
     trusted: tuple[str, ...] = ("*",)
     """Webchat users hold a token the operator gave them, so they are trusted by default."""

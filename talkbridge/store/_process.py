@@ -518,7 +518,7 @@ def _abandon_all() -> None:
 
 
 class _Frames:
-    """Length-prefixed pickles from a blocking socket."""
+    """Length-prefixed frames (marshal or pickle, `_read_ops`) from a blocking socket."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -529,30 +529,30 @@ class _Frames:
         `idle` runs first if nothing has arrived yet."""
         frames: list[Any] = []
         if idle is not None and not self._buf:
-            try:
-                chunk = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                idle()
-            else:
-                if not chunk:
-                    return None
-                self._buf += chunk
-                self._take(frames)
-        while not frames:
-            chunk = self._sock.recv(1 << 20)
-            if not chunk:
+            got = self._pull(frames, socket.MSG_DONTWAIT)
+            if got is None:
                 return None
-            self._buf += chunk
-            self._take(frames)
-        while True:  # and whatever else already arrived, so it joins this batch
-            try:
-                chunk = self._sock.recv(1 << 20, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                return frames
-            if not chunk:
-                return frames
-            self._buf += chunk
-            self._take(frames)
+            if not got:
+                idle()
+        while not frames:
+            if self._pull(frames, 0) is None:
+                return None
+        while self._pull(frames, socket.MSG_DONTWAIT):
+            pass  # and whatever else already arrived, so it joins this batch
+        return frames
+
+    def _pull(self, frames: list[Any], flags: int) -> bool | None:
+        """Receive once and take the frames completed: True if bytes came, False if none were
+        there (non-blocking), None when the parent is gone."""
+        try:
+            chunk = self._sock.recv(1 << 20, flags)
+        except BlockingIOError:
+            return False
+        if not chunk:
+            return None
+        self._buf += chunk
+        self._take(frames)
+        return True
 
     def _take(self, frames: list[Any]) -> None:
         buf, at = self._buf, 0
