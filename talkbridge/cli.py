@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from talkbridge.config import BridgeConfig, Secrets, WebchatConfig, load_config
+from talkbridge.config import BridgeConfig, Secrets, WebchatConfig, error_reason, load_config
 from talkbridge.errors import ConfigError, TalkbridgeError, TransientError
 
 if TYPE_CHECKING:
@@ -127,13 +127,22 @@ def _port(text: str) -> int:
         port = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    try:
-        WebchatConfig(port=port)
-    except ValidationError:
-        raise argparse.ArgumentTypeError(
-            f"{port} is not a port: use 0-65535 (0 picks a free one)"
-        ) from None
+    _webchat_accepts(port=port)
     return port
+
+
+def _host(text: str) -> str:
+    """argparse type: a listen address `webchat.host` accepts (exit 2 on a typo)."""
+    return str(_webchat_accepts(host=text)["host"])
+
+
+def _webchat_accepts(**value: object) -> dict[str, object]:
+    """`value` as `WebchatConfig` takes it, or a usage error quoting its reason."""
+    try:
+        return WebchatConfig.model_validate(value).model_dump(include=set(value))
+    except ValidationError as exc:
+        (name, given), reason = next(iter(value.items())), error_reason(exc.errors()[0])
+        raise argparse.ArgumentTypeError(f"{given!r} is not a {name}: {reason}") from None
 
 
 def _describe_store(url: str) -> str:
@@ -284,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the bridge and its webchat")
     config_arg(run)
-    run.add_argument("--host", help="webchat listen address (default 127.0.0.1)")
+    run.add_argument("--host", type=_host, help="webchat listen address (default 127.0.0.1)")
     run.add_argument("--port", type=_port, help="webchat port (default 8765; 0 picks a free one)")
     run.add_argument(
         "--node-id",

@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import ipaddress
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
 
 from talkbridge.errors import ConfigError
 
@@ -89,9 +99,42 @@ class WebchatIssuer(_Model):
     leeway: float = Field(default=30.0, ge=0)
 
 
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def listen_host(host: str) -> str:
+    """An IP address or a host name to listen on; a typo fails here, naming the key, rather
+    than as a bind error at start."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    if (
+        len(host) > 253
+        or not all(_HOST_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()  # all-numeric: meant as an IPv4 address, and not a valid one
+    ):
+        raise ValueError(
+            "not an IP address or host name (e.g. 127.0.0.1, ::1, localhost; "
+            "0.0.0.0 or :: listens on every interface)"
+        )
+    return host
+
+
+def listen_port(port: int) -> int:
+    if not 0 <= port <= 65535:
+        raise ValueError("use 0-65535 (0 picks a free one)")
+    return port
+
+
+ListenHost = Annotated[str, AfterValidator(listen_host)]
+ListenPort = Annotated[int, AfterValidator(listen_port)]
+
+
 class WebchatConfig(_Model):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
+    host: ListenHost = "127.0.0.1"
+    port: ListenPort = 8765
     tokens: tuple[SecretStr, ...] = ()
     """Accepted tokens; none given (and no issuer): one is generated at the first start, kept
     in the store and printed at every start."""
@@ -235,11 +278,16 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> str:
         loc = prefix
         for part in error["loc"]:
             loc = f"{loc}[{part}]" if isinstance(part, int) else _join(loc, str(part))
-        message = error["msg"]
-        if error["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"{loc or '(top level)'}: {message}")
+        lines.append(f"{loc or '(top level)'}: {error_reason(error)}")
     return "; ".join(lines)
+
+
+def error_reason(error: ErrorDetails) -> str:
+    """Why pydantic refused a value, in the words a user reads: our validators' own sentences
+    without pydantic's "Value error, " in front."""
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def connection_model(channel: str) -> type[ConnectionConfig]:

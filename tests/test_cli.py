@@ -69,6 +69,12 @@ async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> 
     assert "argument --port: 99999 is not a port: use 0-65535" in err
 
 
+async def test_run_with_a_host_that_is_no_address_is_a_usage_error(tmp_path: Path) -> None:
+    code, out, err = await finish(await talkbridge("run", "--host", "999.1.1.1", cwd=tmp_path))
+    assert code == 2 and "http://" not in out
+    assert "argument --host: '999.1.1.1' is not a host: not an IP address or host name" in err
+
+
 async def test_init_writes_a_starter_whose_hook_acts_on_messages(tmp_path: Path) -> None:
     code, _, err = await finish(await talkbridge("init", cwd=tmp_path))
     assert code == 0, err

@@ -110,3 +110,26 @@ def test_a_relative_sqlite_path_is_relative_to_the_config_file(tmp_path: Path) -
     assert config.store == f"sqlite:///{tmp_path / 'conf' / 'data' / 'bridge.db'}"
     memory, _ = parse_config({"store": "sqlite:///:memory:"}, tmp_path)
     assert memory.store == "sqlite:///:memory:"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "0.0.0.0", "::", "localhost", "chat.example"])
+def test_listen_hosts_that_can_be_bound_are_accepted(host: str) -> None:
+    config, _ = parse_config({"webchat": {"host": host}})
+    assert config.webchat.host == host
+
+
+def test_a_listen_host_typo_is_named_before_anything_binds() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "webchat": {"host": "999.1.1.1", "port": 70000},
+                "connections": [
+                    {"id": "s", "channel": "slack", "bot_token": "xoxb-1", "events_host": "a b"}
+                ],
+            }
+        )
+    text = str(err.value)
+    assert "webchat.host: not an IP address or host name" in text
+    assert "webchat.port: use 0-65535 (0 picks a free one)" in text
+    assert "connections[0].events_host: not an IP address or host name" in text
+    assert "Value error" not in text

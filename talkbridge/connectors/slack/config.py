@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from talkbridge.config import ConnectionConfig
+from talkbridge.config import ConnectionConfig, ListenHost, ListenPort
 
 DEFAULT_API_BASE = "https://slack.com/api/"
 
@@ -21,9 +21,9 @@ class SlackConfig(ConnectionConfig):
     """The app's signing secret: the Events API over HTTP (Slack posts to a public URL)."""
     mode: Literal["socket", "events"] | None = None
     """Default: `socket` when `app_token` is given, else `events`."""
-    events_host: str = "127.0.0.1"
+    events_host: ListenHost = "127.0.0.1"
     """Events API: where the local HTTP server listens (a reverse proxy forwards to it)."""
-    events_port: int = Field(default=3000, ge=0, le=65535)
+    events_port: ListenPort = 3000
     events_path: str = Field(default="/slack/events", pattern=r"^/")
     api_base: str = DEFAULT_API_BASE
     """Web API base URL (enterprise gateways, tests). Always ends with `/`: slack-sdk joins

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from talkbridge.config import ConnectionConfig
+from talkbridge.config import ConnectionConfig, ListenHost, ListenPort
 
 _TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 
@@ -20,9 +20,9 @@ class TelegramConfig(ConnectionConfig):
     """Public HTTPS URL Telegram posts updates to (webhook mode)."""
     webhook_secret: SecretStr | None = None
     """Sent back by Telegram in `X-Telegram-Bot-Api-Secret-Token`; anything else is rejected."""
-    webhook_host: str = "127.0.0.1"
+    webhook_host: ListenHost = "127.0.0.1"
     """Where the local HTTP server listens; a reverse proxy forwards `webhook_url` to it."""
-    webhook_port: int = Field(default=8443, ge=0, le=65535)
+    webhook_port: ListenPort = 8443
     webhook_path: str = Field(default="/telegram/webhook", pattern=r"^/")
     api_base: str | None = None
     """Base URL of a self-hosted Bot API server, e.g. `http://127.0.0.1:8081`."""
