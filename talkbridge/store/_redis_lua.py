@@ -84,12 +84,14 @@ redis.call('HSETNX', KEYS[3], tostring(seq), ARGV[1])
 return {1, seq}
 """
 
-# KEYS: history  ARGV: limit, after_seq  -> {first seq, entries}; cost follows `limit` only
+# KEYS: history  ARGV: limit, after_seq, before_seq (0: none)  -> {first seq, entries};
+# cost follows `limit` only
 HISTORY: Final = (
     _HMGET_CHUNKED
     + """
 local last = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
-local limit, after = tonumber(ARGV[1]), tonumber(ARGV[2])
+local limit, after, before = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+if after == 0 and before > 0 then last = math.min(last, before - 1) end
 local first, stop
 if after > 0 then
   first, stop = after + 1, math.min(last, after + limit)

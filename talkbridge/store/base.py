@@ -127,6 +127,15 @@ class HookDelivery:
     last_error: str | None = None
 
 
+def check_history_window(limit: int, after_seq: int, before_seq: int) -> bool:
+    """Whether a `history` read can return anything; raises on a window no store reads."""
+    if min(limit, after_seq, before_seq) < 0:
+        raise ValueError(f"history needs numbers >= 0, got {limit=} {after_seq=} {before_seq=}")
+    if after_seq and before_seq:
+        raise ValueError("history reads after a seq or before one, not both")
+    return limit > 0 and before_seq != 1
+
+
 class Store(Protocol):
     async def open(self) -> None: ...
     async def close(self) -> None: ...
@@ -215,9 +224,10 @@ class Store(Protocol):
         ...
 
     async def history(
-        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0, before_seq: int = 0
     ) -> Sequence[HistoryEntry]:
-        """Entries with seq > after_seq, oldest first; with after_seq=0 the *latest* `limit`."""
+        """Entries with seq > after_seq, oldest first; with after_seq=0 the *latest* `limit`,
+        or with `before_seq` the latest `limit` of those with a smaller seq (paging back)."""
         ...
 
     # -- native id <-> message id map (replies, edits, deletes survive restarts) ---------------

@@ -37,6 +37,7 @@ from talkbridge.store.base import (
     Pruned,
     Retention,
     Role,
+    check_history_window,
     once_key,
 )
 
@@ -609,11 +610,9 @@ class RedisStore:
         self._nowait(*args)
 
     async def history(
-        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0, before_seq: int = 0
     ) -> Sequence[HistoryEntry]:
-        if limit < 0 or after_seq < 0:
-            raise ValueError(f"limit and after_seq must be >= 0, got {limit=} {after_seq=}")
-        if limit == 0:
+        if not check_history_window(limit, after_seq, before_seq):
             return []
 
         def parse(result: list[Any]) -> list[HistoryEntry]:
@@ -625,7 +624,7 @@ class RedisStore:
             ]
 
         found: list[HistoryEntry] = await self._script(
-            "HISTORY", [self.keys.history(thread_key)], [limit, after_seq], parse=parse
+            "HISTORY", [self.keys.history(thread_key)], [limit, after_seq, before_seq], parse=parse
         )
         return found
 

@@ -30,6 +30,7 @@ from talkbridge.store.base import (
     Pruned,
     Retention,
     Role,
+    check_history_window,
 )
 from talkbridge.store.seen import SeenFilter
 
@@ -192,6 +193,10 @@ _APPEND_HEAD = (
 _HISTORY_COLS = "seq, role, message_id, sender, text, created_at, data"
 _HISTORY_LATEST = (
     f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? ORDER BY seq DESC LIMIT ?"
+)
+_HISTORY_BEFORE = (
+    f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? AND seq < ? "
+    "ORDER BY seq DESC LIMIT ?"
 )
 _HISTORY_AFTER = (
     f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -537,9 +542,14 @@ class _SqliteOps:
         seen, _ = self._seen_builds.pop(build)
         return seen.dump()
 
-    def history(self, thread_key: str, limit: int, after_seq: int) -> list[HistoryEntry]:
+    def history(
+        self, thread_key: str, limit: int, after_seq: int, before_seq: int = 0
+    ) -> list[HistoryEntry]:
         if after_seq:
             rows = self._cur.execute(_HISTORY_AFTER, (thread_key, after_seq, limit)).fetchall()
+        elif before_seq:
+            rows = self._cur.execute(_HISTORY_BEFORE, (thread_key, before_seq, limit)).fetchall()
+            rows.reverse()
         else:
             rows = self._cur.execute(_HISTORY_LATEST, (thread_key, limit)).fetchall()
             rows.reverse()
@@ -938,13 +948,13 @@ class SqliteStore:
         self._writer.submit_nowait(self._messages, "append", row)
 
     async def history(
-        self, thread_key: str, *, limit: int = 50, after_seq: int = 0
+        self, thread_key: str, *, limit: int = 50, after_seq: int = 0, before_seq: int = 0
     ) -> Sequence[HistoryEntry]:
-        if limit < 0 or after_seq < 0:
-            raise ValueError(f"limit and after_seq must be >= 0, got {limit=} {after_seq=}")
-        if limit == 0:
+        if not check_history_window(limit, after_seq, before_seq):
             return []
-        return await self._writer.submit(self._ops.history, thread_key, limit, after_seq)
+        return await self._writer.submit(
+            self._ops.history, thread_key, limit, after_seq, before_seq
+        )
 
     async def history_seq(self, connection_id: str, native_id: str) -> int | None:
         found: int | None = await self._writer.submit(

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
+import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -38,6 +41,7 @@ from talkbridge.webchat.protocol import (
     SendFrame,
     dumps,
     error_frame,
+    frame_ids,
     message_frame,
     parse_frame,
 )
@@ -71,6 +75,21 @@ class _Bucket:
             self._level -= 1.0
             return 0.0
         return (1.0 - self._level) / self._rate
+
+
+def _rate_limited(data: str | bytes, wait: float) -> dict[str, Any]:
+    """The error for a frame dropped by the rate limit, naming that frame where it can."""
+    seconds = math.ceil(wait * 100) / 100
+    ids: dict[str, str] = {}
+    if isinstance(data, str) and len(data) <= 4096:  # a send's ids, without parsing a novel
+        with suppress(ValueError):
+            ids = frame_ids(json.loads(data))
+    return error_frame(
+        "rate_limited",
+        f"too many frames; wait {seconds:.2f} s and send this one again",
+        retry_after=seconds,
+        **ids,
+    )
 
 
 class WebchatConnector(BaseConnector):
@@ -206,7 +225,10 @@ class WebchatConnector(BaseConnector):
         try:
             frame = parse_frame(data, limit)
         except FrameError as exc:
-            await _refuse(ws, "unauthorized", f"the first frame must be auth; {exc}")
+            reason = str(exc)
+            if not reason.startswith("bad auth frame"):
+                reason = f"the first frame must be an auth frame; {reason}"
+            await _refuse(ws, "unauthorized", reason, exc.fields.get("ref"))
             return None
         if not isinstance(frame, AuthFrame):
             await _refuse(
@@ -245,15 +267,7 @@ class WebchatConnector(BaseConnector):
         async for data in ws:
             wait = bucket.take()
             if wait:
-                await ws.send(
-                    dumps(
-                        error_frame(
-                            "rate_limited",
-                            f"too many frames; wait {wait:.1f} s and send again",
-                            retry_after=round(wait, 2),
-                        )
-                    )
-                )
+                await ws.send(dumps(_rate_limited(data, wait)))
                 continue
             try:
                 frame = parse_frame(data, self.config.max_frame_bytes)
@@ -279,9 +293,11 @@ class WebchatConnector(BaseConnector):
                 "type": "conversation",
                 "conversation": conv.as_frame(session_id),
             }
-            if frame.ref is not None:
-                out["ref"] = frame.ref
-            await self._publish(session_id, out)
+            if frame.ref is None:
+                await self._publish(session_id, out)
+            else:  # the ref is the asking socket's own: the other tabs get the frame without it
+                await ws.send(dumps({**out, "ref": frame.ref}))
+                await self._publish(session_id, out, skip=ws)
         elif isinstance(frame, PingFrame):
             await ws.send(dumps({"type": "pong", "ref": frame.ref}))
         else:
@@ -401,7 +417,10 @@ class WebchatConnector(BaseConnector):
         cap = self.config.history_limit
         limit = min(frame.limit or cap, cap)
         entries = await self.context.store.history(
-            _thread_key(frame.thread_id), limit=limit, after_seq=frame.after_seq
+            _thread_key(frame.thread_id),
+            limit=limit,
+            after_seq=frame.after_seq,
+            before_seq=frame.before_seq or 0,
         )
         out: dict[str, Any] = {
             "type": "history",
@@ -409,10 +428,12 @@ class WebchatConnector(BaseConnector):
             "after_seq": frame.after_seq,
             "messages": [message_frame(frame.thread_id, e) for e in entries],
             # `more`: newer entries remain, ask again after the last seq; `earlier`: older
-            # entries exist than the first one returned (only after a latest-page request).
+            # entries exist than the first one returned (ask with `before_seq` = its seq).
             "more": frame.after_seq > 0 and len(entries) >= limit,
-            "earlier": bool(entries) and entries[0].seq > frame.after_seq + 1,
+            "earlier": bool(entries) and entries[0].seq > 1,
         }
+        if frame.before_seq is not None:
+            out["before_seq"] = frame.before_seq
         if frame.ref is not None:
             out["ref"] = frame.ref
         await ws.send(dumps(out))
@@ -428,23 +449,26 @@ class WebchatConnector(BaseConnector):
         frame: dict[str, Any],
         *,
         then: tuple[ServerConnection, str] | None = None,
+        skip: ServerConnection | None = None,
     ) -> None:
         """Send a frame to every socket of a session (every tab and device, on every node).
 
         The one place fan-out happens: this node's sockets get it at once, other nodes' through
         the fan-out (distributed mode). `broadcast` writes to each socket without waiting, so a
         slow tab never stalls the rest. `then` is a socket and a frame it gets right after this
-        one, in the same write (a message and its ack to the tab that sent it).
+        one, in the same write (a message and its ack to the tab that sent it). `skip` is a
+        socket that got its own copy already.
         """
         text = dumps(frame)
-        if then is None:
+        if then is not None:
+            skip, after = then
+            write_frames(skip, (text, after))
+        if skip is None:
             self.broadcast_local(session_id, text)
         else:
-            ws, after = then
-            write_frames(ws, (text, after))
             sockets = self._sockets.get(session_id)
             if sockets and len(sockets) > 1:
-                broadcast([s for s in sockets if s is not ws], text)
+                broadcast([s for s in sockets if s is not skip], text)
         if self._fanout is not None:
             await self._fanout.publish(session_id, text)
 
@@ -514,14 +538,7 @@ class WebchatConnector(BaseConnector):
             first = await store.history_seq(CONNECTION_ID, before)
             if first is None:
                 raise NotFoundError(f"no webchat message {before!r} to fetch history before")
-            if first - 1 > limit:
-                page = await store.history(key, limit=limit, after_seq=first - 1 - limit)
-            else:
-                # Entry 1 is only reachable through a latest-page read (after_seq=0), so read
-                # the latest page that is long enough to reach back to it.
-                latest = await store.history(key, limit=1)
-                page = await store.history(key, limit=latest[-1].seq) if latest else []
-            entries = [e for e in page if e.seq < first][-limit:]
+            entries = await store.history(key, limit=limit, before_seq=first)
         session = thread_id.partition(".")[0]
         return [self._as_normalized(e, thread_id, session) for e in entries]
 

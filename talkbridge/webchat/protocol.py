@@ -7,11 +7,23 @@ looking at what comes out. The connector only moves frames between sockets and t
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from talkbridge.config import error_reason
 from talkbridge.store.base import HistoryEntry
 
 PROTOCOL_VERSION = 1
@@ -31,9 +43,14 @@ CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 """Close code: the session id presented belongs to another token."""
 
-_Ref = Annotated[str, StringConstraints(max_length=64)]
-ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-ThreadId = Annotated[str, StringConstraints(min_length=3, max_length=200)]
+REF_MAX = 64
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+THREAD_ID_MAX = 200
+_Ref = Annotated[str, StringConstraints(max_length=REF_MAX)]
+ClientId = Annotated[str, StringConstraints(pattern=CLIENT_ID_PATTERN)]
+ThreadId = Annotated[str, StringConstraints(min_length=3, max_length=THREAD_ID_MAX)]
+Count = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
+"""A seq or a limit: a JSON integer (not "1", true or 1.0) that fits the store's integers."""
 
 
 class _ClientFrame(BaseModel):
@@ -56,12 +73,27 @@ class SendFrame(_ClientFrame):
     client_id: ClientId
     text: str = Field(min_length=1)
 
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        if not text.strip():
+            raise ValueError("text is only spaces: nothing to send")
+        return text
+
 
 class HistoryFrame(_ClientFrame):
     type: Literal["history"]
     thread_id: ThreadId
-    after_seq: int = Field(default=0, ge=0)
-    limit: int | None = Field(default=None, ge=1)
+    after_seq: Count = 0
+    before_seq: Annotated[Count, Field(ge=1)] | None = None
+    """The latest entries older than this seq: paging back from the oldest one shown."""
+    limit: Annotated[Count, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_direction(self) -> HistoryFrame:
+        if self.after_seq and self.before_seq is not None:
+            raise ValueError("give after_seq or before_seq, not both")
+        return self
 
 
 class NewConversationFrame(_ClientFrame):
@@ -114,23 +146,44 @@ def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
         raise FrameError("bad_frame", f"frame is not valid JSON: {exc.msg}") from None
     if not isinstance(raw, dict):
         raise FrameError("bad_frame", "a frame must be a JSON object with a 'type'")
-    ref = raw.get("ref") if isinstance(raw.get("ref"), str) else None
+    ids = frame_ids(raw)
     kind = raw.get("type")
     if kind not in CLIENT_FRAME_TYPES:
         known = ", ".join(CLIENT_FRAME_TYPES)
-        shown = kind if isinstance(kind, str) and len(kind) <= 40 else "(missing)"
-        raise FrameError("bad_frame", f"unknown frame type {shown!r}; known: {known}", ref=ref)
+        if kind is None:
+            problem = "the frame has no 'type'"
+        elif not isinstance(kind, str):
+            problem = "'type' must be a string"
+        else:
+            problem = f"unknown frame type {kind[:40]!r}"
+        raise FrameError("bad_frame", f"{problem}; known types: {known}", **ids)
     try:
         return _adapter.validate_python(raw)
     except ValidationError as exc:
-        raise FrameError("bad_frame", _describe(kind, exc), ref=ref) from None
+        raise FrameError("bad_frame", _describe(kind, exc), **ids) from None
+
+
+def frame_ids(raw: object) -> dict[str, str]:
+    """`ref`, `client_id` and `thread_id` of a frame the server refuses, where they are
+    well-formed: copied onto the error so the client knows which frame it was about."""
+    if not isinstance(raw, dict):
+        return {}
+    ids: dict[str, str] = {}
+    ref, client_id, thread_id = raw.get("ref"), raw.get("client_id"), raw.get("thread_id")
+    if isinstance(ref, str) and len(ref) <= REF_MAX:
+        ids["ref"] = ref
+    if isinstance(client_id, str) and re.match(CLIENT_ID_PATTERN, client_id):
+        ids["client_id"] = client_id
+    if isinstance(thread_id, str) and len(thread_id) <= THREAD_ID_MAX:
+        ids["thread_id"] = thread_id
+    return ids
 
 
 def _describe(kind: str, exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False, include_input=False):
         loc = ".".join(str(p) for p in err["loc"][1:])  # drop the union tag
-        parts.append(f"{loc or kind}: {err['msg']}")
+        parts.append(f"{loc or kind}: {error_reason(err)}")
     return f"bad {kind} frame: " + "; ".join(parts)
 
 

@@ -13,10 +13,12 @@ import html
 import http
 import json
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
@@ -25,6 +27,8 @@ from websockets.http11 import Request, Response
 from talkbridge.webchat.auth import TokenAuth
 
 WS_PATH = "/ws"
+TOKEN_COOKIE = "talkbridge_token"
+TOKEN_COOKIE_AGE = 30 * 24 * 3600
 _TYPES = {
     ".html": "text/html; charset=utf-8",
     ".css": "text/css; charset=utf-8",
@@ -97,23 +101,44 @@ class HttpRoutes:
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
+        if request.method not in ("GET", "HEAD"):
+            response = _response(405, b"only GET\n", "text/plain; charset=utf-8")
+            response.headers["Allow"] = "GET, HEAD"
+            return response
         if url.path == WS_PATH:
             return None
-        if url.path in ("/", "/index.html"):
-            return self._page(url.query)
-        if url.path == "/healthz":
+        if "websocket" in request.headers.get("Upgrade", "").lower():
+            return _response(404, f"the socket is at {WS_PATH}\n".encode(), "text/plain")
+        response = self._route(url.path, url.query, request.headers)
+        if request.method == "HEAD":  # the headers GET would send, Content-Length included
+            response = Response(response.status_code, response.reason_phrase, response.headers)
+        return response
+
+    def _route(self, path: str, query: str, headers: Headers) -> Response:
+        if path in ("/", "/index.html"):
+            return self._page(query, headers.get("Cookie", ""))
+        if path == "/healthz":
             return self._healthz()
-        if url.path.startswith("/static/"):
-            asset = self._assets.get(url.path.removeprefix("/static/"))
-            if asset is not None:
+        if path.startswith("/static/"):
+            asset = self._assets.get(path.removeprefix("/static/"))
+            if asset is not None and not asset.content_type.startswith("text/html"):
                 return _response(200, asset.body, asset.content_type, cache="no-cache")
-        if url.path == "/favicon.ico" and "favicon.svg" in self._assets:
+        if path == "/favicon.ico" and "favicon.svg" in self._assets:
             asset = self._assets["favicon.svg"]
             return _response(200, asset.body, asset.content_type, cache="no-cache")
         return _response(404, b"not found\n", "text/plain; charset=utf-8")
 
-    def _page(self, query: str) -> Response:
+    def _page(self, query: str, cookies: str) -> Response:
+        """The page for a valid token in the link, or in the cookie an earlier visit of the link
+        set: the page then takes the token out of the address bar, and the plain address (a
+        bookmark, a reload) still opens."""
         token = (parse_qs(query).get("token") or [""])[0]
+        from_link = bool(token)
+        if not token:
+            jar = SimpleCookie()
+            with suppress(CookieError):
+                jar.load(cookies)
+            token = unquote(jar[TOKEN_COOKIE].value) if TOKEN_COOKIE in jar else ""
         if not token:
             return _refusal(
                 "This link has no access token",
@@ -124,7 +149,13 @@ class HttpRoutes:
                 "This access token is not valid",
                 "The token in this link is wrong or no longer accepted.",
             )
-        return _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
+        page = _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
+        if from_link:
+            page.headers["Set-Cookie"] = (
+                f"{TOKEN_COOKIE}={quote(token, safe='')}; Path=/; Max-Age={TOKEN_COOKIE_AGE}; "
+                "HttpOnly; SameSite=Strict"
+            )
+        return page
 
     def _healthz(self) -> Response:
         node: dict[str, Any] = {}

@@ -46,7 +46,8 @@ class Conversation:
     created_at: str
 
     def as_frame(self, session_id: str) -> dict[str, str]:
-        return {**asdict(self), "thread_id": f"{session_id}.{self.id}"}
+        created_at = self.created_at.replace("+00:00", "Z")  # as messages' `ts` are written
+        return {**asdict(self), "created_at": created_at, "thread_id": f"{session_id}.{self.id}"}
 
 
 class Sessions:
@@ -77,9 +78,7 @@ class Sessions:
         session. A known session bound to a different identity is refused.
         """
         digest = identity
-        if session_id is not None:
-            if not _SESSION_ID.match(session_id):
-                raise FrameError("forbidden", "that session id is not one this server issued")
+        if session_id is not None and _SESSION_ID.fullmatch(session_id):  # else: never issued
             bound = await self._store.get_state(_session_key(session_id))
             if bound is not None:
                 if not hmac.compare_digest(bound, digest):

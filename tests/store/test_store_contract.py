@@ -145,6 +145,21 @@ async def test_history_order_limit_and_after_seq(store: Store) -> None:
     assert all(e.data == {} for e in await store.history("k"))
 
 
+async def test_history_pages_back_with_before_seq(store: Store) -> None:
+    for i in range(1, 8):
+        await store.append_history("k", "user", f"m{i}", "s", f"t{i}")
+
+    async def seqs(**window: int) -> list[int]:
+        return [e.seq for e in await store.history("k", **window)]
+
+    assert await seqs(before_seq=6, limit=3) == [3, 4, 5]
+    assert await seqs(before_seq=3, limit=3) == [1, 2]  # entry 1 is reachable going back
+    assert await seqs(before_seq=1, limit=3) == []
+    assert await seqs(before_seq=100, limit=2) == [6, 7]
+    with pytest.raises(ValueError, match="not both"):
+        await store.history("k", after_seq=2, before_seq=5)
+
+
 async def test_seq_is_per_thread(store: Store) -> None:
     seqs = []
     for key in ("a", "b", "a", "a", "b"):

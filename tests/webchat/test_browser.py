@@ -219,6 +219,36 @@ async def test_a_wrong_token_gets_a_clear_page(webchat: Webchat, context: Any) -
     await expect(page.get_by_role("heading")).to_have_text("This link has no access token")
 
 
+async def test_the_link_token_leaves_the_address_bar_and_the_plain_address_opens(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    assert "token" not in page.url  # not in screenshots, shared screens or copied links
+    await say(page, "  indented\n    twice")
+    user = page.locator(".msg-user .bubble")
+    await expect(page.locator(".msg-assistant")).to_have_count(1)
+    assert await user.evaluate("b => b.innerText") == "  indented\n    twice"  # as typed
+
+    await page.goto(f"{webchat.http}/")  # a bookmark of the plain address, a reload
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_count(1)
+
+
+async def test_earlier_messages_load_when_asked(start_webchat: Any, context: Any) -> None:
+    webchat = await start_webchat(history_limit=4)
+    page = await open_chat(context, webchat)
+    for n in range(3):
+        await say(page, f"m{n}")
+        await expect(page.locator(".msg-assistant")).to_have_count(n + 1)
+    await page.reload()
+    await expect(page.locator(".msg .bubble")).to_have_text(["m1", "echo: m1", "m2", "echo: m2"])
+    await page.get_by_role("button", name="Show earlier messages").click()
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["m0", "echo: m0", "m1", "echo: m1", "m2", "echo: m2"]
+    )
+    await expect(page.get_by_role("button", name="Show earlier messages")).to_have_count(0)
+
+
 async def test_phone_sized_layout_opens_the_conversation_list(
     webchat: Webchat, browser: Any
 ) -> None:
@@ -243,6 +273,18 @@ async def test_phone_sized_layout_opens_the_conversation_list(
         await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: from a phone"])
         width = await page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390  # nothing sticks out sideways
+
+        # A long code line scrolls inside its own block; the conversation does not widen.
+        await say(page, "code:\n```\n" + "x = long_name + " * 40 + "\n```")
+        code = page.locator(".msg-assistant pre")
+        await expect(code).to_have_count(1)
+        widths = await code.evaluate("pre => [pre.scrollWidth, pre.clientWidth]")
+        assert widths[0] > widths[1]  # it has its own scroll
+        box = await page.evaluate(
+            "[...document.querySelectorAll('#messages, html')].map("
+            "e => e.scrollWidth <= e.clientWidth)"
+        )
+        assert box == [True, True]
     finally:
         await context.close()
 

@@ -74,6 +74,47 @@ async def test_healthz_shows_states_and_no_secret(webchat: Webchat) -> None:
 async def test_unknown_paths_are_404(webchat: Webchat) -> None:
     status, _, _ = await _get(f"{webchat.http}/admin")
     assert status == 404
+    # The page is only at / (with a token): not as a static file.
+    status, _, body = await _get(f"{webchat.http}/static/index.html")
+    assert status == 404 and "<title>talkbridge</title>" not in body
+
+
+async def test_the_link_leaves_a_cookie_so_the_plain_address_opens_the_page(
+    webchat: Webchat,
+) -> None:
+    jar = aiohttp.CookieJar(unsafe=True)  # keep cookies of an IP address, as browsers do
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with http.get(f"{webchat.http}/") as resp:
+            assert resp.status == 401  # no link visited yet
+        async with http.get(f"{webchat.http}/?token={quote(TOKEN_A)}") as resp:
+            assert resp.status == 200
+            cookie = resp.headers["Set-Cookie"]
+            assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        async with http.get(f"{webchat.http}/") as resp:  # a reload without ?token=
+            assert resp.status == 200 and "<title>talkbridge</title>" in await resp.text()
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        http.cookie_jar.update_cookies({"talkbridge_token": "stale"})
+        async with http.get(f"{webchat.http}/") as resp:  # a token no longer accepted
+            assert resp.status == 401 and "not valid" in await resp.text()
+
+
+async def test_methods_other_than_get_and_head_are_405(webchat: Webchat) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.head(f"{webchat.http}/healthz") as resp:
+            assert resp.status == 200 and int(resp.headers["Content-Length"]) > 0
+            assert await resp.read() == b""
+        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+            async with http.request(method, f"{webchat.http}/healthz") as resp:
+                assert resp.status == 405, method
+                assert resp.headers["Allow"] == "GET, HEAD"
+
+
+async def test_a_websocket_upgrade_elsewhere_than_ws_is_refused(webchat: Webchat) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path in ("/healthz", "/static/app.js", f"/?token={quote(TOKEN_A)}"):
+            with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+                await http.ws_connect(f"{webchat.http}{path}")
+            assert err.value.status == 404, path
 
 
 def test_token_comparison_and_health_rules() -> None:

@@ -95,3 +95,22 @@ async def test_sessions_are_bound_to_their_token(sqlite_store: object) -> None:
     assert renamed is not None and renamed.title.startswith("a long first line")
     assert len(renamed.title) == 60 and renamed.title.endswith("…")
     assert await again.title_from(session_id, conv.id, "second") is None
+
+
+@pytest.mark.parametrize(
+    ("frame", "says"),
+    [
+        ({"type": "send", "thread_id": "a.b", "client_id": "c", "text": " \n\t"}, "only spaces"),
+        ({"type": "history", "thread_id": "a.b", "limit": "10"}, "limit: Input should be"),
+        ({"type": "history", "thread_id": "a.b", "after_seq": 2, "before_seq": 9}, "not both"),
+        ({"type": "ping", "ref": "r" * 65}, "ref: String should have at most 64"),
+    ],
+)
+def test_frames_are_refused_with_the_field_named(frame: dict[str, object], says: str) -> None:
+    with pytest.raises(FrameError) as err:
+        parse_frame(json.dumps(frame), 4096)
+    assert says in str(err.value) and "Value error" not in str(err.value)
+    # The ids the client chose come back where they are well-formed, and only then.
+    fields = err.value.frame()
+    assert fields.get("client_id") == frame.get("client_id")
+    assert fields.get("ref") is None or len(fields["ref"]) <= 64

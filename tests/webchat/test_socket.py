@@ -136,6 +136,27 @@ async def test_history_pages_say_when_more_remain(start_webchat: StartWebchat) -
     await client.send({"type": "history", "thread_id": client.thread_id, "after_seq": 1})
     page = await client.expect("history")
     assert [m["seq"] for m in page["messages"]] == [2, 3, 4] and page["more"] is True
+    assert page["earlier"] is True  # seq 1 is older than the first one returned
+
+    # Paging back from the oldest shown reaches the first message, then says there is no more.
+    back = {"type": "history", "thread_id": client.thread_id, "before_seq": 5, "ref": "b"}
+    await client.send(back)
+    page = await client.expect("history", ref="b")
+    assert [m["seq"] for m in page["messages"]] == [2, 3, 4] and page["before_seq"] == 5
+    assert page["earlier"] is True
+    await client.send({**back, "before_seq": 2})
+    page = await client.expect("history", ref="b")
+    assert [m["seq"] for m in page["messages"]] == [1] and page["earlier"] is False
+
+
+async def test_seqs_that_no_store_holds_are_a_bad_frame_not_a_crash(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    for after_seq in (2**63, 10**30, "1", True, 1.5):
+        frame = {"type": "history", "thread_id": client.thread_id, "after_seq": after_seq}
+        await client.send({**frame, "ref": "h"})
+        error = await client.expect("error")
+        assert error["code"] == "bad_frame" and error["ref"] == "h", error
+        assert "after_seq" in error["message"]
 
 
 @pytest.mark.parametrize(
@@ -145,6 +166,7 @@ async def test_history_pages_say_when_more_remain(start_webchat: StartWebchat) -
         ("{not json", "bad_frame", "not valid JSON"),
         ("[1, 2]", "bad_frame", "JSON object"),
         (json.dumps({"type": "shout"}), "bad_frame", "unknown frame type 'shout'"),
+        (json.dumps({"type": 5}), "bad_frame", "'type' must be a string"),
         (json.dumps({"type": "send", "text": "hi"}), "bad_frame", "thread_id: Field required"),
         (b"\x00\x01", "bad_frame", "not binary"),
         (
@@ -189,6 +211,14 @@ async def test_a_frame_far_over_the_limit_is_answered_and_an_absurd_one_closes(
     with pytest.raises(ConnectionClosed) as closed:
         await asyncio.wait_for(client.ws.recv(), TIMEOUT)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_an_auth_frame_without_a_token_is_named_as_such(webchat: Webchat) -> None:
+    client = await webchat.client()
+    await client.send({"type": "auth", "ref": "a"})
+    error = await client.recv()
+    assert error["code"] == "unauthorized" and error["ref"] == "a"
+    assert error["message"] == "bad auth frame: token: Field required"
 
 
 async def test_auth_must_come_first(webchat: Webchat) -> None:
@@ -255,9 +285,10 @@ async def test_a_session_id_presented_with_another_token_is_refused(webchat: Web
     assert again.session_id == alice.session_id and again.thread_id == alice.thread_id
 
 
-async def test_an_unknown_session_id_gets_a_fresh_session(webchat: Webchat) -> None:
-    client = await webchat.authed(TOKEN_A, "0" * 32)
-    assert client.session_id != "0" * 32 and client.ready["new_session"] is True
+@pytest.mark.parametrize("stale", ["0" * 32, "zzz", "A" * 32])
+async def test_an_unknown_session_id_gets_a_fresh_session(webchat: Webchat, stale: str) -> None:
+    client = await webchat.authed(TOKEN_A, stale)
+    assert client.session_id != stale and client.ready["new_session"] is True
 
 
 async def test_every_socket_of_a_session_gets_every_message(webchat: Webchat) -> None:
@@ -277,7 +308,10 @@ async def test_every_socket_of_a_session_gets_every_message(webchat: Webchat) ->
     made = await tab2.expect("conversation", ref="n1")
     new_thread = made["conversation"]["thread_id"]
     assert new_thread != tab1.thread_id and new_thread.startswith(tab1.session_id + ".")
-    assert (await tab1.expect("conversation"))["conversation"]["thread_id"] == new_thread
+    told = await tab1.expect("conversation")
+    assert told["conversation"]["thread_id"] == new_thread
+    assert "ref" not in told  # the ref is the asking tab's own
+    assert told["conversation"]["created_at"].endswith("Z")
     frames = await tab1.turn("second topic", "t2", thread_id=new_thread)
     assert frames[-1]["thread_id"] == new_thread and frames[-1]["seq"] == 2
     assert (await phone.expect("message", role="assistant", thread_id=new_thread))["seq"] == 2
@@ -296,6 +330,21 @@ async def test_floods_are_rate_limited_and_the_socket_survives(webchat: Webchat)
     replies = [await client.recv() for _ in range(5)]
     assert [r["type"] for r in replies] == ["pong", "pong", "pong", "error", "error"]
     assert replies[3]["code"] == "rate_limited" and replies[3]["retry_after"] > 0
+    # Each error names the frame it dropped, and its text says the same wait as retry_after.
+    assert [r.get("ref") for r in replies] == ["0", "1", "2", "3", "4"]
+    assert f"wait {replies[3]['retry_after']:.2f} s" in replies[3]["message"]
+
+
+async def test_a_dropped_send_is_named_by_its_client_id(webchat: Webchat) -> None:
+    webchat.connector.frame_rate = 0.01
+    webchat.connector.frame_burst = 0
+    client = await webchat.authed()
+    await client.send(
+        {"type": "send", "thread_id": client.thread_id, "client_id": "late", "text": "x"}
+    )
+    error = await client.expect("error")
+    assert error["code"] == "rate_limited" and error["client_id"] == "late"
+    assert error["thread_id"] == client.thread_id and error["retry_after"] >= 0.01
 
 
 async def test_send_to_a_foreign_thread_id_raises_not_found(webchat: Webchat) -> None:

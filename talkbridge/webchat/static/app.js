@@ -41,6 +41,10 @@ const ui = {
   fatal: $("fatal"),
   fatalTitle: $("fatal-title"),
   fatalText: $("fatal-text"),
+  earlier: Object.assign(document.createElement("button"), {
+    type: "button",
+    className: "earlier",
+  }),
 };
 
 function storageGet(key) {
@@ -60,7 +64,14 @@ function storageSet(key, value) {
 }
 
 const urlToken = new URLSearchParams(location.search).get("token");
-if (urlToken) storageSet(KEY.token, urlToken);
+if (urlToken) {
+  storageSet(KEY.token, urlToken);
+  // Out of the address bar (screenshots, shared screens, copied links): the server set a cookie
+  // with it, so a reload or a bookmark of the plain address still opens this page.
+  const plain = new URL(location.href);
+  plain.searchParams.delete("token");
+  history.replaceState(null, "", plain.pathname + plain.search + plain.hash);
+}
 
 const state = {
   token: urlToken || storageGet(KEY.token),
@@ -106,6 +117,8 @@ function thread(threadId) {
       streams: new Map(), // stream_id -> { text, node }
       loaded: false,
       floor: 0,
+      earlier: false, // the server holds older messages than the first one shown
+      loadingEarlier: false,
       unread: 0,
     };
     state.threads.set(threadId, t);
@@ -312,8 +325,11 @@ function hideTyping() {
 function onHistory(frame) {
   const t = thread(frame.thread_id);
   const messages = frame.messages || [];
-  if (!t.loaded && frame.after_seq === 0) {
+  const back = frame.before_seq !== undefined;
+  if (back || (!t.loaded && frame.after_seq === 0)) {
     t.floor = messages.length ? messages[0].seq - 1 : 0;
+    t.earlier = Boolean(frame.earlier);
+    t.loadingEarlier = false;
   }
   t.loaded = true;
   for (const m of messages) {
@@ -325,7 +341,20 @@ function onHistory(frame) {
   if (frame.more && messages.length) {
     send({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
   }
-  if (frame.thread_id === state.active) renderThread({ follow: true });
+  if (frame.thread_id === state.active) renderThread(back ? { keep: true } : { follow: true });
+}
+
+function loadEarlier() {
+  const t = thread(state.active);
+  const first = Math.min(...t.messages.keys());
+  if (t.loadingEarlier || !Number.isFinite(first)) return;
+  t.loadingEarlier = send({
+    type: "history",
+    thread_id: state.active,
+    before_seq: first,
+    limit: state.limits.history_limit || 200,
+  });
+  renderThread({ keep: true });
 }
 
 function onConversation(frame) {
@@ -478,15 +507,21 @@ function render(role, text, markup) {
   return role === "user" || markup === "plain" ? renderPlain(text) : renderMarkdown(text);
 }
 
-function renderThread({ follow = false } = {}) {
+function renderThread({ follow = false, keep = false } = {}) {
   const box = ui.messages;
   const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 120;
+  const fromBottom = box.scrollHeight - box.scrollTop;
   if (!state.active) {
     box.replaceChildren(ui.empty);
     return;
   }
   const t = thread(state.active);
   const nodes = [];
+  if (t.earlier && t.messages.size) {
+    ui.earlier.disabled = t.loadingEarlier;
+    ui.earlier.textContent = t.loadingEarlier ? "Loading earlier messages…" : "Show earlier messages";
+    nodes.push(ui.earlier);
+  }
   for (const seq of [...t.messages.keys()].sort((a, b) => a - b)) {
     let node = t.nodes.get(seq);
     if (!node) {
@@ -517,7 +552,8 @@ function renderThread({ follow = false } = {}) {
   }
   if (!nodes.length) nodes.push(ui.empty);
   box.replaceChildren(...nodes);
-  if (follow || nearBottom) box.scrollTop = box.scrollHeight;
+  if (keep) box.scrollTop = box.scrollHeight - fromBottom; // older ones went in above: stay put
+  else if (follow || nearBottom) box.scrollTop = box.scrollHeight;
 }
 
 function renderComposerState() {
@@ -596,6 +632,7 @@ ui.input.addEventListener("keydown", (event) => {
 });
 ui.input.addEventListener("input", autosize);
 ui.newConversation.addEventListener("click", startConversation);
+ui.earlier.addEventListener("click", loadEarlier);
 ui.openSidebar.addEventListener("click", openSidebar);
 ui.closeSidebar.addEventListener("click", closeSidebar);
 ui.scrim.addEventListener("click", closeSidebar);

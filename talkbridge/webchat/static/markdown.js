@@ -173,6 +173,7 @@ export function renderMarkdown(source) {
 export function renderPlain(source) {
   const out = document.createDocumentFragment();
   const p = document.createElement("p");
+  p.className = "plain";
   String(source).split("\n").forEach((line, index) => {
     if (index > 0) p.append(document.createElement("br"));
     p.append(document.createTextNode(line));
