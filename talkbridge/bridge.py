@@ -16,7 +16,6 @@ import logging
 import secrets as pysecrets
 import sys
 from collections.abc import Mapping
-from contextlib import suppress
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -172,9 +171,18 @@ class Bridge:
             self._sweeper = None
         if self.cluster is not None:
             await self.cluster.quiesce()  # no new entries or send requests from other nodes
-        with suppress(TimeoutError):
+        waiting = self.router.stop_starting()
+        if waiting:
+            log.info("stopping: %d accepted messages wait in the store for the next start", waiting)
+        try:
             async with asyncio.timeout(drain_timeout):
-                await self.router.join()
+                await self.router.finish()
+        except TimeoutError:
+            log.warning(
+                "stopping: %d turns did not finish within %g s; they run again at the next start",
+                self.router.turns_running,
+                drain_timeout,
+            )
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
             await self.cluster.stop()  # releases shards (what was not acked is claimed)

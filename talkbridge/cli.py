@@ -109,7 +109,12 @@ async def _run(args: argparse.Namespace) -> int:
     print(url, flush=True)
     print("Press Ctrl-C to stop.", flush=True)
     await stop.wait()
-    print("talkbridge: stopping (finishing in-flight sends)…", file=sys.stderr, flush=True)
+    print(
+        "talkbridge: stopping: finishing the replies under way (up to 10 s); "
+        "messages still waiting are answered at the next start…",
+        file=sys.stderr,
+        flush=True,
+    )
     await bridge.stop()
     return EXIT_OK
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -233,6 +234,42 @@ async def test_a_crash_mid_turn_is_answered_after_restart_exactly_once(tmp_path:
     bridge, conns = await _bridge(tmp_path)
     (sent,) = await conns["test"].wait_sent(1)
     assert sent.message.text == "survive"
+    await bridge.router.join()
+    await bridge.stop()
+
+
+async def test_stop_finishes_the_turn_under_way_and_leaves_the_queued_one_for_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            started.set()
+            await release.wait()
+            yield Result(text=f"slow: {ctx.input.prompt}")
+
+    caplog.set_level(logging.INFO, "talkbridge")
+    bridge, conns = await _bridge(tmp_path, agents={"echo": Slow()})
+    await conns["test"].inject(make_message("first", message_id="n1"))
+    await conns["test"].inject(make_message("second", message_id="n2"))  # same thread: queued
+    await started.wait()
+    stopping = asyncio.create_task(bridge.stop())
+    # Stopping waits for the turn under way (no event says "stop is waiting": give it 50 ms
+    # to wrongly finish)...
+    await asyncio.wait({stopping}, timeout=0.05)
+    assert not stopping.done()
+    release.set()
+    await stopping
+    # ...which is answered, while the queued one never started (it waits in the store).
+    assert [s.message.text for s in conns["test"].sent] == ["slow: first"]
+    assert "1 accepted messages wait in the store for the next start" in caplog.text
+
+    bridge, conns = await _bridge(tmp_path)
+    (sent,) = await conns["test"].wait_sent(1)
+    assert sent.message.text == "second"  # the echo agent, now: answered once, not lost
     await bridge.router.join()
     await bridge.stop()
 

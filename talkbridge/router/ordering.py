@@ -47,6 +47,10 @@ class KeyedSerialExecutor(Generic[K, T]):
         """Keys with work that no worker has taken yet."""
         self._busy = 0
         """Workers draining a key, plus callers holding a claim."""
+        self._none_busy = asyncio.Event()
+        self._none_busy.set()
+        self._starting = True
+        """False once `stop_starting`: what is in hand finishes, nothing new begins."""
         self._workers: set[asyncio.Task[None]] = set()
         self._sleepers: deque[asyncio.Future[None]] = deque()
         self._waking = 0
@@ -138,7 +142,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         """Get a worker onto the ready keys: wake a sleeping one, or start one. One on its way
         is enough: it takes the ready keys one after another, and wakes the next worker as it
         starts on one, so a handler that suspends never holds up the keys behind it."""
-        if not self._ready or self._busy >= self._max_active or self._waking:
+        if not self._ready or self._busy >= self._max_active or self._waking or not self._starting:
             return
         while self._sleepers:
             sleeper = self._sleepers.popleft()
@@ -156,7 +160,7 @@ class KeyedSerialExecutor(Generic[K, T]):
         loop = asyncio.get_running_loop()
         self._waking -= 1
         while True:
-            if not self._ready or self._busy >= self._max_active:
+            if not self._ready or self._busy >= self._max_active or not self._starting:
                 sleeper = loop.create_future()
                 self._sleepers.append(sleeper)
                 try:
@@ -166,20 +170,20 @@ class KeyedSerialExecutor(Generic[K, T]):
                         self._waking -= 1  # woken (even if cancelled before it ran)
                 continue
             key = self._ready.popleft()
-            self._busy += 1
+            self._took()
             self._kick()  # someone for the keys still ready, should this handler suspend
             parked = False
             try:
                 parked = await self._drain(key)
             finally:
-                self._busy -= 1
+                self._gave_back()
                 if not parked:
                     self._done_with(key)
 
     async def _drain(self, key: K) -> bool:
         """Handle `key`'s items in order; True when it stopped at a gated item (parked)."""
         queue = self._queues[key]
-        while queue:
+        while queue and self._starting:
             item, gate = queue[0]
             if gate is not None and not gate.done():
                 self._park(key, gate)
@@ -209,12 +213,12 @@ class KeyedSerialExecutor(Generic[K, T]):
         if key in self._queues or self._busy >= self._max_active:
             return False
         self._queues[key] = deque()
-        self._busy += 1
+        self._took()
         self._idle.clear()
         return True
 
     def release_claim(self, key: K) -> None:
-        self._busy -= 1
+        self._gave_back()
         queue = self._queues[key]
         if queue:  # items arrived while the caller worked: a worker takes them over
             self._make_ready_or_park(key, queue[0][1])
@@ -232,9 +236,32 @@ class KeyedSerialExecutor(Generic[K, T]):
                 self._queued += 1  # the slot is the waiter's now
                 waiter.set_result(None)
 
+    def _took(self) -> None:
+        self._busy += 1
+        self._none_busy.clear()
+
+    def _gave_back(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._none_busy.set()
+
     async def join(self) -> None:
         """Wait until every queued item has been handled."""
         await self._idle.wait()
+
+    def stop_starting(self) -> int:
+        """Shutdown: handle no item that has not begun; returns how many are left waiting
+        (they are in the store, and an inbound message's turn runs at the next start)."""
+        self._starting = False
+        return self.pending - self._busy
+
+    async def finish_running(self) -> None:
+        """After `stop_starting`: wait for the items in hand (and claims held) to be done."""
+        await self._none_busy.wait()
+
+    @property
+    def running(self) -> int:
+        return self._busy
 
     async def cancel(self) -> None:
         self._closed = True  # parked keys stay parked: what they hold is still in the store

@@ -298,6 +298,22 @@ class TalkRouter:
         for queue in list(self._outbound.values()):
             await queue.join()
 
+    def stop_starting(self) -> int:
+        """Shutdown: start no more turns (messages still arriving are accepted into the store,
+        as are those waiting for their thread: they are handled at the next start). Returns
+        how many accepted messages wait."""
+        return self._inbound.stop_starting()
+
+    @property
+    def turns_running(self) -> int:
+        return self._inbound.running
+
+    async def finish(self) -> None:
+        """After `stop_starting`: wait for the turns under way, then for every queued send."""
+        await self._inbound.finish_running()
+        for queue in list(self._outbound.values()):
+            await queue.join()
+
     # -- outbound -------------------------------------------------------------------------------
 
     async def send(
