@@ -364,9 +364,12 @@ class Bridge:
         if streaming is not None:
             thread_id = message.thread_id
             delta = streaming.delta
+            end_typing = self.typing.end
 
             async def on_event(ctx: TurnContext, event: Any) -> None:
                 if type(event) is TextDelta:
+                    if typing is not None:  # the stream shows the reply coming from now on
+                        end_typing(typing)
                     await delta(thread_id, ctx.session.turn_id, event.text)
 
         try:

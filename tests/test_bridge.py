@@ -24,6 +24,7 @@ from talkbridge.hooks import (
     TurnFinishedEvent,
     TurnStartedEvent,
 )
+from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -200,6 +201,45 @@ async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) ->
     assert "".join(d[2] for d in deltas) == "one two three" == sent.message.text
     assert {d[1] for d in deltas} == {sent.message.meta["stream_id"]}
     assert typing == ["s"]
+    await bridge.stop()
+
+
+async def test_typing_stops_once_the_reply_streams(tmp_path: Path) -> None:
+    typed = asyncio.Queue[str]()
+    streamed, resume = asyncio.Event(), asyncio.Event()
+
+    class Pausing:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            await typed.get()  # typing is shown while nothing has come yet
+            yield TextDelta(text="first part, ")
+            await resume.wait()  # a pause mid-reply (a tool call, a slow model)
+            yield Result(text="first part, then the rest")
+
+    bridge, conns = await _bridge(tmp_path, agents={"echo": Pausing()})
+    bridge.typing = TypingIndicators(delay=0.0, refresh=0.005)
+    conn = conns["test"]
+
+    class Streaming:
+        async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
+            streamed.set()
+
+    class Activity:
+        async def typing(self, thread_id: str) -> None:
+            typed.put_nowait(thread_id)
+
+    conn.features.update(streaming=Streaming(), activity=Activity())
+    await conn.inject(make_message("go", thread_id="s"))
+    await streamed.wait()
+    while not typed.empty():  # typed before the delta went out
+        typed.get_nowait()
+    # Refreshing every 5 ms, typing would be back within 0.2 s had it not stopped at the delta.
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(typed.get(), 0.2)
+    resume.set()
+    (sent,) = await conn.wait_sent(1)
+    assert sent.message.text == "first part, then the rest"
     await bridge.stop()
 
 
