@@ -437,6 +437,20 @@ class WebchatConnector(BaseConnector):
         if frame.ref is not None:
             out["ref"] = frame.ref
         await ws.send(dumps(out))
+        # A reply under way: its text so far, for a tab that joins (or comes back) mid-stream;
+        # the deltas after it continue from there.
+        for stream_id, text in self._streams.so_far(frame.thread_id):
+            await ws.send(
+                dumps(
+                    {
+                        "type": "delta",
+                        "thread_id": frame.thread_id,
+                        "stream_id": stream_id,
+                        "text": text,
+                        "from_start": True,
+                    }
+                )
+            )
 
     def use_fanout(self, fanout: WebchatFanout) -> None:
         """Distributed mode: frames also reach this session's sockets on the other nodes."""

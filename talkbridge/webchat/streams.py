@@ -17,6 +17,9 @@ DELTA_WINDOW = 0.05
 """Seconds between delta frames of one stream (and before the first one)."""
 
 Publish = Callable[[str, str, str], Awaitable[None]]
+MAX_OPEN_STREAMS = 1024
+"""Streams whose text so far is kept for late joiners; past this the oldest is forgotten (a
+turn that failed before its final message never says it is over)."""
 
 
 class DeltaCoalescer:
@@ -27,6 +30,8 @@ class DeltaCoalescer:
         self._publish = publish
         self._buffers: DelayedSweep[str, tuple[str, list[str]]] = DelayedSweep(window, self._send)
         """Streams holding pieces: (thread id, pieces)."""
+        self._published: dict[str, tuple[str, list[str]]] = {}
+        """Streams under way: (thread id, the pieces sent so far), for a tab that joins late."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def add(self, thread_id: str, stream_id: str, text: str) -> None:
@@ -36,9 +41,25 @@ class DeltaCoalescer:
         else:
             self._buffers.add(stream_id, (thread_id, [text]))
 
+    def so_far(self, thread_id: str) -> list[tuple[str, str]]:
+        """(stream id, text sent so far) of the thread's replies under way."""
+        return [
+            (stream_id, "".join(pieces))
+            for stream_id, (thread, pieces) in self._published.items()
+            if thread == thread_id
+        ]
+
     def _send(self, stream_id: str, buffered: tuple[str, list[str]]) -> None:
         thread_id, pieces = buffered
-        task = asyncio.ensure_future(self._publish(thread_id, stream_id, "".join(pieces)))
+        text = "".join(pieces)
+        published = self._published.get(stream_id)
+        if published is None:
+            if len(self._published) >= MAX_OPEN_STREAMS:
+                del self._published[next(iter(self._published))]
+            self._published[stream_id] = (thread_id, [text])
+        else:
+            published[1].append(text)
+        task = asyncio.ensure_future(self._publish(thread_id, stream_id, text))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -46,5 +67,6 @@ class DeltaCoalescer:
         """The final message is about to go out: it carries the whole text, so what is still
         buffered is dropped, and pieces already on their way go out first."""
         self._buffers.pop(stream_id)
+        self._published.pop(stream_id, None)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)

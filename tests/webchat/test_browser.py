@@ -85,6 +85,9 @@ async def test_send_see_the_reply_stream_then_reload_keeps_history(
     await asyncio.wait_for(webchat.echo.streaming.wait(), TIMEOUT)
     streaming = page.locator(".msg.streaming .bubble")
     await expect(streaming).to_have_text("echo:")
+    # A reload mid-stream shows the reply so far again, not only what comes after it.
+    await page.reload()
+    await expect(streaming).to_have_text("echo:")
     webchat.echo.gate.set()
     # The final message replaces the streaming bubble: one assistant bubble, whole text.
     assistant = page.locator(".msg-assistant .bubble")

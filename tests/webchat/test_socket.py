@@ -389,6 +389,30 @@ async def test_a_slow_reply_streams_its_first_part_before_the_end(webchat: Webch
     assert final["text"] == "echo: abcdef" and final["stream_id"] == delta["stream_id"]
 
 
+async def test_a_tab_joining_mid_stream_gets_the_reply_so_far(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    webchat.echo.gate = asyncio.Event()
+    await client.send(
+        {"type": "send", "thread_id": client.thread_id, "client_id": "mid", "text": "abcdef"}
+    )
+    first = await client.expect("delta")
+    # A tab that opens now (or a reload) asks for the thread's history.
+    late = await webchat.authed(session_id=client.session_id)
+    await late.send({"type": "history", "thread_id": client.thread_id})
+    assert [m["role"] for m in (await late.expect("history"))["messages"]] == ["user"]
+    caught_up = await late.expect("delta")
+    assert caught_up["from_start"] is True and caught_up["text"] == first["text"]
+    assert caught_up["stream_id"] == first["stream_id"]
+    webchat.echo.gate.set()
+    final = await late.expect("message", role="assistant")
+    assert final["text"] == "echo: abcdef" and final["stream_id"] == first["stream_id"]
+    # Once the final message is out, nothing is left to catch up on.
+    await late.send({"type": "history", "thread_id": client.thread_id, "ref": "h2"})
+    await late.expect("history", ref="h2")
+    await late.send({"type": "ping", "ref": "after"})
+    assert (await late.recv())["type"] == "pong"  # not a delta of the finished stream
+
+
 async def test_a_message_is_answered_even_if_its_tab_closed_right_after_sending(
     webchat: Webchat,
 ) -> None:

@@ -303,7 +303,8 @@ function onDelta(frame) {
     stream = { text: "", node: null };
     t.streams.set(frame.stream_id, stream);
   }
-  stream.text += frame.text;
+  // `from_start`: the reply so far, for a page that joined mid-stream (it replaces, not adds).
+  stream.text = frame.from_start ? frame.text : stream.text + frame.text;
   if (frame.thread_id === state.active) {
     hideTyping();
     renderThread();
