@@ -145,8 +145,13 @@ class Sessions:
         self._conversations[session_id] = list(conversations)
 
 
+_MARKS = re.compile(r"(\*{1,3}|_{2}|~~|`+|^#{1,6}\s+|^>\s*)")
+
+
 def _title(text: str) -> str:
-    line = " ".join(text.split())
+    """The first words of the first message, without the Markdown marks around them: a list
+    of titles shows `bold` as bold, not as **bold**."""
+    line = _MARKS.sub("", " ".join(text.split())).strip() or " ".join(text.split())
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
 
 

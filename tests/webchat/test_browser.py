@@ -149,10 +149,14 @@ async def test_new_conversation_and_switching(webchat: Webchat, context: Any) ->
     page = await open_chat(context, webchat)
     await say(page, "first topic")
     await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: first topic"])
-    await page.get_by_role("button", name="New conversation", exact=True).click()
+    new = page.get_by_role("button", name="New conversation", exact=True)
+    await new.click()
     conversations = page.locator(".conversation-list .conversation")
     await expect(conversations).to_have_count(2)
     await expect(page.locator(".msg")).to_have_count(0)
+    await expect(page.get_by_role("textbox", name="Message")).to_be_focused()
+    await new.click()  # the new one is still empty: no second empty conversation
+    await expect(conversations).to_have_count(2)
     await say(page, "second topic")
     await expect(page.locator(".msg .bubble")).to_have_text(["second topic", "echo: second topic"])
     await expect(conversations.first).to_contain_text("second topic")
@@ -271,6 +275,12 @@ async def test_phone_sized_layout_opens_the_conversation_list(
         await expect(
             page.get_by_role("button", name="New conversation", exact=True)
         ).to_be_in_viewport()
+        # The drawer holds the keyboard while open; closing it gives focus back to its button.
+        assert await page.evaluate("document.querySelector('main').inert") is True
+        await page.keyboard.press("Escape")
+        await expect(sidebar_button).to_be_focused()
+        assert await page.evaluate("document.querySelector('main').inert") is False
+        await sidebar_button.click()
         await page.get_by_role("button", name="Close the conversation list").click()
         await say(page, "from a phone")
         await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: from a phone"])
@@ -330,3 +340,42 @@ async def test_markdown_subset_builds_only_safe_nodes(webchat: Webchat, context:
     assert "data:" not in html.split("href=")[-1] and html.count("<a ") == 1
     assert "<script" not in html and "<img" not in html
     assert await page.evaluate("window.__pwned") is None
+
+
+@pytest.mark.parametrize(
+    ("source", "html"),
+    [
+        (
+            "see https://en.wikipedia.org/wiki/Foo_(bar), ok",
+            'see <a href="https://en.wikipedia.org/wiki/Foo_(bar)"',
+        ),
+        ("(at https://example.com/x)", '<a href="https://example.com/x" '),
+        (
+            "[wiki](https://en.wikipedia.org/wiki/Foo_(bar))",
+            'href="https://en.wikipedia.org/wiki/Foo_(bar)"',
+        ),
+        ("[mail](mailto:help@example.com)", '<a href="mailto:help@example.com"'),
+        ("<https://example.com/auto>", '<a href="https://example.com/auto"'),
+        ("~~gone~~ and ***both***", "<del>gone</del> and <strong><em>both</em></strong>"),
+        ("above\n\n---\n\nbelow", "<p>above</p><hr><p>below</p>"),
+        ("![a cat](https://example.com/cat.png)", '<a href="https://example.com/cat.png"'),
+        ("inline ```x``` code", "inline <code>x</code> code"),
+        ("[x](javascript:alert(1))", "[x](javascript:alert(1))"),
+    ],
+)
+async def test_markdown_links_and_marks(
+    webchat: Webchat, context: Any, source: str, html: str
+) -> None:
+    page = await context.new_page()
+    await page.goto(page_url(webchat))
+    rendered = await page.evaluate(
+        """async (source) => {
+            const { renderMarkdown } = await import('/static/markdown.js');
+            const box = document.createElement('div');
+            box.append(renderMarkdown(source));
+            return box.innerHTML;
+        }""",
+        source,
+    )
+    assert html in rendered, rendered
+    assert "javascript:" not in rendered.split("href=", 1)[-1] or "href=" not in rendered

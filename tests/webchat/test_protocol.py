@@ -114,3 +114,14 @@ def test_frames_are_refused_with_the_field_named(frame: dict[str, object], says:
     fields = err.value.frame()
     assert fields.get("client_id") == frame.get("client_id")
     assert fields.get("ref") is None or len(fields["ref"]) <= 64
+
+
+async def test_a_title_is_the_first_words_without_markdown_marks(sqlite_store: object) -> None:
+    sessions = Sessions(sqlite_store)  # type: ignore[arg-type]
+    session_id, _ = await sessions.authenticate("token-one", None)
+    [conv] = await sessions.conversations(session_id)
+    renamed = await sessions.title_from(session_id, conv.id, "# **Bold** and `code` ~~x~~")
+    assert renamed is not None and renamed.title == "Bold and code x"
+    [other] = [await sessions.new_conversation(session_id)]
+    renamed = await sessions.title_from(session_id, other.id, "***")  # only marks: kept as typed
+    assert renamed is not None and renamed.title == "***"

@@ -23,6 +23,7 @@ const BACKOFF_CAP_MS = 30000;
 const $ = (id) => document.getElementById(id);
 const ui = {
   app: $("app"),
+  main: document.querySelector("main"),
   sidebar: $("sidebar"),
   scrim: $("scrim"),
   openSidebar: $("open-sidebar"),
@@ -262,6 +263,7 @@ function onReady(frame) {
   if (state.active) switchTo(state.active);
   for (const item of state.outbox) transmit(item);
   renderComposerState();
+  if (document.activeElement === document.body) ui.input.focus(); // ready to type
 }
 
 function onAck(frame) {
@@ -407,7 +409,12 @@ function submit() {
   const item = { thread_id: state.active, client_id: randomId(), text };
   const size = new TextEncoder().encode(JSON.stringify({ type: "send", ...item })).length;
   if (size > state.limits.max_frame_bytes) {
-    notify(`That message is too long (${size} bytes; the limit is ${state.limits.max_frame_bytes}).`);
+    const over = size - state.limits.max_frame_bytes;
+    notify(
+      `That message is too long to send: shorten it by about ${over.toLocaleString()} ` +
+        `characters (the limit is ${state.limits.max_frame_bytes.toLocaleString()} bytes; ` +
+        "accented letters and emoji count as 2–4).",
+    );
     return;
   }
   state.outbox.push(item);
@@ -421,6 +428,16 @@ function submit() {
 function startConversation() {
   if (!state.ready) {
     notify("Not connected yet; try again in a moment.");
+    return;
+  }
+  // An untitled conversation has no message yet: use it rather than pile up empty ones.
+  const blank = state.conversations.find(
+    (c) => !c.title && !state.outbox.some((m) => m.thread_id === c.thread_id),
+  );
+  if (blank) {
+    switchTo(blank.thread_id);
+    closeSidebar();
+    ui.input.focus();
     return;
   }
   state.pendingConversation = randomId();
@@ -609,14 +626,17 @@ function openSidebar() {
   ui.app.dataset.sidebar = "open";
   ui.scrim.hidden = false;
   ui.openSidebar.setAttribute("aria-expanded", "true");
+  ui.main.inert = true; // the drawer covers the chat: keyboard and screen reader stay in it
   ui.newConversation.focus();
 }
 
-function closeSidebar() {
+function closeSidebar({ restoreFocus = false } = {}) {
   if (ui.app.dataset.sidebar !== "open") return;
   ui.app.dataset.sidebar = "closed";
   ui.scrim.hidden = true;
   ui.openSidebar.setAttribute("aria-expanded", "false");
+  ui.main.inert = false;
+  if (restoreFocus) ui.openSidebar.focus();
 }
 
 // ---- wiring ---------------------------------------------------------------------------------
@@ -635,10 +655,10 @@ ui.input.addEventListener("input", autosize);
 ui.newConversation.addEventListener("click", startConversation);
 ui.earlier.addEventListener("click", loadEarlier);
 ui.openSidebar.addEventListener("click", openSidebar);
-ui.closeSidebar.addEventListener("click", closeSidebar);
-ui.scrim.addEventListener("click", closeSidebar);
+ui.closeSidebar.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
+ui.scrim.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
 document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape") closeSidebar();
+  if (event.key === "Escape") closeSidebar({ restoreFocus: true });
 });
 window.addEventListener("online", () => {
   if (!state.ws && ui.fatal.hidden) {

@@ -1,29 +1,57 @@
 // A small, safe Markdown subset rendered straight into DOM nodes.
 //
-// Supported: paragraphs, line breaks, **bold**, *italic* / _italic_, `code`, ``` code blocks ```,
-// [links](https://…) and bare http(s) URLs, "- " / "1. " lists, "# " headings and "> " quotes.
-// Every piece of text becomes a text node (textContent), never HTML, so `<script>` or
-// `<img onerror=…>` in a message is shown as the characters it is. Links keep only http: and
-// https: URLs; anything else (javascript:, data:) stays plain text.
+// Supported: paragraphs, line breaks, **bold**, *italic* / _italic_, ***both***, ~~struck~~,
+// `code`, ``` code blocks ```, [links](https://…), <https://…> and bare http(s) URLs (parentheses
+// in them balanced, as in Wikipedia's), ![images](…) shown as links, "- " / "1. " lists,
+// "# " headings, "> " quotes and "---" rules. Every piece of text becomes a text node
+// (textContent), never HTML, so `<script>` or `<img onerror=…>` in a message is shown as the
+// characters it is. Links keep only http:, https: and mailto: URLs; anything else (javascript:,
+// data:) stays plain text.
 
+// A link target: no spaces, parentheses only in balanced pairs (one level deep).
+const TARGET = String.raw`([^()\s]*(?:\([^()\s]*\)[^()\s]*)*)`;
 const INLINE = [
-  { kind: "code", re: /`([^`\n]+)`/y },
-  { kind: "link", re: /\[([^\]\n]+)\]\(([^)\s]+)\)/y },
+  { kind: "code", re: /(`{1,3})([^`\n]+?)\1(?!`)/y, text: 2 },
+  { kind: "image", re: new RegExp(String.raw`!\[([^\]\n]*)\]\(` + TARGET + String.raw`\)`, "y") },
+  { kind: "link", re: new RegExp(String.raw`\[([^\]\n]+)\]\(` + TARGET + String.raw`\)`, "y") },
+  { kind: "autolink", re: /<((?:https?:\/\/|mailto:)[^\s<>]+)>/y },
+  { kind: "both", re: /\*\*\*([^\n]+?)\*\*\*/y },
   { kind: "bold", re: /\*\*([^\n]+?)\*\*/y },
   { kind: "bold", re: /__([^\n]+?)__/y },
   { kind: "italic", re: /\*([^*\s][^*\n]*?)\*/y },
   { kind: "italic", re: /(?<![\w])_([^_\s][^_\n]*?)_(?![\w])/y },
-  { kind: "url", re: /https?:\/\/[^\s<>"'`]+[^\s<>"'`.,;:!?)\]]/y },
+  { kind: "struck", re: /~~([^~\n]+?)~~/y },
+  { kind: "url", re: /https?:\/\/[^\s<>"'`]+/y },
 ];
-const TRIGGERS = /[`[*_h]/g;
+const TRIGGERS = /[`!\[<*_~h]/g;
+const TAGS = { bold: "strong", italic: "em", struck: "del" };
 
 export function safeHref(raw) {
   try {
     const url = new URL(raw);
-    return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+    return ["http:", "https:", "mailto:"].includes(url.protocol) ? url.href : null;
   } catch {
     return null;
   }
+}
+
+/** A bare URL without the punctuation that ends its sentence: a trailing ")" stays only when
+ * it closes a "(" of the URL itself. */
+function trimUrl(url) {
+  let end = url.length;
+  for (;;) {
+    const last = url[end - 1];
+    if (".,;:!?'\"]".includes(last)) {
+      end -= 1;
+    } else if (last === ")") {
+      const part = url.slice(0, end);
+      if (part.split("(").length >= part.split(")").length) break;
+      end -= 1;
+    } else {
+      break;
+    }
+  }
+  return url.slice(0, end);
 }
 
 function link(href, text) {
@@ -52,27 +80,33 @@ function renderInline(text, parent, depth = 0) {
       const m = rule.re.exec(text);
       if (!m) continue;
       let node = null;
+      let length = m[0].length;
       if (rule.kind === "code") {
         node = document.createElement("code");
-        node.textContent = m[1];
-      } else if (rule.kind === "link") {
-        const href = safeHref(m[2]);
-        if (href) {
-          node = link(href, m[1]);
-        } else {
-          node = document.createTextNode(m[0]);
-        }
+        node.textContent = m[rule.text];
+      } else if (rule.kind === "link" || rule.kind === "image" || rule.kind === "autolink") {
+        const target = rule.kind === "autolink" ? m[1] : m[2];
+        const href = safeHref(target);
+        const label = rule.kind === "autolink" ? target.replace(/^mailto:/, "") : m[1] || target;
+        node = href ? link(href, label) : document.createTextNode(m[0]);
       } else if (rule.kind === "url") {
-        const href = safeHref(m[0]);
-        node = href ? link(href, m[0]) : document.createTextNode(m[0]);
+        const url = trimUrl(m[0]);
+        const href = safeHref(url);
+        node = href ? link(href, url) : document.createTextNode(url);
+        length = url.length;
+      } else if (depth < 4 && rule.kind === "both") {
+        node = document.createElement("strong");
+        const em = document.createElement("em");
+        renderInline(m[1], em, depth + 1);
+        node.append(em);
       } else if (depth < 4) {
-        node = document.createElement(rule.kind === "bold" ? "strong" : "em");
+        node = document.createElement(TAGS[rule.kind]);
         renderInline(m[1], node, depth + 1);
       }
       if (!node) continue;
       flush(i);
       parent.append(node);
-      i += m[0].length;
+      i += length;
       plainStart = i;
       matched = true;
       break;
@@ -90,6 +124,7 @@ function renderLines(lines, parent) {
 }
 
 const FENCE = /^\s*```/;
+const RULE = /^\s{0,3}([-*_])(\s*\1){2,}\s*$/;
 const BULLET = /^\s*[-*+]\s+(.*)$/;
 const ORDERED = /^\s*(\d{1,9})[.)]\s+(.*)$/;
 const HEADING = /^\s*(#{1,6})\s+(.*)$/;
@@ -117,6 +152,11 @@ export function renderMarkdown(source) {
       continue;
     }
     if (!line.trim()) {
+      i += 1;
+      continue;
+    }
+    if (RULE.test(line)) {
+      out.append(document.createElement("hr"));
       i += 1;
       continue;
     }
@@ -158,6 +198,7 @@ export function renderMarkdown(source) {
     const para = [];
     while (
       i < lines.length && lines[i].trim() && !FENCE.test(lines[i]) && !HEADING.test(lines[i]) &&
+      !RULE.test(lines[i]) &&
       !BULLET.test(lines[i]) && !ORDERED.test(lines[i]) && !QUOTE.test(lines[i])
     ) {
       para.push(lines[i++]);
