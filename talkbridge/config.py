@@ -240,7 +240,17 @@ class BridgeConfig(_Model):
 # ---- loading ----------------------------------------------------------------------------------
 
 
-def _substitute(value: Any, path: str, secrets: Secrets) -> Any:
+def _substitute(
+    value: Any, path: str, secrets: Secrets, inside: frozenset[int] = frozenset()
+) -> Any:
+    """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
+    it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion."""
+    if isinstance(value, dict | list):
+        if id(value) in inside:
+            raise ConfigError(
+                f"{path}: an alias of a value that contains it (a YAML anchor used inside itself)"
+            )
+        inside = inside | {id(value)}
     if isinstance(value, str):
 
         def env(match: re.Match[str]) -> str:
@@ -254,17 +264,12 @@ def _substitute(value: Any, path: str, secrets: Secrets) -> Any:
     if isinstance(value, dict):
         if set(value) == {"file"} and isinstance(value["file"], str):
             file = Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
-            try:
-                secret = file.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"{path}: cannot read secret file {file}: {exc.strerror}"
-                ) from None
+            secret = _read_text(file, f"{path}: cannot read secret file").strip()
             secrets.add(secret)
             return secret
-        return {k: _substitute(v, _join(path, str(k)), secrets) for k, v in value.items()}
+        return {k: _substitute(v, _join(path, str(k)), secrets, inside) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, f"{path}[{i}]", secrets) for i, v in enumerate(value)]
+        return [_substitute(v, f"{path}[{i}]", secrets, inside) for i, v in enumerate(value)]
     return value
 
 
@@ -272,14 +277,15 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _format_errors(exc: ValidationError, prefix: str = "") -> str:
+def format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One `key.path: reason` line per problem pydantic found, never the value."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         loc = prefix
         for part in error["loc"]:
             loc = f"{loc}[{part}]" if isinstance(part, int) else _join(loc, str(part))
-        lines.append(f"{loc or '(top level)'}: {error_reason(error)}")
-    return "; ".join(lines)
+        lines.append(f"{loc or '(top level)'}: {_config_reason(error)}")
+    return lines
 
 
 def error_reason(error: ErrorDetails) -> str:
@@ -288,6 +294,34 @@ def error_reason(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown key"
     return error["msg"].removeprefix("Value error, ")
+
+
+_SHAPES = {
+    "missing": "required",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "set_type": "must be a list",
+    "frozen_set_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+}
+"""pydantic's wordings that name Python types (`a valid tuple`, `instance of WebchatConfig`),
+in the YAML words a config's author knows."""
+
+
+def _config_reason(error: ErrorDetails) -> str:
+    reason = _SHAPES.get(error["type"]) or error_reason(error)
+    if reason.startswith("Input should be "):
+        return "must be " + reason.removeprefix("Input should be ")
+    return reason
+
+
+def invalid_config(problems: list[str], source: str | None = None) -> str:
+    """The text of an invalid-config error: a first line naming the file, then one problem a
+    line, as the CLI prints it."""
+    where = f" ({source})" if source else ""
+    return f"invalid config{where}:\n" + "\n".join(f"  {p}" for p in problems)
 
 
 def connection_model(channel: str) -> type[ConnectionConfig]:
@@ -301,18 +335,38 @@ def connection_model(channel: str) -> type[ConnectionConfig]:
     return model
 
 
-def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig, Secrets]:
-    """Validate already-parsed YAML; raises `ConfigError` naming each bad key."""
+STORE_KEYS = ("store", "store_prefix")
+"""What a command that only reads or writes the store (`pair`, `hooks dead-letters`) needs."""
+
+
+def parse_config(
+    data: Any,
+    base_dir: Path | None = None,
+    *,
+    source: str | None = None,
+    only: tuple[str, ...] | None = None,
+) -> tuple[BridgeConfig, Secrets]:
+    """Validate already-parsed YAML; raises `ConfigError` naming each bad key.
+
+    `source` names the file in errors. `only` validates just those top-level keys (the rest
+    keep their defaults), so a command that needs the store does not demand, say, a bot token
+    from the environment."""
     from talkbridge.connectors import known_channels
 
     secrets = Secrets()
     if data is None:
         data = {}
     if not isinstance(data, dict):
+        where = f"{source}: " if source else ""
         raise ConfigError(
-            "the config file must be a mapping of keys (store, webchat, connections…)"
+            f"{where}the config file must be a mapping of keys (store, webchat, connections…)"
         )
-    data = _substitute(data, "", secrets)
+    if only is not None:
+        data = {key: value for key, value in data.items() if key in only}
+    try:
+        data = _substitute(data, "", secrets)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
     raw_connections = data.pop("connections", None) or []
     if not isinstance(raw_connections, list):
         raise ConfigError("connections: must be a list of connections")
@@ -333,16 +387,16 @@ def parse_config(data: Any, base_dir: Path | None = None) -> tuple[BridgeConfig,
         try:
             connections.append(connection_model(channel).model_validate(raw))
         except ValidationError as exc:
-            problems.append(_format_errors(exc, where))
+            problems.extend(format_errors(exc, where))
     try:
         config = BridgeConfig.model_validate(
             {**data, "connections": connections, "base_dir": base_dir or Path(".")}
         )
     except ValidationError as exc:
-        problems.append(_format_errors(exc))
+        problems.extend(format_errors(exc))
         config = None
     if problems or config is None:
-        raise ConfigError(secrets.redact("invalid config: " + "; ".join(problems)))
+        raise ConfigError(secrets.redact(invalid_config(problems, source)))
     for conn in config.connections:
         for value in conn.secret_values():
             secrets.add(value)
@@ -368,20 +422,41 @@ def _anchor_sqlite_path(config: BridgeConfig) -> BridgeConfig:
     return config.model_copy(update={"store": prefix + str((config.base_dir / path).resolve())})
 
 
-def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
-    """Load a YAML file; None (or an absent default file) gives the embedded default."""
+def load_config(
+    path: str | Path | None, *, only: tuple[str, ...] | None = None
+) -> tuple[BridgeConfig, Secrets]:
+    """Load a YAML file; None (or an absent default file) gives the embedded default.
+
+    `only`: validate just these top-level keys (see `parse_config`)."""
     if path is None:
         default = Path("talkbridge.yaml")
         if not default.exists():
             return parse_config({}, Path.cwd())
         path = default
+    if not str(path).strip():
+        raise ConfigError("the config file path is empty")
     file = Path(path)
+    data = _parse_yaml(_read_text(file, "cannot read config file"), file)
+    config, secrets = parse_config(data, file.resolve().parent, source=str(file), only=only)
+    return _anchor_sqlite_path(config), secrets
+
+
+def _read_text(file: Path, what: str) -> str:
+    """The UTF-8 text of `file`, or a `ConfigError` starting with `what` saying why not."""
     try:
-        text = file.read_text(encoding="utf-8")
+        return file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {file}: {exc.strerror}") from None
+        raise ConfigError(f"{what} {file}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} {file}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8"
+        ) from None
+
+
+def _parse_yaml(text: str, file: Path) -> Any:
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -394,5 +469,3 @@ def load_config(path: str | Path | None) -> tuple[BridgeConfig, Secrets]:
             else ""
         )
         raise ConfigError(f"{file}{where}: {problem}{hint}") from None
-    config, secrets = parse_config(data, file.resolve().parent)
-    return _anchor_sqlite_path(config), secrets

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from talkbridge.config import load_config, parse_config
+from talkbridge.config import STORE_KEYS, load_config, parse_config
 from talkbridge.errors import ConfigError
 
 
@@ -133,3 +133,45 @@ def test_a_listen_host_typo_is_named_before_anything_binds() -> None:
     assert "webchat.port: use 0-65535 (0 picks a free one)" in text
     assert "connections[0].events_host: not an IP address or host name" in text
     assert "Value error" not in text
+
+
+def test_each_problem_is_a_line_in_words_a_yaml_author_knows() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "webchat": 5,
+                "hooks": "hooks/channel-message",
+                "connections": [{"id": "b", "channel": "telegram"}],
+            },
+            source="talkbridge.yaml",
+        )
+    assert str(err.value).splitlines() == [
+        "invalid config (talkbridge.yaml):",
+        "  connections[0].token: required",
+        "  webchat: must be a mapping",
+        "  hooks: must be a list",
+    ]
+
+
+def test_only_the_store_keys_need_their_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text(
+        "store: sqlite:///${DB_FILE}\nwebchat: {colour: red}\n"
+        "connections:\n  - id: b\n    channel: telegram\n    token: ${UNSET_TOKEN_X}\n"
+    )
+    monkeypatch.delenv("UNSET_TOKEN_X", raising=False)
+    monkeypatch.setenv("DB_FILE", "bridge.db")
+    config, _ = load_config(path, only=STORE_KEYS)
+    assert config.store == f"sqlite:///{tmp_path / 'bridge.db'}" and config.connections == ()
+    monkeypatch.delenv("DB_FILE")
+    with pytest.raises(ConfigError, match="store: environment variable DB_FILE is not set"):
+        load_config(path, only=STORE_KEYS)
+
+
+def test_an_alias_inside_its_own_anchor_is_an_error_not_a_recursion(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text("agents: &a {definitions: {x: *a}}\n")
+    with pytest.raises(ConfigError, match=r"agents\.definitions\.x: an alias of a value"):
+        load_config(path)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from talkbridge.config import _format_errors
+from talkbridge.config import format_errors
 from talkbridge.errors import HookLoadError
 from talkbridge.hooks.channel_message import ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
@@ -133,7 +133,8 @@ def _read_spec(folder: Path) -> HookSpec:
     try:
         return HookSpec.model_validate(data)
     except ValidationError as exc:
-        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE}: {_format_errors(exc)}") from None
+        problems = "; ".join(format_errors(exc))
+        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE}: {problems}") from None
 
 
 def _resolve_kind(folder: Path, spec: HookSpec) -> str:
