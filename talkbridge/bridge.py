@@ -241,8 +241,11 @@ class Bridge:
     async def _generated_token(self) -> str:
         """The embedded default's token: made at the first start and kept in the store, so the
         printed link, and the pages open with it, keep working across restarts (and the nodes
-        of a cluster share it). `new_webchat_token` replaces it."""
-        token = None if self.new_webchat_token else await self.store.get_state(_TOKEN_KEY)
+        of a cluster share it). `new_webchat_token` makes a new one, which `webchat_url` keeps
+        once the webchat listens: a start that fails leaves the old link working."""
+        if self.new_webchat_token:
+            return pysecrets.token_urlsafe(24)
+        token = await self.store.get_state(_TOKEN_KEY)
         if token is None:
             await self.store.set_state(_TOKEN_KEY, pysecrets.token_urlsafe(24))
             token = await self.store.get_state(_TOKEN_KEY)  # a node that wrote after us wins
@@ -259,6 +262,9 @@ class Bridge:
         Raises `TransientError` (saying why) if its first attempt to listen failed."""
         async with asyncio.timeout(timeout):
             await self.webchat.listening()
+        if self.new_webchat_token and self.webchat_token is not None:
+            await self.store.set_state(_TOKEN_KEY, self.webchat_token)  # replaces the old link
+            self.new_webchat_token = False
         url: str = self.webchat.url(self.webchat_token)
         return url
 
