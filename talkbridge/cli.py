@@ -7,25 +7,66 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from talkbridge.config import BridgeConfig, Secrets, WebchatConfig, error_reason, load_config
-from talkbridge.errors import ConfigError, TalkbridgeError, TransientError
+from talkbridge.config import (
+    STORE_KEYS,
+    BridgeConfig,
+    Secrets,
+    WebchatConfig,
+    error_reason,
+    load_config,
+)
+from talkbridge.errors import ConfigError, StoreError, TalkbridgeError, TransientError
 
 if TYPE_CHECKING:
     from talkbridge.bridge import Bridge
+    from talkbridge.store import Store
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED = 130
+"""A second Ctrl-C while stopping: the shell's code for "ended by SIGINT"."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 log = logging.getLogger("talkbridge.cli")
+
+
+class _Console:
+    """Every line the CLI prints passes here, so no secret the config loaded (nor the generated
+    webchat token, which the bridge adds to the same `Secrets`) reaches the terminal. The
+    webchat link is the one secret printed on purpose, and it does not come through here."""
+
+    def __init__(self) -> None:
+        self._secrets: list[Secrets] = []
+
+    def hide(self, secrets: Secrets) -> None:
+        self._secrets.append(secrets)
+
+    def redact(self, text: str) -> str:
+        for secrets in self._secrets:
+            text = secrets.redact(text)
+        return text
+
+    def out(self, text: str) -> None:
+        print(self.redact(text), flush=True)
+
+    def err(self, text: str) -> None:
+        print(self.redact(text), file=sys.stderr, flush=True)
+
+
+_console = _Console()
 
 
 class _RedactingFilter(logging.Filter):
@@ -56,8 +97,10 @@ def _setup_logging(level: str, secrets: Secrets) -> None:
     root.setLevel(level.upper())
 
 
-def _load(path: str | None) -> tuple[BridgeConfig, Secrets]:
-    return load_config(path)
+def _load(path: str | None, only: tuple[str, ...] | None = None) -> tuple[BridgeConfig, Secrets]:
+    config, secrets = load_config(path, only=only)
+    _console.hide(secrets)
+    return config, secrets
 
 
 # -- run -------------------------------------------------------------------------------------------
@@ -65,19 +108,15 @@ def _load(path: str | None) -> tuple[BridgeConfig, Secrets]:
 
 async def _run(args: argparse.Namespace) -> int:
     from talkbridge.bridge import Bridge
+    from talkbridge.preflight import check_agent_roles
     from talkbridge.serving import freeze_startup_objects
 
     config, secrets = _load(args.config)
-    overrides: dict[str, object] = {}
-    if args.host is not None:
-        overrides["host"] = args.host
-    if args.port is not None:
-        overrides["port"] = args.port
-    if overrides:
-        config = config.model_copy(update={"webchat": config.webchat.model_copy(update=overrides)})
+    config = _with_overrides(config, args)
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
     bridge.new_webchat_token = args.new_token
+    check_agent_roles(bridge)  # a config error (exit 2) before anything opens
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -85,7 +124,10 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         await bridge.start()
     except OSError as exc:
-        return await _give_up(bridge, f"cannot start: {secrets.redact(str(exc))}")
+        return await _give_up(bridge, f"cannot start: {exc}")
+    except TalkbridgeError:
+        await bridge.stop()  # a bad hook folder, an unreachable store: `main` says which
+        raise
     try:
         url = await bridge.webchat_url()
     except TransientError as exc:
@@ -94,33 +136,56 @@ async def _run(args: argparse.Namespace) -> int:
         last_error = bridge.registry.health("webchat").last_error
         return await _give_up(bridge, f"the webchat did not start: {last_error}")
     freeze_startup_objects()
-    ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
-    if bridge.node_id is not None:
-        print(
-            f"talkbridge node {bridge.node_id} (distributed mode, "
-            f"key prefix {config.store_prefix!r})",
-            flush=True,
-        )
-    print(
-        f"talkbridge is running (store: {_describe_store(config.store)}; "
-        f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:",
-        flush=True,
-    )
-    print(url, flush=True)
-    print("Press Ctrl-C to stop.", flush=True)
+    _say_running(bridge, config)
+    print(url, flush=True)  # the one secret printed on purpose: the operator opens this link
+    _console.out("Press Ctrl-C to stop.")
     await stop.wait()
-    print(
-        "talkbridge: stopping: finishing the replies under way (up to 10 s); "
-        "messages still waiting are answered at the next start…",
-        file=sys.stderr,
-        flush=True,
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _stop_now)
+    _console.err(
+        "talkbridge: stopping: finishing the replies under way (up to 10 s; Ctrl-C again stops "
+        "at once); messages still waiting are answered at the next start…"
     )
     await bridge.stop()
     return EXIT_OK
 
 
+def _with_overrides(config: BridgeConfig, args: argparse.Namespace) -> BridgeConfig:
+    """`--host` and `--port` over the config's `webchat` keys."""
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if not overrides:
+        return config
+    return config.model_copy(update={"webchat": config.webchat.model_copy(update=overrides)})
+
+
+def _say_running(bridge: Bridge, config: BridgeConfig) -> None:
+    from talkbridge.store import public_url
+
+    ids = [cid for cid in bridge.registry.ids() if cid != "webchat"]
+    if bridge.node_id is not None:
+        _console.out(
+            f"talkbridge node {bridge.node_id} (distributed mode, "
+            f"key prefix {config.store_prefix!r})"
+        )
+    _console.out(
+        f"talkbridge is running (store: {public_url(config.store)}; "
+        f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:"
+    )
+
+
+def _stop_now() -> None:
+    """A second Ctrl-C while stopping: the operator will not wait for the replies under way.
+    Nothing is lost by not waiting: turns cut off run again at the next start."""
+    _console.err(
+        "talkbridge: stopped at once, without waiting for the replies under way "
+        "(they run again at the next start)"
+    )
+    sys.stdout.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
 async def _give_up(bridge: Bridge, reason: str) -> int:
-    print(f"talkbridge: {reason}", file=sys.stderr)
+    _console.err(f"talkbridge: {reason}")
     await bridge.stop()
     return EXIT_RUNTIME
 
@@ -150,114 +215,171 @@ def _webchat_accepts(**value: object) -> dict[str, object]:
         raise argparse.ArgumentTypeError(f"{given!r} is not a {name}: {reason}") from None
 
 
-def _describe_store(url: str) -> str:
-    return url.split("@")[-1] if url.startswith("redis") else url
+# -- check ---------------------------------------------------------------------------------------
 
-
-# -- check -----------------------------------------------------------------------------------------
+_PROBE_KEY = "check:probe"
+"""A state key `check` reads to see the store answer; nothing writes it."""
 
 
 async def _check(args: argparse.Namespace) -> int:
-    from talkbridge.connectors.base import ConnectorContext
-    from talkbridge.registry import ConnectionRegistry
+    from talkbridge.bridge import Bridge
+    from talkbridge.preflight import validate_startup
     from talkbridge.store import open_store
 
     config, secrets = _load(args.config)
     _setup_logging("error", secrets)
-    print(f"config: ok ({len(config.connections)} connection(s), store {config.store})")
-    if not config.connections:
-        print("no connections to check: the webchat needs no credentials")
-        return EXIT_OK
     store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
-    await store.open()
+    bridge = Bridge(config, secrets, store=store, with_webchat=False)
     try:
-        registry = ConnectionRegistry(store, secrets)
-        registry.build(config, ConnectorContext(store, log))
-        reports = await registry.check(timeout=args.timeout)
-        await registry.stop()
+        validate_startup(bridge)
+        _console.out(f"config: ok ({len(config.connections)} connection(s))")
+        store_ok = await _check_store(store, config.store, args.timeout)
+        connections_ok = await _check_connections(bridge, args.timeout)
     finally:
+        await bridge.registry.stop()
         await store.close()
+    return EXIT_OK if store_ok and connections_ok else EXIT_RUNTIME
+
+
+async def _check_store(store: Store, url: str, timeout: float) -> bool:
+    """Open the store and read one key, as `run` does first: one `ok`/`FAIL  store` line."""
+    from talkbridge.store import public_url, sqlite_file
+
+    file = sqlite_file(url)
+    ok, detail = True, "opened and read"
+    if file is not None and not file.exists():
+        detail = "not created yet: the first run creates it"
+    else:
+        try:
+            async with asyncio.timeout(timeout):
+                await store.open()
+                await store.get_state(_PROBE_KEY)
+        except TimeoutError:
+            ok, detail = False, f"no answer within {timeout:g}s"
+        except StoreError as exc:
+            ok, detail = False, str(exc)
+    _console.out(f"{'ok  ' if ok else 'FAIL'}  store  {public_url(url)}  {detail}")
+    return ok
+
+
+async def _check_connections(bridge: Bridge, timeout: float) -> bool:
+    """Try each enabled connection's credentials: one `ok`/`FAIL` line each."""
+    configured = bridge.config.connections
+    if not configured:
+        _console.out("no connections to check: the webchat needs no credentials")
+        return True
+    if not any(conn.enabled for conn in configured):
+        _console.out(f"no enabled connections to check ({len(configured)} with enabled: false)")
+        return True
+    reports = await bridge.registry.check(timeout=timeout)
     width = max(len(r.connection_id) for r in reports)
     cwidth = max(len(r.channel) for r in reports)
     for report in reports:
         mark = "ok  " if report.ok else "FAIL"
-        print(
+        _console.out(
             f"{mark}  {report.connection_id:<{width}}  {report.channel:<{cwidth}}  {report.detail}"
         )
-    return EXIT_OK if all(r.ok for r in reports) else EXIT_RUNTIME
+    return all(r.ok for r in reports)
 
 
-# -- pair ------------------------------------------------------------------------------------------
+# -- pair and hooks dead-letters: the store only ---------------------------------------------------
 
 
-async def _pair(args: argparse.Namespace) -> int:
-    from talkbridge.store import open_store
+@contextlib.asynccontextmanager
+async def _existing_store(args: argparse.Namespace) -> AsyncIterator[Store | None]:
+    """The config's store, open; None when it is a SQLite file that does not exist yet (these
+    commands only read or change what a bridge stored, so they do not create it).
 
-    config, _ = _load(args.config)
+    Only the store's keys are loaded: a connection's token missing from the environment is no
+    concern of `pair list`."""
+    from talkbridge.store import open_store, public_url, sqlite_file
+
+    config, _ = _load(args.config, only=STORE_KEYS)
+    file = sqlite_file(config.store)
+    if file is not None and not file.exists():
+        _console.err(
+            f"talkbridge: the store {public_url(config.store)} does not exist yet "
+            "(the first `talkbridge run` creates it)"
+        )
+        yield None
+        return
     store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     await store.open()
     try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def _pair(args: argparse.Namespace) -> int:
+    async with _existing_store(args) as store:
         if args.pair_command == "approve":
-            pairing = await store.approve_pairing(args.code)
-            if pairing is None:
-                print(f"no pending pairing with code {args.code!r}", file=sys.stderr)
-                return EXIT_RUNTIME
-            print(
-                f"approved: {pairing.display_name or pairing.channel_user_id} "
-                f"({pairing.channel_user_id}) on {pairing.connection_id} is now trusted"
-            )
-            return EXIT_OK
-        pairings = await store.pairings(include_approved=args.all)
+            return await _approve(store, args.code)
+        pairings = [] if store is None else await store.pairings(include_approved=args.all)
         if not pairings:
-            print("no pending pairings")
+            _console.out("no pairings" if args.all else "no pending pairings")
         for p in pairings:
             state = "approved" if p.approved else "pending"
-            print(
+            _console.out(
                 f"{p.code}  {state:<8}  {p.connection_id}  {p.channel_user_id}  "
                 f"{p.display_name}  {p.created_at:%Y-%m-%d %H:%M}"
             )
         return EXIT_OK
-    finally:
-        await store.close()
 
 
-# -- hooks dead-letters ----------------------------------------------------------------------------
+async def _approve(store: Store | None, code: str) -> int:
+    wanted = code.strip().casefold()
+    known = [] if store is None else await store.pairings(include_approved=True)
+    found = next((p for p in known if p.code.strip().casefold() == wanted), None)
+    if store is None or found is None:
+        _console.err(f"no pending pairing with code {code!r}")
+        return EXIT_RUNTIME
+    who = f"{found.display_name or found.channel_user_id} ({found.channel_user_id})"
+    if found.approved:
+        _console.out(f"already approved: {who} on {found.connection_id} is trusted")
+        return EXIT_OK
+    await store.approve_pairing(code)
+    _console.out(f"approved: {who} on {found.connection_id} is now trusted")
+    return EXIT_OK
 
 
 async def _hooks(args: argparse.Namespace) -> int:
-    from talkbridge.message import utcnow
-    from talkbridge.store import open_store
-
-    config, _ = _load(args.config)
-    store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
-    await store.open()
-    try:
+    if args.dead_command == "replay" and args.all == bool(args.ids):
+        _console.err("talkbridge hooks dead-letters replay: give ID(s) or --all")
+        return EXIT_USAGE
+    async with _existing_store(args) as store:
         if args.dead_command == "replay":
-            if args.all == bool(args.ids):
-                print("talkbridge hooks dead-letters replay: give ID(s) or --all", file=sys.stderr)
-                return EXIT_USAGE
-            ids = None if args.all else args.ids
-            count = await store.replay_hook_deliveries(ids, now=utcnow(), app_id=args.app)
-            if ids is not None and count < len(ids):
-                print(
-                    f"replayed {count} of {len(ids)}: the others are not dead letters"
-                    + (f" of app {args.app!r}" if args.app else ""),
-                    file=sys.stderr,
-                )
-                return EXIT_RUNTIME
-            print(f"replayed {count} dead letter(s); a running bridge delivers them now")
-            return EXIT_OK
-        dead = await store.hook_backlog(app_id=args.app, dead=True, limit=args.limit)
+            return await _replay(store, args)
+        dead = (
+            []
+            if store is None
+            else await store.hook_backlog(app_id=args.app, dead=True, limit=args.limit)
+        )
         if not dead:
-            print("no dead letters")
+            _console.out("no dead letters")
         for d in dead:
-            print(
+            _console.out(
                 f"{d.id}  {d.app_id}  {d.handler}  {d.event_id}  {d.created_at:%Y-%m-%d %H:%M}"
                 f"  attempts={d.attempts}  {d.last_error or ''}"
             )
         return EXIT_OK
-    finally:
-        await store.close()
+
+
+async def _replay(store: Store | None, args: argparse.Namespace) -> int:
+    from talkbridge.message import utcnow
+
+    ids = None if args.all else args.ids
+    count = 0
+    if store is not None:
+        count = await store.replay_hook_deliveries(ids, now=utcnow(), app_id=args.app)
+    if ids is not None and count < len(ids):
+        _console.err(
+            f"replayed {count} of {len(ids)}: the others are not dead letters"
+            + (f" of app {args.app!r}" if args.app else "")
+        )
+        return EXIT_RUNTIME
+    _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
+    return EXIT_OK
 
 
 # -- init ------------------------------------------------------------------------------------------
@@ -267,33 +389,76 @@ def _init(args: argparse.Namespace) -> int:
     from talkbridge.init_template import write_starter
 
     target = Path(args.directory)
+    if target.exists() and not target.is_dir():
+        _console.err(f"talkbridge init: {target} is a file, not a folder")
+        return EXIT_USAGE
     try:
         written = write_starter(target, force=args.force)
     except FileExistsError as exc:
-        print(f"talkbridge init: {exc} already exists (use --force to overwrite)", file=sys.stderr)
+        _console.err(f"talkbridge init: {exc} already exists (use --force to overwrite)")
         return EXIT_USAGE
+    except OSError as exc:
+        where = exc.filename or target
+        _console.err(f"talkbridge init: cannot write {where}: {exc.strerror or exc}")
+        return EXIT_RUNTIME
     for path in written:
-        print(f"wrote {path}")
+        _console.out(f"wrote {path}")
     move = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
-    print(f"next: {move}talkbridge run --config talkbridge.yaml")
+    _console.out(f"next: {move}talkbridge run --config talkbridge.yaml")
     return EXIT_OK
+
+
+# -- argument types --------------------------------------------------------------------------------
+
+
+def _log_level(text: str) -> str:
+    """argparse type (also for `$TALKBRIDGE_LOG`): a level name, any case."""
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level (from --log-level or TALKBRIDGE_LOG); "
+            f"use {', '.join(LOG_LEVELS)}"
+        )
+    return text.lower()
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _config_path(text: str) -> str:
+    """argparse type: `--config ''` says so, rather than failing to read the folder `.`."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    return text
 
 
 # -- entry point -----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from talkbridge import __version__
+
     parser = argparse.ArgumentParser(
         prog="talkbridge", description="A multi-channel messaging bridge for chat agents."
     )
+    parser.add_argument("--version", action="version", version=f"talkbridge {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def config_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--config",
             "-c",
-            default=os.environ.get("TALKBRIDGE_CONFIG"),
-            help="YAML config file (default: ./talkbridge.yaml if present, else embedded defaults)",
+            type=_config_path,
+            default=os.environ.get("TALKBRIDGE_CONFIG") or None,
+            help="YAML config file (default: $TALKBRIDGE_CONFIG, else ./talkbridge.yaml if "
+            "present, else embedded defaults)",
         )
 
     run = sub.add_parser("run", help="run the bridge and its webchat")
@@ -302,11 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--port", type=_port, help="webchat port (default 8765; 0 picks a free one)")
     run.add_argument(
         "--node-id",
-        default=os.environ.get("TALKBRIDGE_NODE_ID"),
-        help="this node's id in distributed mode (default: hostname-pid)",
+        default=os.environ.get("TALKBRIDGE_NODE_ID") or None,
+        help="this node's id in distributed mode (default: $TALKBRIDGE_NODE_ID, else hostname-pid)",
     )
     run.add_argument(
-        "--log-level", default=os.environ.get("TALKBRIDGE_LOG", "info"), help="debug|info|warning"
+        "--log-level",
+        type=_log_level,
+        default=os.environ.get("TALKBRIDGE_LOG") or "info",
+        help=f"{'|'.join(LOG_LEVELS)} (default: $TALKBRIDGE_LOG, else info)",
     )
     run.add_argument(
         "--new-token",
@@ -315,10 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     check = sub.add_parser(
-        "check", help="validate the config and try every connection's credentials"
+        "check", help="validate the config, then try the store and every connection's credentials"
     )
     config_arg(check)
-    check.add_argument("--timeout", type=float, default=15.0, help="seconds per connection")
+    check.add_argument(
+        "--timeout", type=_seconds, default=15.0, help="seconds for the store and each connection"
+    )
 
     init = sub.add_parser("init", help="write a starter config and an example hook")
     init.add_argument("directory", nargs="?", default=".")
@@ -356,14 +526,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _init(args)
         runner = {"run": _run, "check": _check, "pair": _pair, "hooks": _hooks}[args.command]
         return asyncio.run(runner(args))
-    except ConfigError as exc:
-        print(f"talkbridge: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # a hook folder that cannot be loaded is one too
+        _console.err(f"talkbridge: {exc}")
         return EXIT_USAGE
     except TalkbridgeError as exc:
-        print(f"talkbridge: {exc}", file=sys.stderr)
+        _console.err(f"talkbridge: {exc}")
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return EXIT_OK
+    except Exception:  # a bug: its traceback, still without the secrets
+        _console.err(f"talkbridge: internal error:\n{traceback.format_exc().rstrip()}")
+        return EXIT_RUNTIME
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ retries in one place::
     ├── UnknownConnectionError      a connection id nobody configured
     ├── FeatureUnavailableError     a connection lacks a feature
     ├── HookError                   a hook failed, timed out, or returned something unusable
-    │   └── HookLoadError           a hook folder cannot be loaded
+    │   └── HookLoadError           a hook folder cannot be loaded (also a ConfigError: exit 2)
     ├── TurnAbortedError            a `before_*` listener or fail-closed hook stopped a turn
     ├── SendFailedError             an outbound message could not be delivered (recorded)
     ├── StoreError                  the store cannot be opened or an operation on it failed
@@ -49,8 +49,8 @@ class HookError(TalkbridgeError):
     pass
 
 
-class HookLoadError(HookError):
-    pass
+class HookLoadError(HookError, ConfigError):
+    """A hook folder the config lists cannot be loaded: a config problem, so the CLI exits 2."""
 
 
 class TurnAbortedError(TalkbridgeError):

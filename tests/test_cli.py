@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import signal
 import socket
 from pathlib import Path
 
+import pytest
 import websockets
 
+import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
+from talkbridge.cli import build_parser
 from talkbridge.config import ConnectionConfig, load_config
 from talkbridge.message import utcnow
-from talkbridge.store import Pairing, SqliteStore
+from talkbridge.store import Pairing, SqliteStore, public_url
+from tests.conftest import require
+from tests.peers.http import free_port
+from tests.peers.redis import redis_url
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -105,7 +112,11 @@ async def test_bad_config_exits_2_naming_the_key_and_hiding_secrets(tmp_path: Pa
     for command in ("run", "check"):
         code, out, err = await finish(await talkbridge(command, cwd=tmp_path, env=env))
         assert code == 2
-        assert "webchat.port" in err and "connections[0].mode" in err
+        assert err.splitlines() == [  # one line per problem, under one naming the file
+            "talkbridge: invalid config (talkbridge.yaml):",
+            "  connections[0].mode: must be 'polling' or 'webhook'",
+            "  webchat.port: must be a valid integer, unable to parse string as an integer",
+        ]
         assert "s3cr3t" not in err + out and "AAAAAAAA" not in err + out
 
 
@@ -140,3 +151,283 @@ async def test_pair_list_and_approve(tmp_path: Path) -> None:
 async def test_check_with_only_the_webchat(tmp_path: Path) -> None:
     code, out, _ = await finish(await talkbridge("check", cwd=tmp_path))
     assert code == 0 and "config: ok" in out and "no connections to check" in out
+
+
+# -- the review's findings: each test failed on the code before its fix ----------------------------
+
+
+async def _url_of(process: asyncio.subprocess.Process) -> str:
+    """The webchat link `talkbridge run` prints once it listens."""
+    assert process.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert line, "talkbridge run exited before printing the URL"
+        if line.startswith("http://"):
+            return line.strip()
+
+
+def test_store_urls_are_shown_without_credentials() -> None:
+    assert public_url("redis://:pw@127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert public_url("rediss://user:p#?w@cache.example:6380") == "rediss://cache.example:6380"
+    assert public_url("sqlite:////data/talkbridge.db") == "sqlite:////data/talkbridge.db"
+
+
+async def test_check_tries_the_store_and_never_shows_its_password(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    closed = free_port()
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(f'store: "redis://:${{REDIS_PW}}@127.0.0.1:{closed}/0"\n')
+    env = {"REDIS_PW": "s3cr3t-redis-pw"}
+    code, out, err = await finish(
+        await talkbridge("check", "--timeout", "5", cwd=tmp_path, env=env)
+    )
+    assert code == 1, err
+    assert f"FAIL  store  redis://127.0.0.1:{closed}/0  cannot open the redis store" in out
+    assert "s3cr3t" not in out + err
+
+    live = redis_url()
+    require(live is not None, "no redis-server")
+    assert live is not None
+    port = live.rsplit(":", 1)[1].split("/")[0]
+    config.write_text(f'store: "redis://:${{REDIS_PW}}@127.0.0.1:{port}/0"\n')
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path, env=env))
+    assert code == 0, err
+    assert f"ok    store  redis://127.0.0.1:{port}/0  opened and read" in out
+    assert "s3cr3t" not in out + err
+
+
+async def test_a_secret_in_a_hook_error_or_a_start_failure_is_not_printed(tmp_path: Path) -> None:
+    hook = tmp_path / "hooks" / "channel-message"
+    hook.mkdir(parents=True)
+    (hook / "hook.py").write_text('import os\nraise RuntimeError("no " + os.environ["TG"])\n')
+    (tmp_path / "talkbridge.yaml").write_text(
+        "hooks: [hooks/channel-message]\n"
+        "connections:\n  - id: bot\n    channel: telegram\n    token: ${TG}\n"
+    )
+    env = {"TG": "12345:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}
+    for command in ("check", "run"):
+        code, out, err = await finish(
+            await talkbridge(command, "-c", "talkbridge.yaml", cwd=tmp_path, env=env)
+        )
+        assert code == 2, err  # a hook folder that does not load is a config error
+        assert "importing hook.py failed" in err and "RuntimeError: no ***" in err
+        assert "AAAAAAAA" not in out + err
+
+    (tmp_path / "bind.yaml").write_text('webchat: {host: "${BIND_HOST}"}\n')
+    env = {"BIND_HOST": "192.0.2.1"}  # TEST-NET-1: never an address of this machine
+    code, out, err = await finish(
+        await talkbridge("run", "-c", "bind.yaml", "--port", "0", cwd=tmp_path, env=env)
+    )
+    assert code == 1 and "talkbridge: cannot start: webchat cannot listen on ***:0" in err
+    assert "192.0.2.1" not in out + err
+
+
+async def test_a_log_level_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    for args, env in ((("--log-level", "bogus"), {}), ((), {"TALKBRIDGE_LOG": "bogus"})):
+        code, out, err = await finish(await talkbridge("run", *args, cwd=tmp_path, env=env))
+        assert code == 2 and "http://" not in out and "Traceback" not in err
+        assert "'bogus' is not a log level" in err
+        assert "debug, info, warning, error, critical" in err
+    assert build_parser().parse_args(["run", "--log-level", "WARNING"]).log_level == "warning"
+
+
+async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
+    (tmp_path / "talkbridge.yaml").write_text(
+        "connections:\n  - id: bot\n    channel: telegram\n    token: '1:x'\n    enabled: false\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0, err
+    assert "no enabled connections to check (1 with enabled: false)" in out
+
+
+async def test_store_commands_need_only_the_store_from_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "talkbridge.yaml").write_text(
+        "store: sqlite:///${DB_NAME}\n"
+        "connections:\n  - id: bot\n    channel: telegram\n    token: ${TELEGRAM_TOKEN}\n"
+    )
+    store = SqliteStore(tmp_path / "bridge.db")
+    await store.open()
+    await store.create_pairing(
+        Pairing("ABCD-EFGH", "bot", "4242", "Grace", utcnow(), approved=False)
+    )
+    await store.close()
+    env = {"DB_NAME": "bridge.db"}  # TELEGRAM_TOKEN is not set: `pair` does not need it
+    code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path, env=env))
+    assert code == 0 and "ABCD-EFGH" in out, err
+    code, out, err = await finish(
+        await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path, env=env)
+    )
+    assert code == 0 and "no dead letters" in out, err
+    code, _, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+    assert code == 2 and "store: environment variable DB_NAME is not set" in err
+
+
+async def test_configs_that_cannot_be_read_are_one_line_errors(tmp_path: Path) -> None:
+    (tmp_path / "latin1.yaml").write_bytes("store: sqlite:///caf\xe9.db\n".encode("latin-1"))
+    (tmp_path / "loop.yaml").write_text("webchat: &a [*a]\n")
+    for name, why in (
+        ("latin1.yaml", "not UTF-8 text (byte 0xe9 at offset 20)"),
+        ("loop.yaml", "webchat[0]: an alias of a value that contains it"),
+    ):
+        code, _, err = await finish(await talkbridge("check", "-c", name, cwd=tmp_path))
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert name in err and why in err
+
+
+async def test_init_into_a_file_or_where_nothing_can_be_written(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    code, _, err = await finish(await talkbridge("init", "afile", cwd=tmp_path))
+    assert code == 2 and err == "talkbridge init: afile is a file, not a folder\n"
+    code, _, err = await finish(await talkbridge("init", "afile/sub", cwd=tmp_path))
+    assert code == 1 and len(err.splitlines()) == 1 and "cannot write afile/sub" in err, err
+
+
+_BROKEN = {
+    "a missing hook folder": (
+        "hooks: [nothere]\n",
+        {},
+        "hook folder {dir}/nothere: does not exist",
+    ),
+    "a hook with a syntax error": (
+        "hooks: [h/channel-message]\n",
+        {"h/channel-message/hook.py": "def create_hook(:\n"},
+        "syntax error in {dir}/h/channel-message/hook.py, line 1",
+    ),
+    "an unknown key in hook.yaml": (
+        "hooks: [h/channel-message]\n",
+        {
+            "h/channel-message/hook.py": "def create_hook(deps): ...\n",
+            "h/channel-message/hook.yaml": "ordr: 1\n",
+        },
+        "hook.yaml: ordr: unknown key",
+    ),
+    "an unknown default agent": (
+        "agents: {default: nobody}\n",
+        {},
+        "agents.default: unknown agent 'nobody'; known agents: echo, sentinel",
+    ),
+    "an agent class that cannot be imported": (
+        'agents: {definitions: {mine: {kind: python, target: "nomod.x:Y"}}}\n',
+        {},
+        "agents.definitions.mine.target: cannot load nomod.x:Y",
+    ),
+    "a store nobody supports": (
+        "store: postgres://x\n",
+        {},
+        "store: unsupported URL scheme 'postgres'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_BROKEN))
+async def test_check_refuses_what_run_refuses_and_both_exit_2(tmp_path: Path, case: str) -> None:
+    config, files, reason = _BROKEN[case]
+    (tmp_path / "talkbridge.yaml").write_text(config)
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    for command in ("check", "run"):
+        extra = ("--port", "0") if command == "run" else ()
+        code, out, err = await finish(await talkbridge(command, *extra, cwd=tmp_path))
+        assert code == 2, (command, err)
+        assert "config: ok" not in out and "http://" not in out
+        assert reason.format(dir=tmp_path) in err
+
+
+async def test_a_new_token_replaces_the_old_one_only_once_the_bridge_runs(tmp_path: Path) -> None:
+    first = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    old = (await _url_of(first)).split("?token=")[1]
+    first.send_signal(signal.SIGINT)
+    assert (await finish(first))[0] == 0
+
+    holder = socket.create_server(("127.0.0.1", 0))
+    try:
+        busy = str(holder.getsockname()[1])
+        code, _, err = await finish(
+            await talkbridge("run", "--new-token", "--port", busy, cwd=tmp_path)
+        )
+    finally:
+        holder.close()
+    assert code == 1 and "cannot start" in err
+
+    again = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    assert (await _url_of(again)).endswith(f"?token={old}")  # the old link still works
+    again.send_signal(signal.SIGINT)
+    assert (await finish(again))[0] == 0
+
+    renewed = await talkbridge("run", "--new-token", "--port", "0", cwd=tmp_path)
+    new = (await _url_of(renewed)).split("?token=")[1]
+    renewed.send_signal(signal.SIGINT)
+    assert (await finish(renewed))[0] == 0
+    last = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    assert new != old and (await _url_of(last)).endswith(f"?token={new}")
+    last.send_signal(signal.SIGINT)
+    assert (await finish(last))[0] == 0
+
+
+async def test_version_timeout_and_empty_config_path(tmp_path: Path) -> None:
+    code, out, _ = await finish(await talkbridge("--version", cwd=tmp_path))
+    assert code == 0 and out == f"talkbridge {talkbridge_package.__version__}\n"
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        code, _, err = await finish(await talkbridge("check", "--timeout", bad, cwd=tmp_path))
+        assert code == 2 and f"{bad!r} is not a positive number of seconds" in err
+    code, _, err = await finish(await talkbridge("check", "--config", "", cwd=tmp_path))
+    assert code == 2 and "argument --config/-c: the path is empty" in err
+
+
+_SLOW_AGENT = """
+import asyncio
+
+from talkbridge.agents import Result, TextDelta
+
+
+class Slow:
+    name = "slow"
+
+    async def stream(self, ctx):
+        yield TextDelta(text="thinking")
+        await asyncio.Event().wait()  # never answers: stopping waits for it
+        yield Result(text="never")
+"""
+
+
+async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
+    (tmp_path / "slowagent.py").write_text(_SLOW_AGENT)
+    (tmp_path / "talkbridge.yaml").write_text(
+        'agents: {default: slow, definitions: {slow: {kind: python, target: "slowagent:Slow"}}}\n'
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    base, token = (await _url_of(process)).split("?token=")
+    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        thread = json.loads(await ws.recv())["conversations"][0]["thread_id"]
+        await ws.send(
+            json.dumps({"type": "send", "thread_id": thread, "client_id": "c", "text": "hi"})
+        )
+        while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
+            pass  # the turn is under way
+        process.send_signal(signal.SIGINT)
+        assert process.stderr is not None
+        while b"stopping" not in await asyncio.wait_for(process.stderr.readline(), 30):
+            pass
+        process.send_signal(signal.SIGINT)
+        code, _, err = await asyncio.wait_for(finish(process), 5)  # not the 10 s drain
+    assert code == 130
+    assert "stopped at once, without waiting for the replies under way" in err
+
+
+async def test_pair_approve_twice_and_pair_list_without_a_store(tmp_path: Path) -> None:
+    code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+    assert code == 0 and "no pending pairings" in out and "does not exist yet" in err
+    assert not (tmp_path / "talkbridge.db").exists()  # looking creates nothing
+
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    await store.create_pairing(
+        Pairing("ABCD-EFGH", "support", "4242", "Grace", utcnow(), approved=False)
+    )
+    await store.close()
+    code, out, _ = await finish(await talkbridge("pair", "approve", "ABCD-EFGH", cwd=tmp_path))
+    assert code == 0 and "approved: Grace (4242) on support is now trusted" in out
+    code, out, _ = await finish(await talkbridge("pair", "approve", "abcd-efgh", cwd=tmp_path))
+    assert code == 0 and out == "already approved: Grace (4242) on support is trusted\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from talkbridge.errors import ConfigError
 from talkbridge.store.base import (
     Appended,
@@ -14,7 +16,7 @@ from talkbridge.store.base import (
     Role,
     Store,
 )
-from talkbridge.store.sqlite import SqliteStore
+from talkbridge.store.sqlite import MEMORY, SqliteStore
 
 __all__ = [
     "Appended",
@@ -28,9 +30,32 @@ __all__ = [
     "SqliteStore",
     "Store",
     "open_store",
+    "public_url",
+    "sqlite_file",
 ]
 
 _SQLITE_FORMS = "sqlite:///relative.db, sqlite:////absolute/path.db or sqlite:///:memory:"
+
+
+def public_url(url: str) -> str:
+    """`url` without its user and password (`redis://:pw@host/0` -> `redis://host/0`): the form
+    of a store URL that may be printed or logged. The authority ends at the first `/`, so a
+    password holding `?` or `#` is dropped too."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file a `sqlite:///` URL names (None for other stores and `:memory:`), so a
+    command can tell a store that was never created from an empty one without creating it."""
+    url = url.strip()
+    if _scheme(url) != "sqlite":
+        return None
+    path = url.partition("://")[2].removeprefix("/")
+    return None if path in ("", MEMORY) else Path(path)
 
 
 def _scheme(url: str) -> str:
@@ -41,7 +66,9 @@ def _scheme(url: str) -> str:
 def _sqlite_store(url: str, *, short_lived: bool) -> Store:
     rest = url.partition("://")[2]
     if not rest.startswith("/"):
-        raise ConfigError(f"store URL {url!r} has a host part; write it as {_SQLITE_FORMS}")
+        raise ConfigError(
+            f"store URL {public_url(url)!r} has a host part; write it as {_SQLITE_FORMS}"
+        )
     path = rest[1:]
     if not path or path.endswith("/"):
         raise ConfigError(f"store URL {url!r} names no database file; write it as {_SQLITE_FORMS}")
