@@ -27,7 +27,7 @@ from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import SendFailedError, TalkbridgeError
+from talkbridge.errors import SendFailedError
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -122,26 +122,19 @@ class Bridge:
         await self.store.open()
         if self.cluster is not None:
             await self.cluster.start()
-        self._add_configured_agents()
+        self.add_configured_agents()
         self.registry.build(self.config, self.context)
         if self._with_webchat:
             await self._add_webchat()
             if self.cluster is not None:
                 self.webchat.use_fanout(self.cluster.fanout)
                 await self.cluster.fanout.start()
-        deps = HookDeps(
-            app_id=self.app_id,
-            logger=logging.getLogger(f"talkbridge.hooks.{self.app_id}"),
-            router=self.router,
-            agent_runner=self.runner,
-            context={"config": self.config, "store": self.store, "bridge": self},
-            hooks=self.hooks,
-            environment=self.config.environment,
-        )
         if self.config.hooks:
             from talkbridge.hooks.loader import load_hook_folders
 
-            self._hook_objects = load_hook_folders(self.config.hook_folders(), deps, self.hooks)
+            self._hook_objects = load_hook_folders(
+                self.config.hook_folders(), self.hook_deps(), self.hooks
+            )
         self.hooks.freeze()
         for obj in self._hook_objects:
             for cid in self.registry.ids():
@@ -204,20 +197,26 @@ class Bridge:
     ) -> None:
         await self.stop()
 
-    def _add_configured_agents(self) -> None:
+    def add_configured_agents(self) -> None:
+        """The agents the config defines; a ConfigError if a role names none of them."""
         from talkbridge.agents import build_agent
+        from talkbridge.preflight import check_agent_roles
 
         for name, spec in self.config.agents.definitions.items():
             self.runner.add_agent(build_agent(name, spec, self.store), name)
-        for role, name in (
-            ("default", self.config.agents.default),
-            ("sentinel", self.config.agents.sentinel),
-        ):
-            if name not in self.runner.agent_names:
-                raise TalkbridgeError(
-                    f"agents.{role}: unknown agent {name!r}; "
-                    f"known agents: {', '.join(self.runner.agent_names)}"
-                )
+        check_agent_roles(self)
+
+    def hook_deps(self) -> HookDeps:
+        """What the hooks of the config's folders are given."""
+        return HookDeps(
+            app_id=self.app_id,
+            logger=logging.getLogger(f"talkbridge.hooks.{self.app_id}"),
+            router=self.router,
+            agent_runner=self.runner,
+            context={"config": self.config, "store": self.store, "bridge": self},
+            hooks=self.hooks,
+            environment=self.config.environment,
+        )
 
     async def _add_webchat(self) -> None:
         from talkbridge.config import ConnectionConfig

@@ -7,14 +7,12 @@ built, hook folders imported and their hooks created, connectors constructed —
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from talkbridge.errors import ConfigError
 
 if TYPE_CHECKING:
     from talkbridge.bridge import Bridge
-    from talkbridge.hooks import HookDeps
 
 
 def check_agent_roles(bridge: Bridge) -> None:
@@ -31,28 +29,10 @@ def check_agent_roles(bridge: Bridge) -> None:
 
 def validate_startup(bridge: Bridge) -> None:
     """Build what `bridge.start()` builds from the config, raising its `ConfigError`s."""
-    from talkbridge.agents import build_agent
     from talkbridge.hooks.loader import load_hook_folders
 
     config = bridge.config
-    for name, spec in config.agents.definitions.items():
-        bridge.runner.add_agent(build_agent(name, spec, bridge.store), name)
-    check_agent_roles(bridge)
+    bridge.add_configured_agents()
     if config.hooks:
-        load_hook_folders(config.hook_folders(), _hook_deps(bridge), bridge.hooks)
+        load_hook_folders(config.hook_folders(), bridge.hook_deps(), bridge.hooks)
     bridge.registry.build(config, bridge.context)
-
-
-def _hook_deps(bridge: Bridge) -> HookDeps:
-    """The deps `Bridge.start` gives hooks."""
-    from talkbridge.hooks import HookDeps
-
-    return HookDeps(
-        app_id=bridge.app_id,
-        logger=logging.getLogger(f"talkbridge.hooks.{bridge.app_id}"),
-        router=bridge.router,
-        agent_runner=bridge.runner,
-        context={"config": bridge.config, "store": bridge.store, "bridge": bridge},
-        hooks=bridge.hooks,
-        environment=bridge.config.environment,
-    )
