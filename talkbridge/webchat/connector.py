@@ -352,34 +352,35 @@ class WebchatConnector(BaseConnector):
                 frame.text,
                 data={"client_id": frame.client_id},
             )
-            # The ack is written without waiting, like every frame `_publish` writes: the turn
-            # goes to the router even if this socket closed meanwhile (the message is saved),
-            # and no per-send context is set up for the commonest frame.
-            if entry is None:
-                broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": True}))
-                # Deliver it again: the router drops it if it has it already, and takes it if
-                # the bridge stopped between recording the message and handing it over.
-                retry = await self._recorded_turn(seq, native_id, thread_id, session_id)
-                if retry is not None:
-                    await self._deliver_turn(ws, retry)
+            # Acknowledged only once the router has the turn: an ack means the message will
+            # be answered, even if the bridge stops right after. Without one, the page keeps
+            # the message and sends it again.
+            if entry is None:  # sent before: hand it over again (the router drops it if it
+                # has it, and takes it if the bridge stopped before handing it over)
+                recorded = await self._recorded(seq, native_id, thread_id)
+                if recorded is None or await self._deliver_turn(
+                    ws, self._inbound(recorded, thread_id, session_id)
+                ):
+                    broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": True}))
                 return
             renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
+            if not await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id)):
+                return
             ack_text = dumps({**ack, "seq": seq, "duplicate": False})
+            # Written without waiting, like every frame `_publish` writes: the turn is the
+            # router's already, whether or not this socket is still open.
             await self._publish(session_id, message_frame(thread_id, entry), then=(ws, ack_text))
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
-            await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id))
 
-    async def _recorded_turn(
-        self, seq: int, native_id: str, thread_id: str, session_id: str
-    ) -> NormalizedMessage | None:
+    async def _recorded(self, seq: int, native_id: str, thread_id: str) -> HistoryEntry | None:
         entries = await self.context.store.history(
-            _thread_key(thread_id), limit=1, after_seq=seq - 1
+            _thread_key(thread_id), limit=1, before_seq=seq + 1
         )
         if not entries or entries[0].message_id != native_id:
             return None
-        return self._inbound(entries[0], thread_id, session_id)
+        return entries[0]
 
     def _inbound(self, entry: HistoryEntry, thread_id: str, session_id: str) -> NormalizedMessage:
         return NormalizedMessage(
@@ -394,8 +395,9 @@ class WebchatConnector(BaseConnector):
             text=entry.text,
         )
 
-    async def _deliver_turn(self, ws: ServerConnection, message: NormalizedMessage) -> None:
-        """Hand the turn to the router; if that fails, a resend of the client id retries it."""
+    async def _deliver_turn(self, ws: ServerConnection, message: NormalizedMessage) -> bool:
+        """Hand the turn to the router; if that fails, say so (the client sends it again with
+        the same client id, which retries) and return False."""
         try:
             await self.deliver(message)
         except Exception:
@@ -408,9 +410,12 @@ class WebchatConnector(BaseConnector):
                         "sending it again with the same client_id retries",
                         thread_id=message.thread_id,
                         client_id=message.id.rpartition(":")[2],
+                        retry_after=1.0,
                     )
                 )
             )
+            return False
+        return True
 
     async def _on_history(self, ws: ServerConnection, session_id: str, frame: HistoryFrame) -> None:
         await self._own_thread(session_id, frame.thread_id, frame.ref)

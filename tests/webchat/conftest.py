@@ -60,14 +60,21 @@ class EchoHarness:
         self.gate: asyncio.Event | None = None
         """When set, each reply pauses after its first delta until the gate opens."""
         self.streaming = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         connector.subscribe(self.on_message)
 
     async def on_message(self, msg: NormalizedMessage) -> None:
+        """Accept the message and answer it in a task of its own, as the router does: delivery
+        returns once the message is taken, before its turn has run."""
         if any(turn.id == msg.id for turn in self.turns):
             return  # the router drops what it has had: the webchat may deliver a resend again
         self.turns.append(msg)
         self.turned.set()
-        stream_id = f"s{len(self.turns)}"
+        task = asyncio.create_task(self._answer(msg, f"s{len(self.turns)}"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, msg: NormalizedMessage, stream_id: str) -> None:
         await self.connector.typing(msg.thread_id)
         reply = f"echo: {msg.text}"
         half = len(reply) // 2

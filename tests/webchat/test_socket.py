@@ -424,3 +424,32 @@ async def test_a_message_is_answered_even_if_its_tab_closed_right_after_sending(
     await tab1.close()
     assert (await tab2.expect("message", role="user"))["text"] == "bye"
     assert (await tab2.expect("message", role="assistant"))["text"] == "echo: bye"
+
+
+async def test_a_message_the_router_cannot_take_is_not_acked_and_its_resend_is(
+    webchat: Webchat,
+) -> None:
+    refusals = [RuntimeError("the store is busy")]
+
+    async def refuse_once(msg: object) -> None:
+        if refusals:
+            raise refusals.pop()
+
+    webchat.connector.subscribe(refuse_once)
+    client = await webchat.authed()
+    send = {"type": "send", "thread_id": client.thread_id, "client_id": "m1", "text": "hi"}
+    await client.send(send)
+    error = await client.expect("error")
+    assert error["code"] == "internal" and error["client_id"] == "m1" and error["retry_after"] > 0
+    # No ack: the page keeps the message in its outbox and sends it again, as told.
+    await client.send({"type": "ping", "ref": "p"})
+    await client.expect("pong", ref="p")
+    assert not [
+        f for f in client.inbox if f["type"] in ("ack", "message") and f.get("role") != "assistant"
+    ]
+
+    await client.send(send)  # the page's resend, same client id
+    ack = await client.expect("ack")
+    assert ack["client_id"] == "m1" and ack["duplicate"] is True and ack["seq"] == 1
+    assert (await client.expect("message", role="assistant"))["text"] == "echo: hi"
+    assert len(webchat.echo.turns) == 1

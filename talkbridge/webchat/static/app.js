@@ -267,12 +267,20 @@ function onReady(frame) {
 }
 
 function onAck(frame) {
-  const before = state.outbox.length;
-  state.outbox = state.outbox.filter((m) => m.client_id !== frame.client_id);
-  if (state.outbox.length !== before) {
-    saveOutbox();
-    if (frame.thread_id === state.active) renderThread();
+  const item = state.outbox.find((m) => m.client_id === frame.client_id);
+  if (!item) return;
+  state.outbox = state.outbox.filter((m) => m !== item);
+  saveOutbox();
+  const t = thread(frame.thread_id);
+  if (!t.messages.has(frame.seq)) {
+    // Acknowledged without its message frame (a resend of one this page never saw stored):
+    // show it from the outbox until history brings the stored one.
+    t.messages.set(frame.seq, {
+      type: "message", thread_id: frame.thread_id, seq: frame.seq, id: frame.id, role: "user",
+      text: item.text, client_id: item.client_id, ts: new Date().toISOString(),
+    });
   }
+  if (frame.thread_id === state.active) renderThread();
 }
 
 function onMessage(frame) {
