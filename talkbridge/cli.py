@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -69,8 +70,15 @@ class _Console:
 _console = _Console()
 
 
+_TOKEN_FIELD = re.compile(r"""(["']?token["']?\s*[:=]\s*["']?)[^"'\s,}&]+""")
+"""A token given in a frame or a query (a webchat auth frame in websockets' debug log): not
+one the config holds (a wrong one, a user's JWT), so `Secrets` cannot know it, yet it may be
+a real credential mistyped."""
+
+
 class _RedactingFilter(logging.Filter):
-    """Last line of defence: no configured secret reaches a log line."""
+    """Last line of defence: no configured secret, and no token a client presented, reaches a
+    log line."""
 
     def __init__(self, secrets: Secrets) -> None:
         super().__init__()
@@ -78,7 +86,7 @@ class _RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        redacted = self._secrets.redact(message)
+        redacted = _TOKEN_FIELD.sub(r"\1***", self._secrets.redact(message))
         if record.exc_info and record.exc_info[1] is not None:
             record.exc_text = self._secrets.redact(
                 logging.Formatter().formatException(record.exc_info)

@@ -20,6 +20,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -122,6 +123,12 @@ def listen_host(host: str) -> str:
     return host
 
 
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # YAML's `true` would pass as 1
+        raise ValueError("must be a port number, not true or false")
+    return value
+
+
 def listen_port(port: int) -> int:
     if not 0 <= port <= 65535:
         raise ValueError("use 0-65535 (0 picks a free one)")
@@ -129,7 +136,7 @@ def listen_port(port: int) -> int:
 
 
 ListenHost = Annotated[str, AfterValidator(listen_host)]
-ListenPort = Annotated[int, AfterValidator(listen_port)]
+ListenPort = Annotated[int, BeforeValidator(_not_a_bool), AfterValidator(listen_port)]
 
 
 class WebchatConfig(_Model):
@@ -143,6 +150,17 @@ class WebchatConfig(_Model):
     """Webchat users hold a token the operator gave them, so they are trusted by default."""
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     history_limit: int = Field(default=200, ge=1)
+
+    @field_validator("tokens")
+    @classmethod
+    def _tokens_not_empty(cls, tokens: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for index, token in enumerate(tokens):
+            if not token.get_secret_value().strip():
+                raise ValueError(
+                    f"token {index + 1} is empty (an unset or empty ${{VARIABLE}}?); "
+                    "remove it, or leave tokens out to have one generated"
+                )
+        return tokens
 
 
 class AgentSpec(_Model):
@@ -454,9 +472,33 @@ def _read_text(file: Path, what: str) -> str:
         ) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A key given twice in one mapping is an error: YAML's rule, which PyYAML does not enforce,
+    silently keeping the last (a second `connections:` pasted in would drop the first's)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in this mapping; keep one",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """`yaml.safe_load` that refuses a key given twice."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def _parse_yaml(text: str, file: Path) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

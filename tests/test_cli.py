@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import logging
 import signal
 import socket
 from pathlib import Path
@@ -431,3 +432,21 @@ async def test_pair_approve_twice_and_pair_list_without_a_store(tmp_path: Path) 
     assert code == 0 and "approved: Grace (4242) on support is now trusted" in out
     code, out, _ = await finish(await talkbridge("pair", "approve", "abcd-efgh", cwd=tmp_path))
     assert code == 0 and out == "already approved: Grace (4242) on support is trusted\n"
+
+
+def test_tokens_a_client_presents_never_reach_the_log() -> None:
+    from talkbridge.cli import _RedactingFilter
+    from talkbridge.config import Secrets
+
+    record = logging.LogRecord(
+        "websockets.server",
+        logging.DEBUG,
+        __file__,
+        1,
+        "< TEXT %r [%d bytes]",
+        ('{"type":"auth","token":"mistyped-real-token"}', 46),
+        None,
+    )
+    assert _RedactingFilter(Secrets()).filter(record)
+    assert "mistyped-real-token" not in record.getMessage()
+    assert '"token":"***"' in record.getMessage()

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,26 @@ def test_an_alias_inside_its_own_anchor_is_an_error_not_a_recursion(tmp_path: Pa
     path.write_text("agents: &a {definitions: {x: *a}}\n")
     with pytest.raises(ConfigError, match=r"agents\.definitions\.x: an alias of a value"):
         load_config(path)
+
+
+def test_a_key_given_twice_is_an_error_not_a_silent_replacement(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text(
+        "connections:\n  - {id: bot, channel: telegram, token: '1:x'}\n"
+        "webchat: {}\nconnections: []\n"
+    )
+    with pytest.raises(ConfigError, match=r"line 4, column 1: key 'connections' appears twice"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("webchat", "says"),
+    [
+        ({"tokens": [""]}, "webchat.tokens: token 1 is empty"),
+        ({"tokens": ["ok-token", "  "]}, "webchat.tokens: token 2 is empty"),
+        ({"port": True}, "webchat.port: must be a port number, not true or false"),
+    ],
+)
+def test_webchat_values_that_would_fail_at_start(webchat: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_config({"webchat": webchat})

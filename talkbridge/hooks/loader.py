@@ -20,10 +20,11 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import itertools
+import logging
 import re
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from talkbridge.config import format_errors
+from talkbridge.config import format_errors, load_yaml
 from talkbridge.errors import HookLoadError
 from talkbridge.hooks.channel_message import ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
@@ -123,7 +124,7 @@ def _read_spec(folder: Path) -> HookSpec:
     if not file.is_file():
         return HookSpec()
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        data = load_yaml(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise HookLoadError(f"hook folder {folder}: {SPEC_FILE} is not valid YAML: {exc}") from None
     if data is None:
@@ -199,8 +200,11 @@ def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> Loaded
             f"hook folder {folder}: create_hook must be a plain function (not async); "
             "start async work in the hook itself"
         )
+    name = spec.name or folder.name
+    # Each hook logs under its own name (`talkbridge.hooks.<name>`), so a line says which.
+    own = replace(deps, logger=logging.getLogger(f"talkbridge.hooks.{name}"))
     try:
-        hook = create(deps)
+        hook = create(own)
     except Exception as exc:
         raise HookLoadError(
             f"hook folder {folder}: create_hook raised{_where(exc, file)}: "
@@ -208,7 +212,6 @@ def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> Loaded
         ) from exc
     if hook is None:
         raise HookLoadError(f"hook folder {folder}: create_hook returned None instead of a hook")
-    name = spec.name or folder.name
     options = spec.model_dump(exclude_none=True, exclude={"kind", "name"})
     if "filter" in options:
         options["filter"] = spec.filter

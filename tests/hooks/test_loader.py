@@ -305,3 +305,21 @@ def test_failure_rolls_back_hooks_loaded_by_the_same_call(tmp_path: Path) -> Non
     with pytest.raises(HookLoadError, match="reply"):
         load_hooks([good, bad], deps(registry, agent="x"), registry)
     assert registry.names() == {} and not registry.channel_message.has_listeners()
+
+
+def test_each_hook_logs_under_its_own_name(tmp_path: Path) -> None:
+    code = """
+        async def keep(msg):
+            return None
+
+        def create_hook(deps):
+            deps.context["loggers"].append(deps.logger.name)
+            return keep
+        """
+    root = tmp_path / "hooks" / "channel-message"
+    write_hook(root / "billing", code)
+    write_hook(root / "spam-filter", code)
+    registry = HookRegistry()
+    loggers: list[str] = []
+    load_hooks([root], deps(registry, loggers=loggers), registry)
+    assert loggers == ["talkbridge.hooks.billing", "talkbridge.hooks.spam-filter"]
