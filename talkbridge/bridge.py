@@ -166,15 +166,20 @@ class Bridge:
             await self.cluster.quiesce()  # no new entries or send requests from other nodes
         waiting = self.router.stop_starting()
         if waiting:
-            log.info("stopping: %d accepted messages wait in the store for the next start", waiting)
+            log.info(
+                "stopping: %s in the store for the next start",
+                _count(waiting, "accepted message waits", "accepted messages wait"),
+            )
         try:
             async with asyncio.timeout(drain_timeout):
                 await self.router.finish()
         except TimeoutError:
+            running = self.router.turns_running
             log.warning(
-                "stopping: %d turns did not finish within %g s; they run again at the next start",
-                self.router.turns_running,
+                "stopping: %s within %g s; %s at the next start",
+                _count(running, "turn did not finish", "turns did not finish"),
                 drain_timeout,
+                "it runs again" if running == 1 else "they run again",
             )
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
@@ -203,7 +208,8 @@ class Bridge:
         from talkbridge.preflight import check_agent_roles
 
         for name, spec in self.config.agents.definitions.items():
-            self.runner.add_agent(build_agent(name, spec, self.store), name)
+            agent = build_agent(name, spec, self.store, self.config.base_dir)
+            self.runner.add_agent(agent, name)
         check_agent_roles(self)
 
     def hook_deps(self) -> HookDeps:
@@ -465,3 +471,7 @@ def _cluster_for(store: Store, config: BridgeConfig, node_id: str | None) -> Clu
     from talkbridge.cluster import Cluster
 
     return Cluster(store, config.cluster, node_id)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"

@@ -305,7 +305,7 @@ async def test_stop_finishes_the_turn_under_way_and_leaves_the_queued_one_for_th
     await stopping
     # ...which is answered, while the queued one never started (it waits in the store).
     assert [s.message.text for s in conns["test"].sent] == ["slow: first"]
-    assert "1 accepted messages wait in the store for the next start" in caplog.text
+    assert "1 accepted message waits in the store for the next start" in caplog.text
 
     bridge, conns = await _bridge(tmp_path)
     (sent,) = await conns["test"].wait_sent(1)

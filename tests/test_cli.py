@@ -450,3 +450,18 @@ def test_tokens_a_client_presents_never_reach_the_log() -> None:
     assert _RedactingFilter(Secrets()).filter(record)
     assert "mistyped-real-token" not in record.getMessage()
     assert '"token":"***"' in record.getMessage()
+
+
+async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_path: Path) -> None:
+    folder = tmp_path / "mybridge"
+    folder.mkdir()
+    (folder / "myagent.py").write_text(_SLOW_AGENT)
+    (folder / "talkbridge.yaml").write_text(
+        'agents: {default: slow, definitions: {slow: {kind: python, target: "myagent:Slow"}}}\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, err = await finish(
+        await talkbridge("check", "--config", str(folder / "talkbridge.yaml"), cwd=elsewhere)
+    )
+    assert code == 0 and "config: ok" in out, err

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 from talkbridge.agents.base import (
     Agent,
@@ -24,8 +26,9 @@ from talkbridge.errors import ConfigError
 from talkbridge.store.base import Store
 
 
-def build_agent(name: str, spec: AgentSpec, store: Store) -> Agent:
-    """Build a configured agent (`agents.definitions.NAME`)."""
+def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None = None) -> Agent:
+    """Build a configured agent (`agents.definitions.NAME`). A `python` agent's module may sit
+    next to the config file (`base_dir`), as hook folders do: no PYTHONPATH needed."""
     where = f"agents.definitions.{name}"
     if spec.kind == "echo":
         return EchoAgent()
@@ -35,6 +38,8 @@ def build_agent(name: str, spec: AgentSpec, store: Store) -> Agent:
         if not spec.target or ":" not in spec.target:
             raise ConfigError(f"{where}.target: give the agent class as 'module:Class'")
         module_name, _, attr = spec.target.partition(":")
+        if base_dir is not None and str(base_dir.resolve()) not in sys.path:
+            sys.path.append(str(base_dir.resolve()))  # after installed packages: never shadows
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:

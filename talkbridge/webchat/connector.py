@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +46,7 @@ from talkbridge.webchat.protocol import (
     message_frame,
     parse_frame,
 )
-from talkbridge.webchat.routes import HttpRoutes
+from talkbridge.webchat.routes import HttpRoutes, cookie_token
 from talkbridge.webchat.sessions import Sessions, split_thread
 from talkbridge.webchat.socket_writes import write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
@@ -167,7 +168,7 @@ class WebchatConnector(BaseConnector):
                 # instead of the library closing the socket (1009) on the user.
                 max_size=max(limit * 16, 1 << 20),
                 compression=None,
-                logger=self.log,
+                logger=self._socket_log(),
             )
         except OSError as exc:
             self.listen_error = _listen_error(self.config.host, self.config.port, exc)
@@ -184,6 +185,14 @@ class WebchatConnector(BaseConnector):
             self.ready.clear()
             server.close()
             await server.wait_closed()
+
+    def _socket_log(self) -> logging.Logger:
+        """websockets' logger: a line for every socket and request opened or closed is for
+        debugging, so below debug only its warnings show."""
+        sockets = self.log.getChild("sockets")
+        if sockets.level == logging.NOTSET and not self.log.isEnabledFor(logging.DEBUG):
+            sockets.setLevel(logging.WARNING)
+        return sockets
 
     async def listening(self) -> None:
         """Wait for the first attempt to listen; raise `TransientError` (why) if it failed.
@@ -235,7 +244,18 @@ class WebchatConnector(BaseConnector):
                 ws, "unauthorized", f"the first frame must be auth, not {frame.type}", frame.ref
             )
             return None
-        identity = self._auth.identify(frame.token)
+        token = frame.token
+        if token is None and ws.request is not None:
+            token = cookie_token(ws.request.headers)
+        if not token:
+            await _refuse(
+                ws,
+                "unauthorized",
+                "no token: give one in the auth frame, or open the link first",
+                frame.ref,
+            )
+            return None
+        identity = self._auth.identify(token)
         if identity is None:
             await _refuse(ws, "unauthorized", "the token is wrong or no longer valid", frame.ref)
             return None

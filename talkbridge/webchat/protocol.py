@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import suppress
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -63,7 +64,8 @@ class _ClientFrame(BaseModel):
 
 class AuthFrame(_ClientFrame):
     type: Literal["auth"]
-    token: str = Field(min_length=1, max_length=512)
+    token: str | None = Field(default=None, min_length=1, max_length=512)
+    """None: the token of the cookie the link left (sent with the page's socket)."""
     session_id: str | None = Field(default=None, max_length=128)
 
 
@@ -76,8 +78,8 @@ class SendFrame(_ClientFrame):
     @field_validator("text")
     @classmethod
     def _not_blank(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("text is only spaces: nothing to send")
+        if not visible(text):
+            raise ValueError("text is only spaces or invisible characters: nothing to send")
         return text
 
 
@@ -135,8 +137,14 @@ def frame_size(data: str | bytes) -> int:
 def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
     """Turn one websocket message into a typed client frame, or raise `FrameError`."""
     if frame_size(data) > max_bytes:
+        ids: dict[str, str] = {}
+        if isinstance(data, str):  # which message was too long, for the client's outbox
+            with suppress(ValueError, RecursionError):
+                ids = frame_ids(json.loads(data))
         raise FrameError(
-            "too_large", f"frame is {frame_size(data)} bytes; the limit is {max_bytes} bytes"
+            "too_large",
+            f"frame is {frame_size(data)} bytes; the limit is {max_bytes} bytes",
+            **ids,
         )
     if isinstance(data, bytes):
         raise FrameError("bad_frame", "frames must be JSON text, not binary")
@@ -161,6 +169,11 @@ def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
         return _adapter.validate_python(raw)
     except ValidationError as exc:
         raise FrameError("bad_frame", _describe(kind, exc), **ids) from None
+
+
+def visible(text: str) -> bool:
+    """Whether `text` shows anything: not only spaces, zero-width or other format characters."""
+    return any(ch.isprintable() and not ch.isspace() for ch in text)
 
 
 def frame_ids(raw: object) -> dict[str, str]:

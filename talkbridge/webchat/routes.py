@@ -27,7 +27,6 @@ from websockets.http11 import Request, Response
 from talkbridge.webchat.auth import TokenAuth
 
 WS_PATH = "/ws"
-TOKEN_COOKIE = "talkbridge_token"
 TOKEN_COOKIE_AGE = 30 * 24 * 3600
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -41,7 +40,7 @@ _TYPES = {
 # slipped HTML past the renderer, an inline handler or a foreign script would not run.
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self' ws: wss:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 
 
@@ -59,6 +58,22 @@ def load_assets() -> dict[str, Asset]:
         if item.is_file() and suffix in _TYPES:
             assets[item.name] = Asset(item.read_bytes(), _TYPES[suffix])
     return assets
+
+
+def token_cookie_name(headers: Headers) -> str:
+    """One cookie per port: browsers share a host's cookies across ports, and two bridges on
+    one machine must not overwrite each other's."""
+    port = headers.get("Host", "").rpartition(":")[2]
+    return f"talkbridge_token_{port}" if port.isdigit() else "talkbridge_token"
+
+
+def cookie_token(headers: Headers) -> str:
+    """The token a visit of the link left in this port's cookie ('' when none)."""
+    jar: SimpleCookie = SimpleCookie()
+    with suppress(CookieError):
+        jar.load(headers.get("Cookie", ""))
+    name = token_cookie_name(headers)
+    return unquote(jar[name].value) if name in jar else ""
 
 
 def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
@@ -116,7 +131,7 @@ class HttpRoutes:
 
     def _route(self, path: str, query: str, headers: Headers) -> Response:
         if path in ("/", "/index.html"):
-            return self._page(query, headers.get("Cookie", ""))
+            return self._page(query, headers)
         if path == "/healthz":
             return self._healthz()
         if path.startswith("/static/"):
@@ -128,32 +143,38 @@ class HttpRoutes:
             return _response(200, asset.body, asset.content_type, cache="no-cache")
         return _response(404, b"not found\n", "text/plain; charset=utf-8")
 
-    def _page(self, query: str, cookies: str) -> Response:
+    def _page(self, query: str, headers: Headers) -> Response:
         """The page for a valid token in the link, or in the cookie an earlier visit of the link
         set: the page then takes the token out of the address bar, and the plain address (a
         bookmark, a reload) still opens."""
         token = (parse_qs(query).get("token") or [""])[0]
         from_link = bool(token)
-        if not token:
-            jar = SimpleCookie()
-            with suppress(CookieError):
-                jar.load(cookies)
-            token = unquote(jar[TOKEN_COOKIE].value) if TOKEN_COOKIE in jar else ""
-        if not token:
-            return _refusal(
-                "This link has no access token",
-                "The webchat only opens with the full link, which ends in <code>?token=…</code>.",
-            )
+        if not from_link:
+            token = cookie_token(headers)
+            if not token:  # a page that saved the token may still have it: it retries
+                return _refusal(
+                    "This link has no access token",
+                    "The webchat only opens with the full link, which ends in "
+                    "<code>?token=…</code>.",
+                    retry_saved=True,
+                )
         if self._auth.identify(token) is None:
+            if from_link:
+                return _refusal(
+                    "This access token is not valid",
+                    "The token in this link is wrong or no longer accepted.",
+                )
             return _refusal(
                 "This access token is not valid",
-                "The token in this link is wrong or no longer accepted.",
+                "The token saved from the link you opened before is no longer accepted "
+                "(the bridge's token was replaced).",
+                retry_saved=True,
             )
         page = _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
         if from_link:
             page.headers["Set-Cookie"] = (
-                f"{TOKEN_COOKIE}={quote(token, safe='')}; Path=/; Max-Age={TOKEN_COOKIE_AGE}; "
-                "HttpOnly; SameSite=Strict"
+                f"{token_cookie_name(headers)}={quote(token, safe='')}; Path=/; "
+                f"Max-Age={TOKEN_COOKIE_AGE}; HttpOnly; SameSite=Strict"
             )
         return page
 
@@ -170,13 +191,16 @@ class HttpRoutes:
         return _response(200, body.encode(), "application/json")
 
 
-def _refusal(title: str, reason: str) -> Response:
+def _refusal(title: str, reason: str, *, retry_saved: bool = False) -> Response:
+    """`retry_saved`: the address had no token; a page that saved one (in localStorage) opens
+    the link with it (`saved-token.js`), which sets the cookie again."""
     # Both texts are fixed strings of this module; nothing from the request is echoed back.
+    script = '<script src="/static/saved-token.js"></script>' if retry_saved else ""
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)} · talkbridge</title>
-<link rel="stylesheet" href="/static/style.css"></head>
+<link rel="stylesheet" href="/static/style.css">{script}</head>
 <body class="refusal"><main class="refusal-card" role="alert">
 <h1>{html.escape(title)}</h1>
 <p>{reason}</p>

@@ -241,6 +241,21 @@ async def test_the_link_token_leaves_the_address_bar_and_the_plain_address_opens
     await expect(page.locator(".msg-assistant .bubble")).to_have_count(1)
 
 
+async def test_the_page_opens_with_either_the_cookie_or_the_saved_token(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    await page.evaluate("localStorage.removeItem('talkbridge.token')")  # the cookie remains
+    await page.goto(f"{webchat.http}/")
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+
+    await page.evaluate("token => localStorage.setItem('talkbridge.token', token)", TOKEN_A)
+    await context.clear_cookies()  # expired, or arriving from another site's link
+    await page.goto(f"{webchat.http}/")
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    assert "token" not in page.url
+
+
 async def test_earlier_messages_load_when_asked(start_webchat: Any, context: Any) -> None:
     webchat = await start_webchat(history_limit=4)
     page = await open_chat(context, webchat)
@@ -280,8 +295,13 @@ async def test_phone_sized_layout_opens_the_conversation_list(
         await page.keyboard.press("Escape")
         await expect(sidebar_button).to_be_focused()
         assert await page.evaluate("document.querySelector('main').inert") is False
+        # A drawer left open when the window widens (a rotated tablet) must not leave the
+        # chat inert.
         await sidebar_button.click()
-        await page.get_by_role("button", name="Close the conversation list").click()
+        await page.set_viewport_size({"width": 1100, "height": 800})
+        await page.wait_for_function("() => !document.querySelector('main').inert")
+        await page.get_by_role("textbox", name="Message").fill("typed on the wide screen")
+        await page.set_viewport_size({"width": 390, "height": 844})
         await say(page, "from a phone")
         await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: from a phone"])
         width = await page.evaluate("document.documentElement.scrollWidth")

@@ -7,6 +7,7 @@ from urllib.parse import quote
 
 import aiohttp
 import pytest
+import websockets
 
 from talkbridge.webchat.routes import health_status, load_assets, tokens_match
 from tests.webchat.conftest import TOKEN_A, TOKEN_B, Webchat
@@ -86,16 +87,34 @@ async def test_the_link_leaves_a_cookie_so_the_plain_address_opens_the_page(
     async with aiohttp.ClientSession(cookie_jar=jar) as http:
         async with http.get(f"{webchat.http}/") as resp:
             assert resp.status == 401  # no link visited yet
+            page = await resp.text()
+            assert "/static/saved-token.js" in page  # a page that saved the token retries
         async with http.get(f"{webchat.http}/?token={quote(TOKEN_A)}") as resp:
             assert resp.status == 200
             cookie = resp.headers["Set-Cookie"]
+            # One cookie per port: two bridges on one machine keep their own.
+            assert cookie.startswith(f"talkbridge_token_{webchat.port}=")
             assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         async with http.get(f"{webchat.http}/") as resp:  # a reload without ?token=
             assert resp.status == 200 and "<title>talkbridge</title>" in await resp.text()
     async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
-        http.cookie_jar.update_cookies({"talkbridge_token": "stale"})
+        http.cookie_jar.update_cookies({f"talkbridge_token_{webchat.port}": "stale"})
         async with http.get(f"{webchat.http}/") as resp:  # a token no longer accepted
-            assert resp.status == 401 and "not valid" in await resp.text()
+            page = await resp.text()
+            assert resp.status == 401 and "saved from the link you opened before" in page
+        async with http.get(f"{webchat.http}/?token=wrong") as resp:
+            assert "/static/saved-token.js" not in await resp.text()  # no retry of a refusal
+
+
+async def test_the_page_socket_logs_in_with_the_links_cookie(webchat: Webchat) -> None:
+    cookie = {"Cookie": f"talkbridge_token_{webchat.port}={quote(TOKEN_A)}"}
+    async with websockets.connect(webchat.ws_url, additional_headers=cookie) as ws:
+        await ws.send(json.dumps({"type": "auth"}))  # no token of its own
+        assert json.loads(await ws.recv())["type"] == "ready"
+    async with websockets.connect(webchat.ws_url) as ws:  # neither: refused, saying why
+        await ws.send(json.dumps({"type": "auth"}))
+        error = json.loads(await ws.recv())
+        assert error["code"] == "unauthorized" and "no token" in error["message"]
 
 
 async def test_methods_other_than_get_and_head_are_405(webchat: Webchat) -> None:

@@ -197,6 +197,15 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
     assert frames[-1]["text"] == "echo: still here"
 
 
+async def test_a_send_over_the_limit_is_named_in_its_error(webchat: Webchat) -> None:
+    client = await webchat.authed()
+    big = {"type": "send", "thread_id": client.thread_id, "client_id": "big", "text": "x" * 5000}
+    await client.send({**big, "ref": "r"})
+    error = await client.expect("error")
+    assert error["code"] == "too_large" and error["client_id"] == "big" and error["ref"] == "r"
+    assert error["thread_id"] == client.thread_id
+
+
 async def test_a_frame_far_over_the_limit_is_answered_and_an_absurd_one_closes(
     webchat: Webchat,
 ) -> None:
@@ -213,12 +222,12 @@ async def test_a_frame_far_over_the_limit_is_answered_and_an_absurd_one_closes(
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
-async def test_an_auth_frame_without_a_token_is_named_as_such(webchat: Webchat) -> None:
+async def test_an_auth_frame_without_a_token_or_cookie_says_so(webchat: Webchat) -> None:
     client = await webchat.client()
     await client.send({"type": "auth", "ref": "a"})
     error = await client.recv()
     assert error["code"] == "unauthorized" and error["ref"] == "a"
-    assert error["message"] == "bad auth frame: token: Field required"
+    assert error["message"] == "no token: give one in the auth frame, or open the link first"
 
 
 async def test_auth_must_come_first(webchat: Webchat) -> None:

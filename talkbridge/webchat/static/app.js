@@ -147,19 +147,13 @@ function send(frame) {
 function connect() {
   clearTimeout(state.reconnectTimer);
   state.reconnectTimer = null;
-  if (!state.token) {
-    showFatal(
-      "This link has no access token",
-      "Open the full URL that talkbridge run printed in its terminal (it ends in ?token=…).",
-    );
-    return;
-  }
   setStatus("connecting", state.attempt ? "Reconnecting…" : "Connecting…");
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${scheme}//${location.host}/ws`);
   state.ws = ws;
   ws.addEventListener("open", () => {
-    const auth = { type: "auth", token: state.token };
+    // Without a saved token the socket logs in with the cookie the link left (it came along).
+    const auth = state.token ? { type: "auth", token: state.token } : { type: "auth" };
     if (state.sessionId) auth.session_id = state.sessionId;
     ws.send(JSON.stringify(auth));
   });
@@ -177,6 +171,13 @@ function connect() {
     state.ws = null;
     state.ready = false;
     renderComposerState();
+    if (event.code === 4401 && !state.token) {
+      showFatal(
+        "This link has no access token",
+        "Open the full URL that talkbridge run printed in its terminal (it ends in ?token=…).",
+      );
+      return;
+    }
     if (event.code === 4401) {
       showFatal(
         "This access token is not valid",
@@ -252,6 +253,9 @@ function onReady(frame) {
   state.outbox = state.outbox.filter((m) => known.has(m.thread_id));
   saveOutbox();
   if (!known.has(state.active)) state.active = newest()?.thread_id ?? null;
+  // Replies that were streaming when the connection dropped: the history answer brings each
+  // one still under way from its start, and a reply cut off by a restart never ends otherwise.
+  for (const t of state.threads.values()) t.streams.clear();
   setStatus("online", "Connected");
   renderConversations();
   // Resume every thread we already show, from the last seq we hold without a gap.
@@ -503,6 +507,7 @@ function renderConversations() {
       button.addEventListener("click", () => {
         switchTo(conv.thread_id);
         closeSidebar();
+        ui.input.focus();
       });
       li.append(button);
       return li;
@@ -667,6 +672,11 @@ ui.closeSidebar.addEventListener("click", () => closeSidebar({ restoreFocus: tru
 ui.scrim.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape") closeSidebar({ restoreFocus: true });
+});
+// The drawer only exists on narrow screens: one left open when the window widens (a rotated
+// tablet) would leave the chat inert.
+window.matchMedia("(max-width: 760px)").addEventListener("change", (event) => {
+  if (!event.matches) closeSidebar();
 });
 window.addEventListener("online", () => {
   if (!state.ws && ui.fatal.hidden) {
