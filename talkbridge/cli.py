@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import traceback
@@ -412,7 +413,7 @@ def _init(args: argparse.Namespace) -> int:
     for path in written:
         _console.out(f"wrote {path}")
     move = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
-    _console.out(f"next: {move}talkbridge run --config talkbridge.yaml")
+    _console.out(f"next: {move}{_this_command()} run --config talkbridge.yaml")
     return EXIT_OK
 
 
@@ -445,6 +446,18 @@ def _config_path(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("the path is empty")
     return text
+
+
+def _this_command() -> str:
+    """How to run talkbridge again: its name when that is on PATH, else the path it was run by
+    (a venv's bin is often not on PATH), absolute so it works from another folder."""
+    ran = Path(sys.argv[0])
+    if ran.name == "__main__.py":
+        return f"{sys.executable} -m talkbridge"
+    found = shutil.which("talkbridge")
+    if found is not None and Path(found).resolve() == ran.resolve():
+        return "talkbridge"
+    return str(ran.resolve())
 
 
 # -- entry point -----------------------------------------------------------------------------------
@@ -495,7 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config_arg(check)
     check.add_argument(
-        "--timeout", type=_seconds, default=15.0, help="seconds for the store and each connection"
+        "--timeout",
+        type=_seconds,
+        default=15.0,
+        help="seconds for the store and each connection (default 15)",
     )
 
     init = sub.add_parser("init", help="write a starter config and an example hook")

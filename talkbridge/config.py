@@ -31,6 +31,7 @@ from pydantic_core import ErrorDetails
 
 from talkbridge.errors import ConfigError
 
+_CONNECTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -58,7 +59,17 @@ class _Model(BaseModel):
 class ConnectionConfig(_Model):
     """Keys every connection has; each channel's model adds its own credentials."""
 
-    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    id: str
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str) -> str:
+        if not _CONNECTION_ID.fullmatch(value):
+            raise ValueError(
+                "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+            )
+        return value
+
     channel: str
     trusted: tuple[str, ...] = ()
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
@@ -259,10 +270,16 @@ class BridgeConfig(_Model):
 
 
 def _substitute(
-    value: Any, path: str, secrets: Secrets, inside: frozenset[int] = frozenset()
+    value: Any,
+    path: str,
+    secrets: Secrets,
+    inside: frozenset[int] = frozenset(),
+    unset: list[str] | None = None,
 ) -> Any:
     """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
-    it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion."""
+    it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion.
+    Variables that are not set are listed in `unset` (all of them, not just the first), or
+    raise at once without it."""
     if isinstance(value, dict | list):
         if id(value) in inside:
             raise ConfigError(
@@ -274,7 +291,11 @@ def _substitute(
         def env(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in os.environ:
-                raise ConfigError(f"{path}: environment variable {name} is not set")
+                problem = f"{path}: environment variable {name} is not set"
+                if unset is None:
+                    raise ConfigError(problem)
+                unset.append(problem)
+                return ""
             secrets.add(os.environ[name])
             return os.environ[name]
 
@@ -285,9 +306,11 @@ def _substitute(
             secret = _read_text(file, f"{path}: cannot read secret file").strip()
             secrets.add(secret)
             return secret
-        return {k: _substitute(v, _join(path, str(k)), secrets, inside) for k, v in value.items()}
+        return {
+            k: _substitute(v, _join(path, str(k)), secrets, inside, unset) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_substitute(v, f"{path}[{i}]", secrets, inside) for i, v in enumerate(value)]
+        return [_substitute(v, f"{path}[{i}]", secrets, inside, unset) for i, v in enumerate(value)]
     return value
 
 
@@ -381,10 +404,13 @@ def parse_config(
         )
     if only is not None:
         data = {key: value for key, value in data.items() if key in only}
+    unset: list[str] = []
     try:
-        data = _substitute(data, "", secrets)
+        data = _substitute(data, "", secrets, unset=unset)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
+    if unset:  # the values they stand for are missing: checking those would only add noise
+        raise ConfigError(invalid_config(unset, source))
     raw_connections = data.pop("connections", None) or []
     if not isinstance(raw_connections, list):
         raise ConfigError("connections: must be a list of connections")

@@ -6,8 +6,10 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -465,3 +467,23 @@ async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_pat
         await talkbridge("check", "--config", str(folder / "talkbridge.yaml"), cwd=elsewhere)
     )
     assert code == 0 and "config: ok" in out, err
+
+
+async def test_init_says_how_to_run_talkbridge_as_it_was_run(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "talkbridge"  # the venv's console script
+    require(script.exists(), "no talkbridge console script next to this python")
+    path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if p != str(script.parent)
+    )
+    process = await asyncio.create_subprocess_exec(
+        str(script),
+        "init",
+        "bot",
+        cwd=tmp_path,
+        env={**os.environ, "PATH": path},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    code, out, _ = await finish(process)
+    # Not on PATH (a venv not activated): the next step names the script itself.
+    assert code == 0 and f"next: cd bot && {script.resolve()} run --config talkbridge.yaml" in out

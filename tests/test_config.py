@@ -199,3 +199,25 @@ def test_a_key_given_twice_is_an_error_not_a_silent_replacement(tmp_path: Path) 
 def test_webchat_values_that_would_fail_at_start(webchat: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
         parse_config({"webchat": webchat})
+
+
+def test_every_unset_variable_is_named_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "connections": [
+                    {"id": "a", "channel": "telegram", "token": "${NOPE_ONE}"},
+                    {"id": "b", "channel": "telegram", "token": "${NOPE_TWO}"},
+                ]
+            }
+        )
+    lines = str(err.value).splitlines()
+    assert lines[1:] == [
+        "  connections[0].token: environment variable NOPE_ONE is not set",
+        "  connections[1].token: environment variable NOPE_TWO is not set",
+    ]
+
+
+def test_a_connection_id_error_says_what_an_id_may_hold() -> None:
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.id: use 1-64 letters, digits"):
+        parse_config({"connections": [{"id": "bad id!", "channel": "telegram", "token": "1:x"}]})
