@@ -104,6 +104,8 @@ class Bridge:
         self._prefetches: dict[tuple[str, str], Any] = {}
         self._hook_objects: list[Any] = []
         self._started = False
+        self._stopping = False
+        """Set while `stop` drains: /healthz says so (503)."""
         # durable hooks (issue 5): register handlers on `bridge.durable` before start
         self.durable = DurableHooks(self.store, app_id)
         self.typing = TypingIndicators(self.secrets.redact)
@@ -119,6 +121,7 @@ class Bridge:
         return self.cluster.node_id if self.cluster is not None else None
 
     async def start(self) -> None:
+        self._stopping = False
         await self.store.open()
         if self.cluster is not None:
             await self.cluster.start()
@@ -159,16 +162,19 @@ class Bridge:
             await self.store.close()
             return
         self._started = False
+        self._stopping = True
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
             self._sweeper = None
         if self.cluster is not None:
             await self.cluster.quiesce()  # no new entries or send requests from other nodes
+        later = "another node or the next start" if self.cluster is not None else "the next start"
         waiting = self.router.stop_starting()
         if waiting:
             log.info(
-                "stopping: %s in the store for the next start",
+                "stopping: %s in the store for %s",
                 _count(waiting, "accepted message waits", "accepted messages wait"),
+                later,
             )
         try:
             async with asyncio.timeout(drain_timeout):
@@ -176,10 +182,11 @@ class Bridge:
         except TimeoutError:
             running = self.router.turns_running
             log.warning(
-                "stopping: %s within %g s; %s at the next start",
+                "stopping: %s within %g s; %s on %s",
                 _count(running, "turn did not finish", "turns did not finish"),
                 drain_timeout,
                 "it runs again" if running == 1 else "they run again",
+                later,
             )
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
@@ -260,6 +267,8 @@ class Bridge:
     def _node_info(self) -> dict[str, Any]:
         """What /healthz shows beside the connections: the store, and this node's part."""
         info = self.cluster.describe() if self.cluster is not None else {}
+        if self._stopping:  # a load balancer sends new sockets elsewhere meanwhile
+            info["stopping"] = True
         return {"store": self.store.health(), **info}
 
     async def webchat_url(self, timeout: float = 30.0) -> str:

@@ -480,7 +480,18 @@ class WebchatConnector(BaseConnector):
     def use_fanout(self, fanout: WebchatFanout) -> None:
         """Distributed mode: frames also reach this session's sockets on the other nodes."""
         self._fanout = fanout
-        fanout.set_receiver(self.broadcast_local)
+        fanout.set_receiver(self._from_other_node)
+
+    def _from_other_node(self, session_id: str, text: str) -> None:
+        """A frame another node published for a session: this node's sockets get it, and a
+        reply streaming there is followed here too, so a tab that joins this node mid-stream
+        is caught up like one that joins the node running the turn."""
+        if text.startswith('{"type":"delta"'):
+            delta = json.loads(text)
+            self._streams.published(delta["thread_id"], delta["stream_id"], delta["text"])
+        elif text.startswith('{"type":"message"') and '"stream_id"' in text:
+            self._streams.ended(json.loads(text)["thread_id"])  # a streamed reply's end
+        self.broadcast_local(session_id, text)
 
     async def _publish(
         self,
@@ -543,6 +554,8 @@ class WebchatConnector(BaseConnector):
             data=data,
         )
         await self._publish(parts[0], message_frame(message.thread_id, entry))
+        if isinstance(stream_id, str):  # the end of a streamed reply, and of any cut off before
+            self._streams.ended(message.thread_id)
         return SendResult(message_ids=(message_id,))
 
     async def delta(self, thread_id: str, stream_id: str, text: str) -> None:

@@ -93,7 +93,7 @@ class HistoryFrame(_ClientFrame):
 
     @model_validator(mode="after")
     def _one_direction(self) -> HistoryFrame:
-        if self.after_seq and self.before_seq is not None:
+        if "after_seq" in self.model_fields_set and self.before_seq is not None:
             raise ValueError("give after_seq or before_seq, not both")
         return self
 

@@ -85,9 +85,12 @@ def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
     return found
 
 
-def health_status(connections: dict[str, Any], store: Any = None) -> str:
+def health_status(connections: dict[str, Any], store: Any = None, stopping: bool = False) -> str:
     """`ok` when the store (if reported) and every connection are `up` (a connection may also be
-    `standby` while another node owns it, in distributed mode), else `degraded`."""
+    `standby` while another node owns it, in distributed mode), else `degraded`; `stopping`
+    while the bridge finishes its turns before it exits."""
+    if stopping:
+        return "stopping"
     if isinstance(store, dict) and store.get("state") != "up":
         return "degraded"
     for value in connections.values():
@@ -184,11 +187,13 @@ class HttpRoutes:
             connections = self._health()
             if self._node_info is not None:
                 node = self._node_info()
-            status = health_status(connections, node.get("store"))
+            status = health_status(connections, node.get("store"), bool(node.get("stopping")))
         except Exception:
             connections, status = {}, "unknown"
         body = json.dumps({"status": status, **node, "connections": connections}, default=str)
-        return _response(200, body.encode(), "application/json")
+        # 503 while stopping: a load balancer's health check takes the node out at once.
+        code = 503 if status == "stopping" else 200
+        return _response(code, body.encode(), "application/json")
 
 
 def _refusal(title: str, reason: str, *, retry_saved: bool = False) -> Response:

@@ -52,16 +52,30 @@ class DeltaCoalescer:
     def _send(self, stream_id: str, buffered: tuple[str, list[str]]) -> None:
         thread_id, pieces = buffered
         text = "".join(pieces)
-        published = self._published.get(stream_id)
-        if published is None:
+        self.published(thread_id, stream_id, text)
+        task = asyncio.ensure_future(self._publish(thread_id, stream_id, text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def published(
+        self, thread_id: str, stream_id: str, text: str, *, from_start: bool = False
+    ) -> None:
+        """`text` of a stream went out (from this node, or from another one through the
+        fan-out): a tab joining later gets it. A thread runs one turn at a time, so a new
+        stream in it means any other one there was cut off (a node stopped mid-turn)."""
+        current = self._published.get(stream_id)
+        if current is None or from_start:
+            self.ended(thread_id)
             if len(self._published) >= MAX_OPEN_STREAMS:
                 del self._published[next(iter(self._published))]
             self._published[stream_id] = (thread_id, [text])
         else:
-            published[1].append(text)
-        task = asyncio.ensure_future(self._publish(thread_id, stream_id, text))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            current[1].append(text)
+
+    def ended(self, thread_id: str) -> None:
+        """The thread's reply is complete (or cut off): nothing of it to catch up on."""
+        for stream_id in [s for s, (t, _) in self._published.items() if t == thread_id]:
+            del self._published[stream_id]
 
     async def finish(self, stream_id: str) -> None:
         """The final message is about to go out: it carries the whole text, so what is still

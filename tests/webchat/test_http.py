@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 import websockets
 
-from talkbridge.webchat.routes import health_status, load_assets, tokens_match
+from talkbridge.webchat.routes import HttpRoutes, health_status, load_assets, tokens_match
 from tests.webchat.conftest import TOKEN_A, TOKEN_B, Webchat
 
 
@@ -143,3 +143,20 @@ def test_token_comparison_and_health_rules() -> None:
     assert health_status({"a": {"state": "up"}, "b": {"state": "degraded"}}) == "degraded"
     assert health_status({"a": "up"}) == "ok"
     assert {"index.html", "app.js", "markdown.js", "style.css"} <= set(load_assets())
+
+
+def test_healthz_is_503_while_the_bridge_is_stopping() -> None:
+    from websockets.datastructures import Headers
+    from websockets.http11 import Request
+
+    stopping = {"stopping": False}
+    routes = HttpRoutes(
+        ["t0ken"], lambda: {"webchat": {"state": "up"}}, node_info=lambda: dict(stopping)
+    )
+    ask = Request("/healthz", Headers())
+    response = routes(None, ask)  # type: ignore[arg-type]
+    assert response is not None and response.status_code == 200
+    stopping["stopping"] = True
+    response = routes(None, ask)  # type: ignore[arg-type]
+    assert response is not None and response.status_code == 503  # load balancers move on
+    assert json.loads(response.body)["status"] == "stopping"

@@ -107,6 +107,7 @@ async def test_sessions_are_bound_to_their_token(sqlite_store: object) -> None:
         ),
         ({"type": "history", "thread_id": "a.b", "limit": "10"}, "limit: Input should be"),
         ({"type": "history", "thread_id": "a.b", "after_seq": 2, "before_seq": 9}, "not both"),
+        ({"type": "history", "thread_id": "a.b", "after_seq": 0, "before_seq": 9}, "not both"),
         ({"type": "ping", "ref": "r" * 65}, "ref: String should have at most 64"),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -462,3 +463,52 @@ async def test_a_message_the_router_cannot_take_is_not_acked_and_its_resend_is(
     assert ack["client_id"] == "m1" and ack["duplicate"] is True and ack["seq"] == 1
     assert (await client.expect("message", role="assistant"))["text"] == "echo: hi"
     assert len(webchat.echo.turns) == 1
+
+
+class _OtherNodes:
+    """Stands in for the Redis fan-out (`WebchatFanout`): what other nodes publish arrives
+    through the receiver the connector registers."""
+
+    def __init__(self) -> None:
+        self.receiver: Any = None
+
+    def set_receiver(self, receiver: Any) -> None:
+        self.receiver = receiver
+
+    async def publish(self, session_id: str, frame_text: str) -> None:
+        pass
+
+
+async def test_a_tab_joining_here_is_caught_up_on_a_reply_streaming_on_another_node(
+    webchat: Webchat,
+) -> None:
+    others = _OtherNodes()
+    webchat.connector.use_fanout(others)  # type: ignore[arg-type]
+    client = await webchat.authed()
+    thread, session = client.thread_id, client.session_id
+
+    def from_other_node(frame: dict[str, Any]) -> None:
+        others.receiver(session, json.dumps(frame, separators=(",", ":")))
+
+    for piece in ("Once upon ", "a time"):
+        from_other_node({"type": "delta", "thread_id": thread, "stream_id": "t-9", "text": piece})
+    await client.send({"type": "history", "thread_id": thread, "ref": "h"})
+    await client.expect("history", ref="h")
+    caught_up = await client.expect("delta", from_start=True)
+    assert caught_up["text"] == "Once upon a time" and caught_up["stream_id"] == "t-9"
+
+    # The node running the turn stopped; the turn runs again under a new stream: only that
+    # one is caught up on, and the final message ends it.
+    from_other_node({"type": "delta", "thread_id": thread, "stream_id": "t-10", "text": "Once"})
+    await client.send({"type": "history", "thread_id": thread, "ref": "h2"})
+    await client.expect("history", ref="h2")
+    again = await client.expect("delta", from_start=True)
+    assert (again["stream_id"], again["text"]) == ("t-10", "Once")
+    final = {"type": "message", "thread_id": thread, "seq": 2, "role": "assistant"}
+    from_other_node({**final, "text": "Once more", "stream_id": "t-10"})
+    await client.send({"type": "history", "thread_id": thread, "ref": "h3"})
+    await client.expect("history", ref="h3")
+    await client.send({"type": "ping", "ref": "p"})
+    assert [f for f in client.inbox if f.get("from_start")] == []
+    await client.expect("pong", ref="p")
+    assert [f for f in client.inbox if f.get("from_start")] == []

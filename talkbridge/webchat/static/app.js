@@ -298,7 +298,10 @@ function onMessage(frame) {
       changed = true;
     }
   }
-  if (frame.stream_id) changed = t.streams.delete(frame.stream_id) || changed;
+  if (frame.stream_id && t.streams.size) {
+    t.streams.clear(); // the streamed reply is here; any other stream left was cut off
+    changed = true;
+  }
   if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
   const fresh = !t.messages.has(frame.seq);
   if (fresh) t.messages.set(frame.seq, frame);
@@ -314,6 +317,9 @@ function onDelta(frame) {
   const t = thread(frame.thread_id);
   let stream = t.streams.get(frame.stream_id);
   if (!stream) {
+    // A thread runs one turn at a time: another stream still shown was cut off (a node
+    // stopped mid-reply, and the turn runs again under a new stream).
+    t.streams.clear();
     stream = { text: "", node: null };
     t.streams.set(frame.stream_id, stream);
   }
