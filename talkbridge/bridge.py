@@ -243,7 +243,12 @@ class Bridge:
         for token in tokens:
             self.secrets.add(token)
         self.webchat = WebchatConnector(
-            settings, self.context, tokens, self.registry.states, node_info=self._node_info
+            settings,
+            self.context,
+            tokens,
+            self.registry.states,
+            node_info=self._node_info,
+            generated_token=self.webchat_token is not None,
         )
         self.registry.add(
             self.webchat,

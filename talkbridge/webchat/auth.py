@@ -7,16 +7,29 @@ same `sub`) without losing the user's conversations, and a static token's identi
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Sequence
 
 from talkbridge.config import WebchatIssuer
-from talkbridge.webchat.sessions import token_hash
+from talkbridge.webchat.sessions import PERSON_PREFIX, token_hash
+
+GENERATED_IDENTITY = "generated"
+"""Who holds the bridge's generated token: the operator, whichever token it is now, so the
+conversations survive `talkbridge run --new-token` (the old link's holder is out)."""
 
 
 class TokenAuth:
-    def __init__(self, tokens: Sequence[str], issuer: WebchatIssuer | None = None) -> None:
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        issuer: WebchatIssuer | None = None,
+        *,
+        generated: bool = False,
+    ) -> None:
         self._tokens = [t.encode("utf-8") for t in tokens]
         self._issuer = issuer
+        self._generated = generated
+        """`tokens` is the generated token alone: its identity is `GENERATED_IDENTITY`."""
 
     def identify(self, token: str) -> str | None:
         """The identity behind `token`, or None when it is not accepted."""
@@ -25,10 +38,21 @@ class TokenAuth:
         for accepted in self._tokens:  # constant time: no early exit on a match
             found |= hmac.compare_digest(given, accepted)
         if found:
-            return token_hash(token)
+            return GENERATED_IDENTITY if self._generated else token_hash(token)
         if self._issuer is not None:
             return self._signed(token, self._issuer)
         return None
+
+    @property
+    def signed_only(self) -> bool:
+        """Users come with tokens a site signed for them, not with a link `run` printed."""
+        return self._issuer is not None and not self._tokens
+
+    def refusal(self, token: str) -> str:
+        """Why `token` is refused, in the words its holder can act on."""
+        if self._issuer is not None and _expired(token, self._issuer):
+            return "the access token has expired; sign in again to get a new link"
+        return "the access token is wrong or no longer accepted"
 
     @staticmethod
     def _signed(token: str, issuer: WebchatIssuer) -> str | None:
@@ -46,4 +70,22 @@ class TokenAuth:
         except jwt.PyJWTError:
             return None
         subject = claims.get("sub")
-        return f"sub:{subject}" if isinstance(subject, str) and subject else None
+        return f"{PERSON_PREFIX}{subject}" if isinstance(subject, str) and subject else None
+
+
+def _expired(token: str, issuer: WebchatIssuer) -> bool:
+    """A token this issuer signed whose time is up (signature checked, expiry not)."""
+    import jwt
+
+    try:
+        claims = jwt.decode(
+            token,
+            issuer.secret.get_secret_value(),
+            algorithms=["HS256"],
+            audience=issuer.audience,
+            options={"verify_exp": False},
+        )
+    except jwt.PyJWTError:
+        return False
+    expires = claims.get("exp")
+    return isinstance(expires, int | float) and expires + issuer.leeway < time.time()

@@ -119,6 +119,7 @@ class WebchatConnector(BaseConnector):
         health: Callable[[], dict[str, Any]],
         *,
         node_info: Callable[[], dict[str, Any]] | None = None,
+        generated_token: bool = False,
     ) -> None:
         if not all(tokens) or not (tokens or config.issuer):
             raise ValueError("the webchat needs at least one non-empty token or an issuer")
@@ -126,7 +127,7 @@ class WebchatConnector(BaseConnector):
         self.config = config
         self.log = context.logger.getChild("webchat")
         self._tokens = list(tokens)
-        self._auth = TokenAuth(self._tokens, config.issuer)
+        self._auth = TokenAuth(self._tokens, config.issuer, generated=generated_token)
         self._routes = HttpRoutes(self._auth, health, node_info=node_info)
         self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
@@ -257,7 +258,7 @@ class WebchatConnector(BaseConnector):
             return None
         identity = self._auth.identify(token)
         if identity is None:
-            await _refuse(ws, "unauthorized", "the token is wrong or no longer valid", frame.ref)
+            await _refuse(ws, "unauthorized", self._auth.refusal(token), frame.ref)
             return None
         try:
             session_id, created = await self._sessions.authenticate(identity, frame.session_id)

@@ -152,6 +152,7 @@ class HttpRoutes:
         bookmark, a reload) still opens."""
         token = (parse_qs(query).get("token") or [""])[0]
         from_link = bool(token)
+        signed = self._auth.signed_only
         if not from_link:
             token = cookie_token(headers)
             if not token:  # a page that saved the token may still have it: it retries
@@ -159,19 +160,24 @@ class HttpRoutes:
                     "This link has no access token",
                     "The webchat only opens with the full link, which ends in "
                     "<code>?token=…</code>.",
+                    signed=signed,
                     retry_saved=True,
                 )
         if self._auth.identify(token) is None:
+            reason = self._auth.refusal(token)
             if from_link:
                 return _refusal(
-                    "This access token is not valid",
-                    "The token in this link is wrong or no longer accepted.",
+                    "This access token has expired"
+                    if "expired" in reason
+                    else "This access token is not valid",
+                    f"{reason[0].upper()}{reason[1:]}.",
+                    signed=signed,
                 )
-            return _refusal(
+            return _refusal(  # the saved token is likely this one: no retry with it
                 "This access token is not valid",
                 "The token saved from the link you opened before is no longer accepted "
-                "(the bridge's token was replaced).",
-                retry_saved=True,
+                "(it expired, or the bridge's token was replaced).",
+                signed=signed,
             )
         page = _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
         if from_link:
@@ -196,9 +202,22 @@ class HttpRoutes:
         return _response(code, body.encode(), "application/json")
 
 
-def _refusal(title: str, reason: str, *, retry_saved: bool = False) -> Response:
+_OPEN_PRINTED_LINK = (
+    "Open the URL that <code>talkbridge run</code> printed in its terminal (the line starting "
+    "with <code>http://</code>), or ask the person who runs this bridge for a link with a "
+    "valid token."
+)
+_SIGN_IN_AGAIN = (
+    "Sign in again on the site that sent you here: it gives you a new link with your access token."
+)
+
+
+def _refusal(
+    title: str, reason: str, *, signed: bool = False, retry_saved: bool = False
+) -> Response:
     """`retry_saved`: the address had no token; a page that saved one (in localStorage) opens
-    the link with it (`saved-token.js`), which sets the cookie again."""
+    the link with it (`saved-token.js`), which sets the cookie again. `signed`: users get
+    their links from a site that signs tokens (`webchat.issuer`), not from a terminal."""
     # Both texts are fixed strings of this module; nothing from the request is echoed back.
     script = '<script src="/static/saved-token.js"></script>' if retry_saved else ""
     page = f"""<!doctype html>
@@ -209,8 +228,7 @@ def _refusal(title: str, reason: str, *, retry_saved: bool = False) -> Response:
 <body class="refusal"><main class="refusal-card" role="alert">
 <h1>{html.escape(title)}</h1>
 <p>{reason}</p>
-<p>Open the URL that <code>talkbridge run</code> printed in its terminal (the line starting with
-<code>http://</code>), or ask the person who runs this bridge for a link with a valid token.</p>
+<p>{_SIGN_IN_AGAIN if signed else _OPEN_PRINTED_LINK}</p>
 </main></body></html>
 """
     return _response(401, page.encode(), "text/html; charset=utf-8")

@@ -14,6 +14,7 @@ import hmac
 import json
 import re
 import secrets
+import unicodedata
 import weakref
 from dataclasses import asdict, dataclass
 
@@ -25,6 +26,10 @@ MAX_CONVERSATIONS = 1000
 TITLE_LENGTH = 60
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CONVERSATION_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+PERSON_PREFIX = "sub:"
+"""Identities of one person (a signed token's subject): their session follows them."""
 
 
 def token_hash(token: str) -> str:
@@ -74,8 +79,10 @@ class Sessions:
         """Return `(session_id, created)` for this identity (see `TokenAuth.identify`), or raise
         `FrameError("forbidden")`.
 
-        No session id, or one the store has never seen (a wiped store, a stale tab), gets a new
-        session. A known session bound to a different identity is refused.
+        A known session bound to a different identity is refused. Without a session id, or with
+        one the store has never seen (a new device, a wiped store, a stale tab): a signed
+        token's user gets their own session back, on every device; a static token, which may be
+        handed to many people, gets a new session for each browser.
         """
         digest = identity
         if session_id is not None and _SESSION_ID.fullmatch(session_id):  # else: never issued
@@ -86,10 +93,21 @@ class Sessions:
                         "forbidden", "that session belongs to another token; start a new session"
                     )
                 return session_id, False
-        new_id = secrets.token_hex(16)
-        await self._store.set_state(_session_key(new_id), digest)
-        await self.new_conversation(new_id)
+        if not digest.startswith(PERSON_PREFIX):
+            return await self._new_session(digest), True
+        async with self.lock(_identity_key(digest)):  # two tabs of a new user: one session
+            known = await self._store.get_state(_identity_key(digest))
+            if known is not None and await self._store.get_state(_session_key(known)) == digest:
+                return known, False
+            new_id = await self._new_session(digest)
+            await self._store.set_state(_identity_key(digest), new_id)
         return new_id, True
+
+    async def _new_session(self, identity: str) -> str:
+        new_id = secrets.token_hex(16)
+        await self._store.set_state(_session_key(new_id), identity)
+        await self.new_conversation(new_id)
+        return new_id
 
     async def conversations(self, session_id: str, *, refresh: bool = False) -> list[Conversation]:
         cached = self._conversations.get(session_id)
@@ -152,7 +170,31 @@ def _title(text: str) -> str:
     """The first words of the first message, without the Markdown marks around them: a list
     of titles shows `bold` as bold, not as **bold**."""
     line = _MARKS.sub("", " ".join(text.split())).strip() or " ".join(text.split())
-    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+    return line if len(line) <= TITLE_LENGTH else _cut(line, TITLE_LENGTH - 1).rstrip() + "…"
+
+
+def _cut(text: str, at: int) -> str:
+    """`text[:at]`, moved back so it does not split what shows as one character: a base and
+    its combining marks, an emoji joined by ZWJ or with a modifier, a flag's two letters."""
+    while 0 < at < len(text) and (_joins_previous(text[at]) or text[at - 1] == "\u200d"):
+        at -= 1
+    flag_letters = 0
+    while flag_letters < at and "\U0001f1e6" <= text[at - 1 - flag_letters] <= "\U0001f1ff":
+        flag_letters += 1
+    return text[: at - flag_letters % 2]
+
+
+def _joins_previous(ch: str) -> bool:
+    return (
+        unicodedata.combining(ch) != 0
+        or ch in "\u200d\ufe0e\ufe0f"
+        or "\U0001f3fb" <= ch <= "\U0001f3ff"  # skin tones
+        or unicodedata.category(ch) == "Me"
+    )
+
+
+def _identity_key(identity: str) -> str:
+    return f"webchat:identity:{token_hash(identity)}"  # never the identity (a sub) itself
 
 
 def _session_key(session_id: str) -> str:

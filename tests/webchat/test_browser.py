@@ -256,6 +256,52 @@ async def test_the_page_opens_with_either_the_cookie_or_the_saved_token(
     assert "token" not in page.url
 
 
+async def test_losing_the_network_shows_and_what_was_typed_goes_out_once_it_is_back(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    await context.set_offline(True)
+    status = page.locator("#status")
+    await expect(status).to_have_attribute("data-state", "offline")
+    await expect(status).to_contain_text("No network")
+    await say(page, "typed offline")
+    await expect(page.locator(".msg.pending .meta")).to_have_text("Waiting for the connection…")
+    await context.set_offline(False)
+    await expect(status).to_have_attribute("data-state", "online")
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["typed offline", "echo: typed offline"]
+    )
+    assert len(webchat.echo.turns) == 1
+
+
+async def test_a_connection_that_stops_answering_is_dropped_and_made_again(
+    webchat: Webchat, context: Any
+) -> None:
+    """A socket that never closes but carries nothing (a lost Wi-Fi, a sleeping laptop): the
+    page's heartbeat notices, instead of showing "Connected" over a dead line."""
+    page = await context.new_page()
+    await page.clock.install()  # the page's timers run when the test says so
+    dead = {"now": False}
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(lambda message: None if dead["now"] else server.send(message))
+        server.on_message(lambda message: None if dead["now"] else ws.send(message))
+
+    await page.route_web_socket("**/ws", relay)
+    await page.goto(page_url(webchat))
+    status = page.locator("#status")
+    await expect(status).to_have_attribute("data-state", "online")
+    dead["now"] = True
+    await page.clock.run_for(20_000)  # the heartbeat's ping goes unanswered...
+    await expect(status).to_have_attribute("data-state", "online")
+    await page.clock.run_for(10_000)  # ...for 10 s: the connection is dropped
+    await expect(status).not_to_have_attribute("data-state", "online")
+    dead["now"] = False
+    await page.clock.run_for(2_000)  # the first reconnect comes within a second
+    await expect(status).to_have_attribute("data-state", "online")
+
+
 async def test_earlier_messages_load_when_asked(start_webchat: Any, context: Any) -> None:
     webchat = await start_webchat(history_limit=4)
     page = await open_chat(context, webchat)

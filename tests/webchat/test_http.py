@@ -102,6 +102,7 @@ async def test_the_link_leaves_a_cookie_so_the_plain_address_opens_the_page(
         async with http.get(f"{webchat.http}/") as resp:  # a token no longer accepted
             page = await resp.text()
             assert resp.status == 401 and "saved from the link you opened before" in page
+            assert "/static/saved-token.js" not in page  # the saved token is likely this one
         async with http.get(f"{webchat.http}/?token=wrong") as resp:
             assert "/static/saved-token.js" not in await resp.text()  # no retry of a refusal
 

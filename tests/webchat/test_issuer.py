@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+import aiohttp
 import jwt
 import websockets
 from pydantic import SecretStr
@@ -60,3 +61,27 @@ async def test_a_renewed_token_keeps_the_session_and_another_user_cannot_take_it
     assert intruder["type"] == "error" and intruder["code"] == "forbidden"
     expired = await auth(signed("ada", ttl=-120), first["session_id"])
     assert expired["type"] == "error" and expired["code"] == "unauthorized"
+
+    # The same user on a new device (no session id of its own) gets their session back; a
+    # static token would get a new session per browser, as it may be handed to many people.
+    phone = await auth(signed("ada"))
+    assert phone["session_id"] == first["session_id"] and phone["new_session"] is False
+    other = await auth(signed("grace"))
+    assert other["session_id"] != first["session_id"] and other["new_session"] is True
+
+
+async def test_an_expired_signed_token_says_so_and_asks_to_sign_in_again(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(issuer=ISSUER, static_tokens=[])
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{chat.http}/?token={signed('ada', ttl=-120)}") as resp:
+            page = await resp.text()
+        assert resp.status == 401 and "This access token has expired" in page
+        assert "Sign in again" in page and "talkbridge run" not in page  # no terminal here
+        async with http.get(f"{chat.http}/?token={signed('ada', secret='forged' * 6)}") as resp:
+            assert "This access token is not valid" in await resp.text()
+    async with websockets.connect(chat.ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": signed("ada", ttl=-120)}))
+        error = json.loads(await ws.recv())
+        assert error["code"] == "unauthorized" and "expired; sign in again" in error["message"]

@@ -130,3 +130,22 @@ async def test_a_title_is_the_first_words_without_markdown_marks(sqlite_store: o
     [other] = [await sessions.new_conversation(session_id)]
     renamed = await sessions.title_from(session_id, other.id, "***")  # only marks: kept as typed
     assert renamed is not None and renamed.title == "***"
+
+
+@pytest.mark.parametrize(
+    ("first", "kept"),
+    [
+        ("a" * 58 + "\U0001f468\u200d\U0001f469\u200d\U0001f467 family", "a" * 58),
+        ("b" * 58 + "\U0001f1e9\U0001f1ea\U0001f1ef\U0001f1f5 flags", "b" * 58),
+        (
+            "d" * 57 + "\U0001f1e9\U0001f1ea\U0001f1ef\U0001f1f5 flags",
+            "d" * 57 + "\U0001f1e9\U0001f1ea",
+        ),
+        ("e" * 58 + "\U0001f44d\U0001f3fd thumbs", "e" * 58),
+        ("f" * 58 + "e\u0301\u0301 accents", "f" * 58),
+    ],
+)
+def test_a_long_title_is_never_cut_inside_a_character(first: str, kept: str) -> None:
+    from talkbridge.webchat.sessions import _title
+
+    assert _title(first) == kept + "…"

@@ -182,6 +182,11 @@ async def test_the_generated_token_lasts_across_restarts_until_replaced(tmp_path
     await third.start()
     try:
         assert third.webchat_token not in (None, token)
-        assert await _auth(await third.webchat_url(), token) == {"closed": 4401}
+        new_url = await third.webchat_url()
+        assert await _auth(new_url, token) == {"closed": 4401}
+        # The operator's browser keeps its conversations with the new link: the generated
+        # token's holder is the same person, whichever token it is now.
+        ready = await _auth(new_url, third.webchat_token, session)
+        assert ready["session_id"] == session and ready["new_session"] is False
     finally:
         await third.stop()

@@ -17,6 +17,8 @@ const KEY = {
   outbox: "talkbridge.outbox",
 };
 const TYPING_MS = 8000;
+const PING_EVERY_MS = 20000;
+const PONG_WITHIN_MS = 10000; // no answer by then: the connection is dead, though not closed
 const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30000;
 
@@ -86,8 +88,11 @@ const state = {
   ready: false,
   attempt: 0,
   reconnectTimer: null,
+  heartbeat: null,
+  pongTimer: null,
   pendingConversation: null,
   limits: { max_frame_bytes: 65536 },
+  refusal: null, // why the server refused our token, when it did
   typingTimer: null,
 };
 
@@ -168,6 +173,7 @@ function connect() {
   });
   ws.addEventListener("close", (event) => {
     if (state.ws !== ws) return;
+    stopHeartbeat();
     state.ws = null;
     state.ready = false;
     renderComposerState();
@@ -176,6 +182,11 @@ function connect() {
         "This link has no access token",
         "Open the full URL that talkbridge run printed in its terminal (it ends in ?token=…).",
       );
+      return;
+    }
+    if (event.code === 4401 && state.refusal) {
+      // The server said why (an expired sign-in, a replaced token): its words, not a guess.
+      showFatal("This access token is not accepted", `${capitalize(state.refusal)}.`);
       return;
     }
     if (event.code === 4401) {
@@ -196,7 +207,50 @@ function connect() {
   });
 }
 
+/** A ping every 20 s; no pong within 10 s means the network is gone even if the socket never
+ * closed (a laptop lid, a lost Wi-Fi): drop it and reconnect, so the status tells the truth
+ * and the outbox goes out as soon as the network is back. */
+function startHeartbeat(ws) {
+  stopHeartbeat();
+  state.heartbeat = setInterval(() => {
+    if (state.ws !== ws || state.pongTimer) return;
+    send({ type: "ping", ref: "heartbeat" });
+    state.pongTimer = setTimeout(() => dropConnection(ws), PONG_WITHIN_MS);
+  }, PING_EVERY_MS);
+}
+
+function stopHeartbeat() {
+  clearInterval(state.heartbeat);
+  clearTimeout(state.pongTimer);
+  state.heartbeat = null;
+  state.pongTimer = null;
+}
+
+function onPong() {
+  clearTimeout(state.pongTimer);
+  state.pongTimer = null;
+}
+
+function dropConnection(ws) {
+  if (state.ws !== ws) return;
+  stopHeartbeat();
+  state.ws = null; // its close event, whenever it comes, is ignored
+  state.ready = false;
+  renderComposerState();
+  try {
+    ws.close();
+  } catch {
+    /* already closing */
+  }
+  scheduleReconnect();
+}
+
 function scheduleReconnect() {
+  if (!navigator.onLine) {
+    // The browser knows there is no network: wait for its "online" event instead of polling.
+    setStatus("offline", "No network: messages wait until it is back");
+    return;
+  }
   const ceiling = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** state.attempt);
   const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
   state.attempt += 1;
@@ -236,6 +290,8 @@ function handle(frame) {
       return onConversation(frame);
     case "error":
       return onError(frame);
+    case "pong":
+      return onPong();
     default:
       return undefined;
   }
@@ -257,6 +313,7 @@ function onReady(frame) {
   // one still under way from its start, and a reply cut off by a restart never ends otherwise.
   for (const t of state.threads.values()) t.streams.clear();
   setStatus("online", "Connected");
+  startHeartbeat(state.ws);
   renderConversations();
   // Resume every thread we already show, from the last seq we hold without a gap.
   for (const [threadId, t] of state.threads) {
@@ -394,7 +451,12 @@ function onConversation(frame) {
   }
 }
 
+function capitalize(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
 function onError(frame) {
+  if (frame.code === "unauthorized") state.refusal = frame.message;
   if (frame.client_id) {
     const item = state.outbox.find((m) => m.client_id === frame.client_id);
     if (frame.code === "rate_limited" || frame.code === "internal") {
@@ -497,6 +559,7 @@ function renderConversations() {
       if (active) button.setAttribute("aria-current", "true");
       const name = document.createElement("span");
       name.className = "conversation-title";
+      name.dir = "auto";
       name.textContent = titleOf(conv);
       const when = document.createElement("span");
       when.className = "conversation-date";
@@ -529,6 +592,7 @@ function messageNode(role, content, meta, extraClass = "") {
   who.textContent = role === "user" ? "You said:" : "Assistant said:";
   const bubble = document.createElement("div");
   bubble.className = "bubble";
+  bubble.dir = "auto"; // Arabic or Hebrew reads right to left, in its own direction
   bubble.append(content);
   article.append(who, bubble);
   if (meta) {
@@ -683,6 +747,10 @@ document.addEventListener("keydown", (event) => {
 // tablet) would leave the chat inert.
 window.matchMedia("(max-width: 760px)").addEventListener("change", (event) => {
   if (!event.matches) closeSidebar();
+});
+window.addEventListener("offline", () => {
+  if (state.ws) dropConnection(state.ws);
+  else scheduleReconnect();
 });
 window.addEventListener("online", () => {
   if (!state.ws && ui.fatal.hidden) {
