@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from talkbridge.config import WebchatIssuer
 from talkbridge.webchat.sessions import PERSON_PREFIX, token_hash
@@ -56,36 +57,33 @@ class TokenAuth:
 
     @staticmethod
     def _signed(token: str, issuer: WebchatIssuer) -> str | None:
-        import jwt
-
-        try:
-            claims = jwt.decode(
-                token,
-                issuer.secret.get_secret_value(),
-                algorithms=["HS256"],
-                audience=issuer.audience,
-                leeway=issuer.leeway,
-                options={"require": ["sub", "exp"]},
-            )
-        except jwt.PyJWTError:
-            return None
-        subject = claims.get("sub")
+        claims = _claims(token, issuer, require=["sub", "exp"])
+        subject = claims.get("sub") if claims is not None else None
         return f"{PERSON_PREFIX}{subject}" if isinstance(subject, str) and subject else None
 
 
 def _expired(token: str, issuer: WebchatIssuer) -> bool:
     """A token this issuer signed whose time is up (signature checked, expiry not)."""
+    claims = _claims(token, issuer, verify_exp=False)
+    expires = claims.get("exp") if claims is not None else None
+    return isinstance(expires, int | float) and expires + issuer.leeway < time.time()
+
+
+def _claims(
+    token: str, issuer: WebchatIssuer, *, require: list[str] | None = None, verify_exp: bool = True
+) -> dict[str, Any] | None:
+    """The claims of a token this issuer signed (HS256, its audience), or None."""
     import jwt
 
     try:
-        claims = jwt.decode(
+        claims: dict[str, Any] = jwt.decode(
             token,
             issuer.secret.get_secret_value(),
             algorithms=["HS256"],
             audience=issuer.audience,
-            options={"verify_exp": False},
+            leeway=issuer.leeway,
+            options={"require": require or [], "verify_exp": verify_exp},
         )
     except jwt.PyJWTError:
-        return False
-    expires = claims.get("exp")
-    return isinstance(expires, int | float) and expires + issuer.leeway < time.time()
+        return None
+    return claims
