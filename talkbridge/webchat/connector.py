@@ -27,7 +27,7 @@ from talkbridge.errors import NotFoundError, TransientError
 from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
-from talkbridge.webchat.auth import TokenAuth
+from talkbridge.webchat.auth import GENERATED_IDENTITY, TokenAuth
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_UNAUTHORIZED,
@@ -47,7 +47,7 @@ from talkbridge.webchat.protocol import (
     parse_frame,
 )
 from talkbridge.webchat.routes import HttpRoutes, cookie_token
-from talkbridge.webchat.sessions import Sessions, split_thread
+from talkbridge.webchat.sessions import Sessions, split_thread, token_hash
 from talkbridge.webchat.socket_writes import write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
@@ -261,7 +261,12 @@ class WebchatConnector(BaseConnector):
             await _refuse(ws, "unauthorized", self._auth.refusal(token), frame.ref)
             return None
         try:
-            session_id, created = await self._sessions.authenticate(identity, frame.session_id)
+            # Sessions of the generated token made before it had an identity of its own were
+            # bound to the token's hash: they are the same holder's, and move over.
+            earlier = token_hash(token) if identity == GENERATED_IDENTITY else None
+            session_id, created = await self._sessions.authenticate(
+                identity, frame.session_id, earlier_identity=earlier
+            )
         except FrameError as exc:
             await _refuse(ws, exc.code, str(exc), frame.ref, CLOSE_FORBIDDEN)
             return None

@@ -75,18 +75,28 @@ class Sessions:
             self._locks[session_id] = lock
         return lock
 
-    async def authenticate(self, identity: str, session_id: str | None) -> tuple[str, bool]:
+    async def authenticate(
+        self, identity: str, session_id: str | None, *, earlier_identity: str | None = None
+    ) -> tuple[str, bool]:
         """Return `(session_id, created)` for this identity (see `TokenAuth.identify`), or raise
         `FrameError("forbidden")`.
 
         A known session bound to a different identity is refused. Without a session id, or with
         one the store has never seen (a new device, a wiped store, a stale tab): a signed
         token's user gets their own session back, on every device; a static token, which may be
-        handed to many people, gets a new session for each browser.
+        handed to many people, gets a new session for each browser. A session bound to
+        `earlier_identity` (the same holder, known by an older name) moves to `identity`.
         """
         digest = identity
         if session_id is not None and _SESSION_ID.fullmatch(session_id):  # else: never issued
             bound = await self._store.get_state(_session_key(session_id))
+            if (
+                bound is not None
+                and earlier_identity is not None
+                and hmac.compare_digest(bound, earlier_identity)
+            ):
+                await self._store.set_state(_session_key(session_id), digest)  # same holder
+                bound = digest
             if bound is not None:
                 if not hmac.compare_digest(bound, digest):
                     raise FrameError(

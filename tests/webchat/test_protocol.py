@@ -149,3 +149,23 @@ def test_a_long_title_is_never_cut_inside_a_character(first: str, kept: str) -> 
     from talkbridge.webchat.sessions import _title
 
     assert _title(first) == kept + "…"
+
+
+async def test_a_session_of_the_generated_tokens_hash_moves_to_its_holder(
+    sqlite_store: object,
+) -> None:
+    from talkbridge.webchat.auth import GENERATED_IDENTITY
+    from talkbridge.webchat.sessions import token_hash
+
+    sessions = Sessions(sqlite_store)  # type: ignore[arg-type]
+    old, _ = await sessions.authenticate(token_hash("the-old-generated-token"), None)
+    moved = await sessions.authenticate(
+        GENERATED_IDENTITY, old, earlier_identity=token_hash("the-old-generated-token")
+    )
+    assert moved == (old, False)
+    assert await sessions.authenticate(GENERATED_IDENTITY, old) == (old, False)  # for good
+    with pytest.raises(FrameError):  # another token's session never moves
+        other, _ = await sessions.authenticate(token_hash("someone-else"), None)
+        await sessions.authenticate(
+            GENERATED_IDENTITY, other, earlier_identity=token_hash("the-old-generated-token")
+        )
