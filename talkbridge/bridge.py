@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
-from talkbridge.agents.runner import AgentRunner, TurnOutcome
+from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome
 from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import SendFailedError
+from talkbridge.errors import SendFailedError, UnknownConnectionError
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -343,6 +343,14 @@ class Bridge:
             return
         agent = route.agent
         assert agent is not None
+        if agent not in self.runner.agent_names:
+            known = ", ".join(sorted(self.runner.agent_names))
+            await self._apologize(
+                route.message,
+                f"hook {route.routed_by!r} routed the message to agent {agent!r}, which is not "
+                f"defined (agents: {known})",
+            )
+            return
         if (
             route.trust != "trusted"
             and agent != self.config.agents.sentinel
@@ -464,6 +472,30 @@ class Bridge:
             )
         except SendFailedError as exc:
             log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
+        except UnknownConnectionError:
+            known = ", ".join(self.registry.ids())
+            await self._apologize(
+                message,
+                f"hook {route.routed_by!r} forwarded the message to connection "
+                f"{forward.connection_id!r}, which is not configured (connections: {known})",
+            )
+
+    async def _apologize(self, message: NormalizedMessage, problem: str) -> None:
+        """A hook's decision that cannot be carried out: the operator's log says which hook and
+        why, and the sender is not left waiting in silence (the detail only in development,
+        as for a failed turn)."""
+        log.error("%s/%s: %s", message.connection_id, message.id, problem)
+        development = self.config.environment == "development"
+        reply = OutboundMessage(
+            thread_id=message.thread_id,
+            text=problem if development else SORRY,
+            reply_to=message.id,
+            idempotency_key=f"reply:{message.id}",
+        )
+        try:
+            await self.router.send(message.connection_id, reply)
+        except SendFailedError as exc:
+            log.error("apology to %s/%s not delivered: %s", message.connection_id, message.id, exc)
 
     # -- operator actions -----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from talkbridge.agents import Error, Result, TextDelta, TurnContext
+from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
 from talkbridge.hooks import (
@@ -135,6 +136,27 @@ async def test_a_hook_may_route_an_untrusted_sender_to_an_agent(tmp_path: Path) 
     await conns["test"].inject(make_message("!help", user="stranger"))
     (sent,) = await conns["test"].wait_sent(1)
     assert sent.message.text == "triage: !help"
+    await bridge.stop()
+
+
+async def test_a_hook_decision_that_cannot_be_carried_out_gets_an_apology_and_names_the_hook(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hooks = HookRegistry()
+
+    @hooks.channel_message(order=1)
+    async def misroute(msg: NormalizedMessage) -> RouteToAgent | Forward:
+        return RouteToAgent("ghost") if msg.text == "to ghost" else Forward("nowhere")
+
+    bridge, conns = await _bridge(tmp_path, hooks=hooks)
+    await conns["test"].inject(make_message("to ghost", message_id="g1"))
+    await conns["test"].inject(make_message("forward me", message_id="f1"))
+    replies = await conns["test"].wait_sent(2)
+    assert [r.message.text for r in replies] == [SORRY, SORRY]  # not left in silence
+    assert (
+        "hook 'misroute' routed the message to agent 'ghost', which is not defined" in caplog.text
+    )
+    assert "hook 'misroute' forwarded the message to connection 'nowhere'" in caplog.text
     await bridge.stop()
 
 

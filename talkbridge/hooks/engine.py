@@ -711,7 +711,12 @@ class HookChain(Generic[E]):
                                 modified_by.append(reg.name)
                                 continue
                     elif code == _UNUSABLE:
-                        failure = self._unusable(reg, f"returned an unusable value {result!r:.200}")
+                        failure = self._unusable(
+                            reg,
+                            f"returned an unusable value {result!r:.200} (a hook returns None, "
+                            "or an instance such as Continue(), Modify(msg), RouteToAgent('name'), "
+                            "RouteToSentinel(), Drop('why') or Forward('connection-id'))",
+                        )
                     else:  # block or terminal
                         decision, decided_by = result, reg.name
                         break

@@ -212,6 +212,11 @@ def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> Loaded
         ) from exc
     if hook is None:
         raise HookLoadError(f"hook folder {folder}: create_hook returned None instead of a hook")
+    if inspect.isclass(hook):
+        raise HookLoadError(
+            f"hook folder {folder}: create_hook returned the class {hook.__name__}, not a hook: "
+            f"return {hook.__name__}(...) (an instance)"
+        )
     options = spec.model_dump(exclude_none=True, exclude={"kind", "name"})
     if "filter" in options:
         options["filter"] = spec.filter

@@ -253,6 +253,11 @@ def test_import_error_names_the_module_and_line(tmp_path: Path) -> None:
         ("def create_hook(deps):\n    return None\n", "returned None"),
         ("async def create_hook(deps):\n    return 1\n", "plain function (not async)"),
         ("def create_hook(deps):\n    return 42\n", "neither a ChannelMessageHook"),
+        (
+            "class Router:\n    async def on_message(self, msg):\n        return None\n"
+            "def create_hook(deps):\n    return Router\n",
+            "returned the class Router, not a hook: return Router(...)",
+        ),
     ],
 )
 def test_broken_hook_modules(tmp_path: Path, code: str, words: str) -> None:
