@@ -136,7 +136,7 @@ class Bridge:
             from talkbridge.hooks.loader import load_hook_folders
 
             self._hook_objects = load_hook_folders(
-                self.config.hook_folders(), self.hook_deps(), self.hooks
+                self.config.hook_folders(), self.hook_deps(), self.hooks, self.registry.ids()
             )
         self.hooks.freeze()
         for obj in self._hook_objects:

@@ -33,6 +33,7 @@ def validate_startup(bridge: Bridge) -> None:
 
     config = bridge.config
     bridge.add_configured_agents()
-    if config.hooks:
-        load_hook_folders(config.hook_folders(), bridge.hook_deps(), bridge.hooks)
     bridge.registry.build(config, bridge.context)
+    if config.hooks:
+        connection_ids = [*bridge.registry.ids(), "webchat"]  # `run` always serves the webchat
+        load_hook_folders(config.hook_folders(), bridge.hook_deps(), bridge.hooks, connection_ids)

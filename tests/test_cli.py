@@ -304,6 +304,22 @@ _BROKEN = {
         },
         "hook.yaml: ordr: unknown key",
     ),
+    "a hook filter naming a channel that does not exist": (
+        "hooks: [h]\n",
+        {
+            "h/channel-message/hook.py": "def create_hook(deps):\n    return lambda m: None\n",
+            "h/channel-message/hook.yaml": "filter: {channels: [webchatt]}\n",
+        },
+        "filter.channels: webchatt matches nothing here",
+    ),
+    "a hook filter naming a connection that is not configured": (
+        "hooks: [h]\n",
+        {
+            "h/channel-message/hook.py": "def create_hook(deps):\n    return lambda m: None\n",
+            "h/channel-message/hook.yaml": "filter: {connection_ids: [support-bot]}\n",
+        },
+        "filter.connection_ids: support-bot matches nothing here",
+    ),
     "an unknown default agent": (
         "agents: {default: nobody}\n",
         {},

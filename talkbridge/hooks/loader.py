@@ -24,6 +24,7 @@ import logging
 import re
 import sys
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
@@ -67,6 +68,7 @@ class LoadedHook:
     folder: Path
     hook: Any
     """What `create_hook` returned."""
+    filter: HookFilter | None = None
 
     @property
     def needs_connections(self) -> bool:
@@ -75,14 +77,42 @@ class LoadedHook:
 
 
 def load_hook_folders(
-    paths: list[Path], deps: HookDeps, registry: HookRegistry
+    paths: list[Path],
+    deps: HookDeps,
+    registry: HookRegistry,
+    connection_ids: Collection[str] | None = None,
 ) -> list[ChannelMessageHook]:
     """Load every listed folder into `registry`; returns the imperative channel-message hooks.
 
     Their `register()` was called at load; the Bridge calls `register_connection(id)` on each for
-    every connection. `load_hooks` returns the details of every hook loaded.
+    every connection. `load_hooks` returns the details of every hook loaded. With
+    `connection_ids` (the bridge's), a `filter` naming another connection, or a channel that
+    does not exist, is an error: such a hook would silently never run.
     """
-    return [item.hook for item in load_hooks(paths, deps, registry) if item.needs_connections]
+    loaded = load_hooks(paths, deps, registry)
+    if connection_ids is not None:
+        for item in loaded:
+            _check_filter(item, set(connection_ids))
+    return [item.hook for item in loaded if item.needs_connections]
+
+
+def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
+    from talkbridge.connectors import known_channels
+
+    spec = item.filter
+    if spec is None:
+        return
+    for key, given, known in (
+        ("channels", spec.channels, known_channels()),
+        ("connection_ids", spec.connection_ids, connection_ids),
+    ):
+        unknown = sorted(set(given or ()) - known)
+        if unknown:
+            raise HookLoadError(
+                f"hook folder {item.folder}: hook.yaml: filter.{key}: {', '.join(unknown)} "
+                f"matches nothing here (known: {', '.join(sorted(known))}); "
+                "the hook would never run"
+            )
 
 
 def load_hooks(paths: list[Path], deps: HookDeps, registry: HookRegistry) -> list[LoadedHook]:
@@ -228,4 +258,4 @@ def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> Loaded
         raise HookLoadError(
             f"hook folder {folder} ({kind}): registering failed: {type(exc).__name__}: {exc}"
         ) from exc
-    return LoadedHook(kind, name, folder, hook)
+    return LoadedHook(kind, name, folder, hook, spec.filter)
