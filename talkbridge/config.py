@@ -480,9 +480,15 @@ def load_config(
     if not str(path).strip():
         raise ConfigError("the config file path is empty")
     file = Path(path)
-    data = _parse_yaml(_read_text(file, "cannot read config file"), file)
+    data = read_yaml(file, "cannot read config file")
     config, secrets = parse_config(data, file.resolve().parent, source=str(file), only=only)
     return _anchor_sqlite_path(config), secrets
+
+
+def read_yaml(file: Path, what: str) -> Any:
+    """A YAML file's data, or a `ConfigError` naming the file and why (`what`: how to say it
+    could not be read), with the line and column of a syntax error."""
+    return _parse_yaml(_read_text(file, what), file)
 
 
 def _read_text(file: Path, what: str) -> str:
@@ -517,14 +523,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(text: str) -> Any:
+def _load_yaml(text: str) -> Any:
     """`yaml.safe_load` that refuses a key given twice."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def _parse_yaml(text: str, file: Path) -> Any:
     try:
-        return load_yaml(text)
+        return _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

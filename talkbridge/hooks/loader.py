@@ -30,11 +30,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from talkbridge.config import format_errors, load_yaml
-from talkbridge.errors import HookLoadError
+from talkbridge.config import format_errors, read_yaml
+from talkbridge.errors import ConfigError, HookLoadError
 from talkbridge.hooks.channel_message import ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
 from talkbridge.hooks.registry import KINDS, HookDeps, HookRegistry, is_connection_hook
@@ -154,9 +153,9 @@ def _read_spec(folder: Path) -> HookSpec:
     if not file.is_file():
         return HookSpec()
     try:
-        data = load_yaml(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise HookLoadError(f"hook folder {folder}: {SPEC_FILE} is not valid YAML: {exc}") from None
+        data = read_yaml(file, "cannot read")
+    except ConfigError as exc:
+        raise HookLoadError(f"hook folder {folder}: {exc}") from None
     if data is None:
         return HookSpec()
     if not isinstance(data, dict):

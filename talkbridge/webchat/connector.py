@@ -470,7 +470,9 @@ class WebchatConnector(BaseConnector):
         await ws.send(dumps(out))
         # A reply under way: its text so far, for a tab that joins (or comes back) mid-stream;
         # the deltas after it continue from there.
-        for stream_id, text in self._streams.so_far(frame.thread_id):
+        under_way = self._streams.so_far(frame.thread_id)
+        if under_way is not None:
+            stream_id, text = under_way
             await ws.send(
                 dumps(
                     {

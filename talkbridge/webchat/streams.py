@@ -31,7 +31,8 @@ class DeltaCoalescer:
         self._buffers: DelayedSweep[str, tuple[str, list[str]]] = DelayedSweep(window, self._send)
         """Streams holding pieces: (thread id, pieces)."""
         self._published: dict[str, tuple[str, list[str]]] = {}
-        """Streams under way: (thread id, the pieces sent so far), for a tab that joins late."""
+        """Per thread, its reply under way: (stream id, the pieces sent so far), for a tab that
+        joins late. One per thread: a thread runs one turn at a time."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def add(self, thread_id: str, stream_id: str, text: str) -> None:
@@ -41,13 +42,10 @@ class DeltaCoalescer:
         else:
             self._buffers.add(stream_id, (thread_id, [text]))
 
-    def so_far(self, thread_id: str) -> list[tuple[str, str]]:
-        """(stream id, text sent so far) of the thread's replies under way."""
-        return [
-            (stream_id, "".join(pieces))
-            for stream_id, (thread, pieces) in self._published.items()
-            if thread == thread_id
-        ]
+    def so_far(self, thread_id: str) -> tuple[str, str] | None:
+        """(stream id, text sent so far) of the thread's reply under way, if any."""
+        published = self._published.get(thread_id)
+        return None if published is None else (published[0], "".join(published[1]))
 
     def _send(self, stream_id: str, buffered: tuple[str, list[str]]) -> None:
         thread_id, pieces = buffered
@@ -57,30 +55,25 @@ class DeltaCoalescer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def published(
-        self, thread_id: str, stream_id: str, text: str, *, from_start: bool = False
-    ) -> None:
+    def published(self, thread_id: str, stream_id: str, text: str) -> None:
         """`text` of a stream went out (from this node, or from another one through the
         fan-out): a tab joining later gets it. A thread runs one turn at a time, so a new
-        stream in it means any other one there was cut off (a node stopped mid-turn)."""
-        current = self._published.get(stream_id)
-        if current is None or from_start:
-            self.ended(thread_id)
-            if len(self._published) >= MAX_OPEN_STREAMS:
-                del self._published[next(iter(self._published))]
-            self._published[stream_id] = (thread_id, [text])
-        else:
+        stream in it replaces one that was cut off (a node stopped mid-turn)."""
+        current = self._published.get(thread_id)
+        if current is not None and current[0] == stream_id:
             current[1].append(text)
+            return
+        if current is None and len(self._published) >= MAX_OPEN_STREAMS:
+            del self._published[next(iter(self._published))]
+        self._published[thread_id] = (stream_id, [text])
 
     def ended(self, thread_id: str) -> None:
         """The thread's reply is complete (or cut off): nothing of it to catch up on."""
-        for stream_id in [s for s, (t, _) in self._published.items() if t == thread_id]:
-            del self._published[stream_id]
+        self._published.pop(thread_id, None)
 
     async def finish(self, stream_id: str) -> None:
         """The final message is about to go out: it carries the whole text, so what is still
         buffered is dropped, and pieces already on their way go out first."""
         self._buffers.pop(stream_id)
-        self._published.pop(stream_id, None)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
