@@ -103,6 +103,9 @@ def describe_error(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
+_SENDS_REFUSED = "sends are refused: "
+
+
 class _Status:
     """The `ConnectionStatus` a transport reports through."""
 
@@ -113,9 +116,17 @@ class _Status:
 
     def up(self) -> None:
         self.went_up_at = asyncio.get_running_loop().time()
+        if self._registry.health(self._cid).state is ConnectionState.DEGRADED:
+            log.info("%s: up again", self._cid)
         self._registry._set_state(self._cid, ConnectionState.UP, None)
 
     def degraded(self, reason: str) -> None:
+        """Said in the log too, once per change: an operator reading it sees what `/healthz`
+        shows (a transport reports the same trouble again on every retry)."""
+        health = self._registry.health(self._cid)
+        text = self._registry.redact(reason)
+        if health.state is not ConnectionState.DEGRADED or health.last_error != text:
+            log.warning("%s: %s", self._cid, text)
         self._registry._set_state(self._cid, ConnectionState.DEGRADED, reason)
 
 
@@ -300,6 +311,26 @@ class ConnectionRegistry:
             log.warning("%s: %s; reconnecting in %.1fs", cid, reason, delay)
             self._set_state(cid, ConnectionState.DEGRADED, reason)
             await asyncio.sleep(delay)
+
+    def credentials_refused(self, cid: str, reason: str | None) -> None:
+        """Sends found the connection's credentials refused (reason), or accepted again (None).
+
+        What a transport cannot see: Slack's bot token revoked while its Socket Mode socket, on
+        the app token, stays open. The connection is degraded, not stopped: inbound may flow.
+        """
+        health = self._health.get(cid)
+        if health is None:
+            return
+        refused = f"{_SENDS_REFUSED}{reason}" if reason is not None else None
+        if refused is not None and health.state in (ConnectionState.UP, ConnectionState.DEGRADED):
+            self._set_state(cid, ConnectionState.DEGRADED, refused)
+        elif (
+            refused is None
+            and health.state is ConnectionState.DEGRADED
+            and (health.last_error or "").startswith(_SENDS_REFUSED)
+        ):
+            log.info("%s: sends are accepted again", cid)
+            self._set_state(cid, ConnectionState.UP, None)
 
     def _set_state(self, cid: str, state: ConnectionState, error: str | None) -> None:
         health = self._health[cid]

@@ -16,6 +16,7 @@ from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
+from talkbridge.errors import UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -27,6 +28,7 @@ from talkbridge.hooks import (
 )
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage
+from talkbridge.registry import ConnectionState
 from tests.support.talk_connector import TalkConnector, make_message
 
 
@@ -81,6 +83,26 @@ async def test_trusted_sender_gets_the_echo_as_a_threaded_reply(tmp_path: Path) 
     ]
     # Nothing could edit or delete that reply here, so no map from the message to it is kept.
     assert await bridge.store.lookup_id("test", msg.id) is None
+    await bridge.stop()
+
+
+async def test_sends_refused_for_their_credentials_show_in_the_connection_health(
+    tmp_path: Path,
+) -> None:
+    # A token revoked while the connection's socket stays open (Slack's bot token beside its
+    # Socket Mode app token): only the sends can tell.
+    bridge, conns = await _bridge(tmp_path)
+    conn = conns["test"]
+    conn.script.append(UnauthorizedError("the bot token was revoked"))
+    await conn.inject(make_message("first", thread_id="chat-1"))
+    await bridge.router.join()
+    health = bridge.registry.health("test")
+    assert health.state is ConnectionState.DEGRADED
+    assert health.last_error == "sends are refused: the bot token was revoked"
+    await conn.inject(make_message("second", thread_id="chat-1"))  # a new token was put in
+    await conn.wait_sent(1)
+    await bridge.router.join()
+    assert bridge.registry.health("test").state is ConnectionState.UP
     await bridge.stop()
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
+
+import pytest
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import ConnectionConfig, Secrets
@@ -116,3 +119,35 @@ def test_sdk_is_imported_only_when_its_channel_is_configured() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class ReportingTransport(TalkConnector):
+    """Reports trouble the way a transport retrying inside its `run` does, then recovers."""
+
+    def __init__(self, cid: str, reports: list[str]) -> None:
+        super().__init__(cid)
+        self.reports = reports
+
+    async def run(self, status: ConnectionStatus) -> None:
+        for reason in self.reports:
+            status.degraded(reason)
+        status.up()
+        await asyncio.Event().wait()
+
+
+async def test_a_degraded_connection_is_logged_once_per_change_and_its_recovery_too(
+    sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    reports = ["getUpdates failed: 502", "getUpdates failed: 502", "409 Conflict with s3cr3t"]
+    registry = ConnectionRegistry(sqlite_store, Secrets(["s3cr3t"]), backoff=FAST)
+    registry.add(ReportingTransport("bot", reports))
+    with caplog.at_level(logging.INFO, logger="talkbridge.registry"):
+        await registry.start()
+        await registry.wait_for("bot", ConnectionState.UP)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines == [
+        ("WARNING", "bot: getUpdates failed: 502"),
+        ("WARNING", "bot: 409 Conflict with ***"),
+        ("INFO", "bot: up again"),
+    ]
+    await registry.stop()

@@ -5,6 +5,8 @@ per thread, a few threads at once) and its own rate-limit gate. A connector rais
 `RateLimitedError` closes the gate of its connection (or delays just that thread) for
 `retry_after` seconds; retryable errors are retried with backoff; a send that finally fails is
 recorded in the store and raised to the caller as `SendFailedError`, never dropped silently.
+Credentials the platform refuses on a send (a token revoked while the connection's socket stays
+open) are reported through `on_credentials`, so the connection's health says so.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from talkbridge.backoff import Backoff
-from talkbridge.errors import ConnectorError, RateLimitedError, SendFailedError
+from talkbridge.errors import (
+    ConnectorError,
+    RateLimitedError,
+    SendFailedError,
+    UnauthorizedError,
+)
 from talkbridge.message import OutboundMessage, SendResult, utcnow
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.store.base import FailedSend, Store
@@ -24,6 +31,8 @@ log = logging.getLogger("talkbridge.router.outbound")
 
 SendFn = Callable[[OutboundMessage], Awaitable[SendResult]]
 Redact = Callable[[str], str]
+CredentialsListener = Callable[[str, str | None], None]
+"""`(connection_id, reason)`: a send's credentials were refused; reason None: accepted again."""
 
 MAX_RATE_LIMIT_WAITS = 20
 
@@ -77,6 +86,7 @@ class OutboundQueue:
         concurrency: int = 8,
         redact: Redact = str,
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
+        on_credentials: CredentialsListener | None = None,
     ) -> None:
         self.connection_id = connection_id
         self._send = send
@@ -85,6 +95,8 @@ class OutboundQueue:
         self._redact = redact
         self._new_backoff = backoff
         self._gate = _Gate()
+        self._on_credentials = on_credentials
+        self._refused = False
         self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
             self._deliver, max_active=concurrency, name=f"send:{connection_id}"
         )
@@ -169,6 +181,8 @@ class OutboundQueue:
                 continue
             except ConnectorError as exc:
                 reason = self._redact(str(exc) or type(exc).__name__)
+                if isinstance(exc, UnauthorizedError):
+                    self._credentials(reason)
                 failures += 1
                 if not exc.retryable or failures >= self._attempts:
                     tries = f" after {failures} attempts" if failures > 1 else ""
@@ -184,9 +198,16 @@ class OutboundQueue:
             ) as exc:  # an untranslated error is a connector bug: never retry blindly
                 reason = self._redact(f"{type(exc).__name__}: {exc}")
                 await self._fail(message, f"unexpected connector error: {reason}")
+            if self._refused:
+                self._credentials(None)
             if key is not None:
                 await self._store.record_sent(self.connection_id, key, result.message_ids)
             return result
+
+    def _credentials(self, refused: str | None) -> None:
+        self._refused = refused is not None
+        if self._on_credentials is not None:
+            self._on_credentials(self.connection_id, refused)
 
     async def _fail(self, message: OutboundMessage, reason: str) -> None:
         log.error(

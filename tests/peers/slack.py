@@ -69,6 +69,7 @@ class _Failure:
     error: str
     retry_after: int | None
     drop: bool
+    not_json: bool = False
 
 
 @dataclass
@@ -104,6 +105,7 @@ class SlackPeer(Waitable):
         self._tickets: dict[str, str] = {}
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self._held: dict[str, asyncio.Event] = {}
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -122,6 +124,8 @@ class SlackPeer(Waitable):
         return self
 
     async def stop(self) -> None:
+        for gate in self._held.values():
+            gate.set()
         for sock in self.sockets:
             if not sock.closed:
                 with contextlib.suppress(Exception):
@@ -189,6 +193,7 @@ class SlackPeer(Waitable):
         error: str | None = None,
         retry_after: int | None = None,
         drop: bool = False,
+        not_json: bool = False,
         after: int = 0,
         token: str | None = None,
     ) -> None:
@@ -201,7 +206,15 @@ class SlackPeer(Waitable):
         )
         queue = self._failures.setdefault(method, [])
         queue.extend((token, None) for _ in range(after))
-        queue.extend((token, _Failure(status, code, retry_after, drop)) for _ in range(times))
+        failure = _Failure(status, code, retry_after, drop, not_json)
+        queue.extend((token, failure) for _ in range(times))
+
+    def hold(self, method: str) -> None:
+        """Calls of `method` get no answer until `release(method)` (a slow Slack)."""
+        self._held[method] = asyncio.Event()
+
+    def release(self, method: str) -> None:
+        self._held.pop(method).set()
 
     def new_ts(self) -> str:
         return f"{int(time.time())}.{next(self._ts):06d}"
@@ -437,8 +450,13 @@ class SlackPeer(Waitable):
                     assert request.transport is not None
                     request.transport.abort()
                     return web.Response(status=500)
+                if failure.not_json:  # a proxy's page in front of Slack
+                    call.error = "not_json"
+                    return web.Response(status=200, text="<html>Bad gateway</html>")
                 headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
                 return self._error(call, failure.error, status=failure.status, headers=headers)
+            if method in self._held:
+                await self._held[method].wait()
             handler = getattr(self, "_m_" + method.replace(".", "_"), None)
             if handler is None:
                 return self._error(call, "unknown_method")

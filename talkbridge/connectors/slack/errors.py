@@ -95,6 +95,11 @@ def translate(exc: BaseException, secrets: Iterable[str], *, method: str = "") -
             return unauthorized(
                 code or f"HTTP {status}", "app token" if method.startswith("apps.") else "bot token"
             )
+        if status == 404 and not code:  # no Slack error code: the address is not the API's
+            return NotFoundError(
+                f"{where}HTTP 404, no such API method there: check api_base, which ends in "
+                "/api/ (https://slack.com/api/)"
+            )
         if code in NOT_FOUND_CODES or status == 404:
             return NotFoundError(f"{where}{code or 'not found'}")
         if code in TRANSIENT_CODES or status >= 500:

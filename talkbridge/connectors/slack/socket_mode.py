@@ -7,7 +7,11 @@ socket is closed before a new URL is opened (never two sockets for one connectio
 `disconnect` reconnects at once, and lost sockets back off exponentially. A rejected app token
 raises `UnauthorizedError`, so the registry marks the connection down instead of retrying.
 
-Every envelope is acknowledged before it is processed, and processed in arrival order.
+Envelopes are taken in arrival order, and each is acknowledged once the bridge has it (stored
+by the router), before its turn runs: an envelope acknowledged earlier would be lost if the
+bridge stopped before storing it, since Slack does not deliver an acknowledged envelope again.
+One the bridge could not take (the store is down, the bridge is stopping) is not acknowledged,
+so Slack delivers it again, on this socket or the next; dedupe drops what was taken twice.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
@@ -25,7 +29,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import ConnectionStatus
-from talkbridge.errors import RateLimitedError, TransientError
+from talkbridge.errors import ConnectorError, RateLimitedError, TransientError
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +39,14 @@ class Envelope:
     payload: dict[str, Any]
     retry_attempt: int = 0
     retry_reason: str = ""
-    acked: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+
+
+def _count(value: object) -> int:
+    """A retry count from the wire; anything unreadable counts as none (it is only logged)."""
+    try:
+        return max(0, int(str(value)))
+    except ValueError:
+        return 0
 
 
 class _Client(SocketModeClient):
@@ -100,33 +109,42 @@ class SocketSession:
         if not isinstance(envelope_id, str) or not isinstance(kind, str):
             return
         payload = message.get("payload")
-        envelope = Envelope(
-            type=kind,
-            envelope_id=envelope_id,
-            payload=payload if isinstance(payload, dict) else {},
-            retry_attempt=int(message.get("retry_attempt") or 0),
-            retry_reason=str(message.get("retry_reason") or ""),
+        self._queue.put_nowait(
+            Envelope(
+                type=kind,
+                envelope_id=envelope_id,
+                payload=payload if isinstance(payload, dict) else {},
+                retry_attempt=_count(message.get("retry_attempt")),
+                retry_reason=str(message.get("retry_reason") or ""),
+            )
         )
-        # Queued before the first await, so envelopes keep their arrival order; processed
-        # only once the ack has been written.
-        self._queue.put_nowait(envelope)
-        try:
-            await client.send_socket_mode_response({"envelope_id": envelope_id})
-            envelope.acked.set_result(True)
-        except Exception as exc:  # the envelope will be redelivered; dedupe catches that
-            self._log.warning("could not acknowledge envelope %s: %s", envelope_id, exc)
-            envelope.acked.set_result(False)
 
     async def _process(self) -> None:
         while True:
             envelope = await self._queue.get()
-            await envelope.acked
             try:
                 await self._handle(envelope)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                self._log.exception("envelope %s could not be processed", envelope.envelope_id)
+            except Exception as exc:
+                self._log.warning(
+                    "envelope %s was not taken, so it is not acknowledged (Slack delivers it "
+                    "again): %s",
+                    envelope.envelope_id,
+                    exc,
+                    exc_info=not isinstance(exc, ConnectorError),
+                )
+                continue
+            await self._ack(envelope.envelope_id)
+
+    async def _ack(self, envelope_id: str) -> None:
+        client = self.client
+        if client is None or client.current_session is None or client.current_session.closed:
+            return  # the socket it came on is gone: Slack delivers it again, dedupe drops it
+        try:
+            await client.send_socket_mode_response({"envelope_id": envelope_id})
+        except Exception as exc:
+            self._log.warning("could not acknowledge envelope %s: %s", envelope_id, exc)
 
     async def run(self, status: ConnectionStatus) -> None:
         client = _Client(

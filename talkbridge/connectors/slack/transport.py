@@ -57,6 +57,9 @@ from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, S
 from talkbridge.talk import DirectoryEntry
 
 _RECENT_EVENTS = 4096
+NAME_WAIT = 1.0
+"""Seconds an inbound event waits for its senders' names. Slack wants its ack (or HTTP 200)
+within 3 s, and an event is acknowledged only once it is stored."""
 _STATUS_REFUSALS = {"not_allowed", "missing_scope", "not_allowed_token_type", "invalid_arguments"}
 EMOJI_NAMES = {
     "👍": "+1",
@@ -112,6 +115,7 @@ class SlackConnector(BaseConnector):
         self.team: str | None = None
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
         self._channel_names: dict[str, str] = {}
+        self._lookups: set[asyncio.Future[str | None]] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._partial = PartialSends()
         self._status_allowed = True
@@ -165,12 +169,22 @@ class SlackConnector(BaseConnector):
             if isinstance(error, RateLimitedError):
                 self._gate.hit(method, error.retry_after)
             raise error from None
+        except AttributeError:  # slack-sdk reading a body that is not JSON (a proxy's page)
+            raise TransientError(f"{method}: the answer was not Slack's JSON") from None
         data = response.data
         return dict(data) if isinstance(data, Mapping) else {}
 
     # ---- Transport ---------------------------------------------------------------------------
 
     async def check(self) -> str:
+        """Both tokens `run` needs: the bot token (`auth.test`) and, in Socket Mode, the app
+        token (a socket URL is asked for and not used)."""
+        who = await self._identify()
+        if self.config.inbound == "socket":
+            await self._open_socket_url()
+        return who
+
+    async def _identify(self) -> str:
         """`auth.test`: the bot user and the workspace, or the translated failure."""
         info = await self.call("auth.test")
         self.me = Identity(bot_user_id=info.get("user_id"), bot_id=info.get("bot_id"))
@@ -179,7 +193,7 @@ class SlackConnector(BaseConnector):
         return f"@{user} ({info.get('user_id')}) in {info.get('team')} ({info.get('team_id')})"
 
     async def run(self, status: ConnectionStatus) -> None:
-        await self.check()
+        await self._identify()
         if self.config.inbound == "socket":
             self.socket = SocketSession(
                 self._app_token,
@@ -195,6 +209,8 @@ class SlackConnector(BaseConnector):
             await self._run_events(status)
 
     async def close(self) -> None:
+        for lookup in list(self._lookups):
+            lookup.cancel()
         if self._session is not None:
             await self._session.close()
         self._session = None
@@ -274,8 +290,11 @@ class SlackConnector(BaseConnector):
         """Decode and deliver one payload; returns once subscribers accepted it."""
         if payload.get("type") == "event_callback" and payload.get("team_id") and not self.team:
             self.team = str(payload["team_id"])
-        names = await self._names(users_to_resolve(payload))
-        result = decode(payload, connection_id=self.connection_id, me=self.me, users=names)
+        names = await self._names(users_to_resolve(payload), wait=NAME_WAIT)
+        try:
+            result = decode(payload, connection_id=self.connection_id, me=self.me, users=names)
+        except (AttributeError, TypeError, KeyError) as exc:  # a field of an unexpected type
+            raise ValueError(f"malformed event ({type(exc).__name__}: {exc})") from None
         if result is None:
             return
         if isinstance(result, Deletion):
@@ -294,17 +313,31 @@ class SlackConnector(BaseConnector):
                 f"{scrub(str(exc), *self._secrets)}"
             ) from exc
 
-    async def _names(self, user_ids: set[str]) -> dict[str, str]:
+    async def _names(self, user_ids: set[str], *, wait: float | None = None) -> dict[str, str]:
+        """Display names of `user_ids`, looked up together; after `wait` seconds the ids of
+        lookups still under way stand in for their names (the lookups finish in the background
+        and fill the cache)."""
+        lookups = {uid: asyncio.ensure_future(self._name(uid)) for uid in user_ids}
+        if not lookups:
+            return {}
+        await asyncio.wait(lookups.values(), timeout=wait)
         names: dict[str, str] = {}
-        for uid in user_ids:
-            try:
-                entry = await self.user(uid)
-            except ConnectorError as exc:  # a name is a nicety: the id stands in
-                self._log.debug("users.info %s failed: %s", uid, exc)
-                continue
-            if entry is not None:
-                names[uid] = entry.name
+        for uid, lookup in lookups.items():
+            if not lookup.done():
+                self._lookups.add(lookup)
+                lookup.add_done_callback(self._lookups.discard)
+                self._log.info("users.info %s is slow: the id stands in for the name", uid)
+            elif (name := lookup.result()) is not None:
+                names[uid] = name
         return names
+
+    async def _name(self, user_id: str) -> str | None:
+        try:
+            entry = await self.user(user_id)
+        except Exception as exc:  # a name is a nicety: the id stands in
+            self._log.debug("users.info %s failed: %s", user_id, exc)
+            return None
+        return entry.name if entry is not None else None
 
     # ---- send --------------------------------------------------------------------------------
 

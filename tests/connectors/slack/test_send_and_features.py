@@ -88,6 +88,27 @@ async def test_a_retry_after_a_failure_mid_split_resumes_without_repeating(
     await connector.close()
 
 
+async def test_an_answer_that_is_not_json_is_a_transient_failure_the_retry_gets_past(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    peer.fail_next("chat.postMessage", not_json=True)  # a proxy's error page, with HTTP 200
+    with pytest.raises(TransientError, match=r"chat\.postMessage: the answer was not Slack.s JSON"):
+        await connector.send(OutboundMessage(thread_id=DM, text="x"))
+    await connector.send(OutboundMessage(thread_id=DM, text="x"))
+    assert [p["text"] for p in peer.posted()] == ["x"]
+    await connector.close()
+
+
+async def test_an_api_base_without_the_api_path_is_named_in_the_error(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector(api_base=peer.base_url)  # forgot the /api/
+    with pytest.raises(NotFoundError, match="check api_base, which ends in /api/"):
+        await connector.check()
+    await connector.close()
+
+
 async def test_a_429_pauses_that_method_tier_only_and_never_sleeps(
     peer: SlackPeer, make_connector: Callable[..., Any]
 ) -> None:

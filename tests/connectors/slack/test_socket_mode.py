@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -25,21 +26,57 @@ async def test_a_dm_is_delivered_with_names_resolved(
     assert len(peer.calls_of("auth.test")) == 1
 
 
-async def test_every_envelope_is_acknowledged_before_it_is_processed(
+async def test_an_envelope_is_acknowledged_only_once_the_bridge_has_taken_it(
     peer: SlackPeer, start: Callable[..., Any]
 ) -> None:
-    envelopes: list[str] = []
+    taking = asyncio.Event()
+    release = asyncio.Event()
 
-    class WaitsForAck(Inbox):
+    class SlowStore(Inbox):
         async def __call__(self, message: NormalizedMessage) -> None:
-            # If the connector processed first and acked afterwards, this would never return.
-            await peer.wait_ack(envelopes[-1], timeout=5)
+            taking.set()
+            await release.wait()  # the router still writing the message to its store
             await super().__call__(message)
 
-    run = await start(inbox=WaitsForAck())
-    envelopes.append(await peer.send_event(message_event("U0ADA0001", "first")))
-    await run.inbox.wait_count(1)
-    assert peer.acks == envelopes
+    run = await start(inbox=SlowStore())
+    envelope = await peer.send_event(message_event("U0ADA0001", "first"))
+    await taking.wait()
+    # Acknowledged now, the message would be lost if the bridge stopped: Slack does not
+    # deliver an acknowledged envelope again.
+    assert peer.acks == []
+    release.set()
+    await peer.wait_ack(envelope)
+    assert run.inbox.texts == ["first"]
+
+
+async def test_an_envelope_the_bridge_could_not_take_is_delivered_again_and_taken(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    refused = message_event("U0ADA0001", "refused once")
+    run.inbox.fail_on.add(f"{refused['channel']}:{refused['ts']}")  # the store was down
+    first = await peer.send_event(refused)
+    later = await peer.send_event(message_event("U0ADA0001", "later"))
+    await peer.wait_ack(later)  # taken in order: the refused one was handled before it
+    assert first not in peer.acks and run.inbox.texts == ["later"]
+    await peer.redeliver(first)  # what Slack does with an envelope it saw no ack for
+    await peer.wait_ack(first)
+    assert run.inbox.texts == ["later", "refused once"]
+
+
+async def test_a_slow_name_lookup_does_not_hold_the_message_back(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    peer.hold("users.info")  # Slack wants its ack within 3 s, and the lookup never answers
+    envelope = await peer.send_event(message_event("U0ADA0001", "hello"))
+    await peer.wait_ack(envelope)
+    [msg] = run.inbox.messages
+    assert msg.display_name == "U0ADA0001"  # the id stands in for the name
+    peer.release("users.info")
+    await peer.send_event(message_event("U0ADA0001", "again"))
+    await run.inbox.wait_count(2)
+    assert run.inbox.messages[1].display_name == "ada"
 
 
 async def test_envelopes_are_processed_in_arrival_order(
