@@ -337,9 +337,9 @@ async def _pair(args: argparse.Namespace) -> int:
 
 
 async def _approve(store: Store | None, code: str) -> int:
-    wanted = code.strip().casefold()
+    wanted = _code_key(code)
     known = [] if store is None else await store.pairings(include_approved=True)
-    found = next((p for p in known if p.code.strip().casefold() == wanted), None)
+    found = next((p for p in known if _code_key(p.code) == wanted), None)
     if store is None or found is None:
         _console.err(f"no pending pairing with code {code!r}")
         return EXIT_RUNTIME
@@ -347,9 +347,14 @@ async def _approve(store: Store | None, code: str) -> int:
     if found.approved:
         _console.out(f"already approved: {who} on {found.connection_id} is trusted")
         return EXIT_OK
-    await store.approve_pairing(code)
+    await store.approve_pairing(found.code)
     _console.out(f"approved: {who} on {found.connection_id} is now trusted")
     return EXIT_OK
+
+
+def _code_key(code: str) -> str:
+    """A pairing code as typed back: any case, with or without its dash or spaces."""
+    return "".join(ch for ch in code.casefold() if ch.isalnum())
 
 
 async def _hooks(args: argparse.Namespace) -> int:

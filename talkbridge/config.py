@@ -75,6 +75,14 @@ class ConnectionConfig(_Model):
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
     enabled: bool = True
 
+    @field_validator("trusted", mode="before")
+    @classmethod
+    def _numeric_ids(cls, value: Any) -> Any:
+        """Telegram and Discord ids are numbers, and YAML reads `[123456789]` as one."""
+        if isinstance(value, list | tuple):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
     def trusts(self, channel_user_id: str) -> bool:
         if channel_user_id in self.trusted:  # an exact id: most entries, and no pattern work
             return True

@@ -141,7 +141,7 @@ async def test_pair_list_and_approve(tmp_path: Path) -> None:
     assert code == 0 and "ABCD-EFGH" in out and "4242" in out and "Grace" in out
     code, _, err = await finish(await talkbridge("pair", "approve", "ZZZZ-ZZZZ", cwd=tmp_path))
     assert code == 1 and "no pending pairing" in err
-    code, out, _ = await finish(await talkbridge("pair", "approve", "abcd-efgh", cwd=tmp_path))
+    code, out, _ = await finish(await talkbridge("pair", "approve", "abcd efgh", cwd=tmp_path))
     assert code == 0 and "now trusted" in out
     store = SqliteStore(tmp_path / "talkbridge.db")
     await store.open()

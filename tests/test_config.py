@@ -89,6 +89,20 @@ def test_trusted_patterns() -> None:
     assert conn.trusts("42") and conn.trusts("900") and not conn.trusts("420")
 
 
+def test_numeric_ids_in_trusted_are_ids_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "talkbridge.yaml"
+    path.write_text(
+        "connections:\n  - {id: b, channel: telegram, token: '1:x', trusted: [123456789, '-100']}\n"
+    )
+    config, _ = load_config(path)  # YAML reads the unquoted id as a number
+    conn = config.connection("b")
+    assert conn is not None and conn.trusted == ("123456789", "-100")
+    assert conn.trusts("123456789")
+    path.write_text("connections:\n  - {id: b, channel: telegram, token: '1:x', trusted: [true]}\n")
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.trusted"):
+        load_config(path)
+
+
 def test_hook_folders_are_relative_to_the_config_file(tmp_path: Path) -> None:
     path = tmp_path / "talkbridge.yaml"
     path.write_text("hooks: [hooks/channel-message]\n")

@@ -3,13 +3,17 @@ lists every top-level key, environment variable and exit code."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
-from talkbridge.config import BridgeConfig
+import pytest
+
+from talkbridge.config import BridgeConfig, ConnectionConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "talkbridge" / "init_template" / "files"
+REFERENCE = ROOT / "docs" / "configuration.md"
 
 
 def test_the_readme_shows_the_hook_init_writes() -> None:
@@ -35,3 +39,25 @@ def test_the_command_line_reference_names_the_environment_and_exit_codes() -> No
         assert name in commands
     for code in ("0", "1", "2", "130"):
         assert f"\n| {code} |" in commands
+
+
+@pytest.mark.parametrize("channel", ["telegram", "slack", "discord", "email"])
+def test_the_reference_lists_every_key_of_each_channel(channel: str) -> None:
+    module = importlib.import_module(f"talkbridge.connectors.{channel}.config")
+    [model] = [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type)
+        and issubclass(v, ConnectionConfig)
+        and v.__module__ == module.__name__
+    ]
+    section = REFERENCE.read_text(encoding="utf-8").split(f"### `channel: {channel}`")[1]
+    section = section.split("\n## ")[0].split("\n### ")[0]
+    missing = [
+        key
+        for key in model.model_fields
+        if key not in ConnectionConfig.model_fields
+        and f"`{key}`" not in section
+        and f"`{key}." not in section
+    ]
+    assert missing == [], f"docs/configuration.md, channel {channel}: undocumented {missing}"

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 from aiohttp import web
@@ -86,6 +87,7 @@ class _Failure:
     description: str
     retry_after: int | None
     drop: bool
+    migrate_to: int | None = None
 
 
 def _strip_html(text: str) -> str:
@@ -178,10 +180,12 @@ class TelegramBotAPIPeer(Waitable):
         retry_after: int | None = None,
         description: str | None = None,
         drop: bool = False,
+        migrate_to: int | None = None,
         after: int = 0,
         token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail: an error answer, or a dropped connection.
+        `migrate_to`: the group became the supergroup with that id (a 400 saying so).
 
         `after` lets that many calls succeed first (e.g. fail the second chunk of a split);
         `token` limits the script to one bot (other bots' calls pass untouched).
@@ -197,7 +201,8 @@ class TelegramBotAPIPeer(Waitable):
         }.get(status, "Error")
         queue = self._failures.setdefault(method.lower(), [])
         queue.extend((token, None) for _ in range(after))
-        queue.extend((token, _Failure(status, text, retry_after, drop)) for _ in range(times))
+        failure = _Failure(status, text, retry_after, drop, migrate_to)
+        queue.extend((token, failure) for _ in range(times))
 
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
         """Make a file downloadable; returns its file_id."""
@@ -212,11 +217,12 @@ class TelegramBotAPIPeer(Waitable):
         *,
         token: str | None = None,
         secret: str | bool | None = True,
+        path: str | None = None,
     ) -> int:
         """Deliver an update like Telegram: POST JSON to the webhook URL; returns the status.
 
         `secret=True` sends the secret set with setWebhook, None/False sends no header, a
-        string sends that string.
+        string sends that string; `path` replaces the URL's path (a proxy forwarding elsewhere).
         """
         token = token or next(iter(self.bots))
         hook = self.webhooks[token]
@@ -226,9 +232,12 @@ class TelegramBotAPIPeer(Waitable):
         value = hook.get("secret_token") if secret is True else secret
         if isinstance(value, str):
             headers["X-Telegram-Bot-Api-Secret-Token"] = value
+        url = str(hook["url"])
+        if path is not None:
+            url = urlunsplit(urlsplit(url)._replace(path=path))
         async with (
             aiohttp.ClientSession() as session,
-            session.post(hook["url"], json=update, headers=headers) as response,
+            session.post(url, json=update, headers=headers) as response,
         ):
             await response.read()
             return response.status
@@ -293,7 +302,11 @@ class TelegramBotAPIPeer(Waitable):
                     assert request.transport is not None
                     request.transport.close()
                     return web.Response(status=500)
-                extra = {"retry_after": failure.retry_after} if failure.retry_after else None
+                extra: dict[str, Any] | None = None
+                if failure.retry_after:
+                    extra = {"retry_after": failure.retry_after}
+                if failure.migrate_to is not None:
+                    extra = {"migrate_to_chat_id": failure.migrate_to}
                 return self._error(call, failure.status, failure.description, extra)
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:

@@ -211,7 +211,7 @@ def _reply_to(message: Mapping[str, Any]) -> ReplyTo | None:
         return None
     chat_id = str((replied.get("chat") or message.get("chat") or {}).get("id"))
     quote = (message.get("quote") or {}).get("text")
-    sender = replied.get("from") or replied.get("sender_chat")
+    sender = replied.get("sender_chat") or replied.get("from")
     return ReplyTo(
         message_id=native_id(chat_id, replied.get("message_id", 0)),
         content=quote or replied.get("text") or replied.get("caption"),
@@ -239,7 +239,9 @@ def _decode_message(
     attachments = _attachments(message)
     if not text and not attachments:
         return None  # service messages: joins, pins, topic changes …
-    sender = message.get("from") or message.get("sender_chat") or chat
+    # On behalf of a chat (a channel, a group's anonymous admin), `from` is a placeholder user
+    # Telegram shares among all such chats: the sender is the chat, and trust is the chat's.
+    sender = message.get("sender_chat") or message.get("from") or chat
     is_private = chat.get("type", "private") == "private"
     thread_id, thread_name = _thread(message)
     base_id = native_id(chat_id, message_id)

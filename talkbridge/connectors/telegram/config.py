@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -24,6 +25,8 @@ class TelegramConfig(ConnectionConfig):
     """Where the local HTTP server listens; a reverse proxy forwards `webhook_url` to it."""
     webhook_port: ListenPort = 8443
     webhook_path: str = Field(default="/telegram/webhook", pattern=r"^/")
+    """The path the local server answers; unset, the path of `webhook_url` (a proxy that keeps
+    the path then needs nothing more), or `/telegram/webhook` when that URL has none."""
     api_base: str | None = None
     """Base URL of a self-hosted Bot API server, e.g. `http://127.0.0.1:8081`."""
     poll_timeout: int = Field(default=30, ge=0, le=50)
@@ -48,6 +51,16 @@ class TelegramConfig(ConnectionConfig):
             )
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_from_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "webhook_path" not in data:
+            url = data.get("webhook_url")
+            path = urlsplit(url).path if isinstance(url, str) else ""
+            if path not in ("", "/"):
+                return {**data, "webhook_path": path}
+        return data
+
     @model_validator(mode="after")
     def _webhook_needs_url_and_secret(self) -> TelegramConfig:
         if self.mode == "webhook":
@@ -65,6 +78,14 @@ class TelegramConfig(ConnectionConfig):
                     + " and ".join(missing)
                     + " (the public HTTPS URL Telegram posts to, and a secret token it echoes)"
                 )
+            assert self.webhook_url is not None
+            url = urlsplit(self.webhook_url)
+            if url.scheme != "https" and not (self.api_base and url.scheme == "http"):
+                raise ValueError(
+                    "webhook_url must be an https:// URL: Telegram posts updates only over "
+                    "HTTPS (a self-hosted Bot API server, set in api_base, also takes http://)"
+                )
+
         if self.webhook_secret is not None:
             secret = self.webhook_secret.get_secret_value()
             allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")

@@ -24,6 +24,7 @@ from aiogram import Bot
 from aiogram import methods as api
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
+from aiogram.exceptions import ClientDecodeError, TelegramMigrateToChat
 from aiogram.types import (
     BufferedInputFile,
     InlineKeyboardButton,
@@ -101,6 +102,8 @@ class TelegramConnector(BaseConnector):
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
         self._recent: OrderedDict[int, None] = OrderedDict()
+        self._migrated: dict[str, int] = {}
+        """Groups that became supergroups: old chat id -> new one (Telegram tells on a send)."""
         self._partial = PartialSends()
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
@@ -140,16 +143,13 @@ class TelegramConnector(BaseConnector):
         offset = await self._load_offset()
         backoff = Backoff(base=self.retry_base, cap=30.0)
         healthy = True
-        timeout = self.config.poll_timeout
         while True:
+            # After a failure, a short poll: recovery shows in the health at once, not after
+            # a long poll's whole wait.
+            timeout = self.config.poll_timeout if healthy else 0
             try:
                 with translated(self._token):
-                    updates = await self.bot.get_updates(
-                        offset=offset,
-                        timeout=timeout,
-                        allowed_updates=list(ALLOWED_UPDATES),
-                        request_timeout=timeout + 15,
-                    )
+                    updates = await self._get_updates(offset, timeout)
             except (TransientError, RateLimitedError) as exc:
                 delay = exc.retry_after if isinstance(exc, RateLimitedError) else backoff.next()
                 healthy = False
@@ -163,23 +163,50 @@ class TelegramConnector(BaseConnector):
             reached = offset
             try:
                 for update in updates:
-                    await self._accept(update)
-                    reached = update.update_id + 1
+                    uid = await self._accept(update)
+                    if uid is not None:
+                        reached = max(reached or 0, uid + 1)
             finally:  # once per batch, and for the part of it accepted before a failure
                 if reached != offset:
                     offset = reached
                     await self.context.store.set_state(self._offset_key, str(offset))
 
-    async def _accept(self, update: Update | dict[str, Any]) -> None:
-        """Decode and deliver one update; returns once subscribers accepted it."""
+    async def _get_updates(
+        self, offset: int | None, timeout: int
+    ) -> Sequence[Update | dict[str, Any]]:
+        """A batch of updates. aiogram refuses a whole batch when one update does not fit its
+        models; then the batch is taken as the JSON it was, so that update alone is skipped
+        instead of stopping the connection at its offset forever."""
+        try:
+            return await self.bot.get_updates(
+                offset=offset,
+                timeout=timeout,
+                allowed_updates=list(ALLOWED_UPDATES),
+                request_timeout=timeout + 15,
+            )
+        except ClientDecodeError as exc:
+            data = exc.data
+            if not isinstance(data, dict) or data.get("ok") is not True:
+                raise
+            batch = data.get("result")
+            if not isinstance(batch, list):
+                raise
+            return [u if isinstance(u, dict) else {"update_id": None, "raw": u} for u in batch]
+
+    async def _accept(self, update: Update | dict[str, Any]) -> int | None:
+        """Decode and deliver one update; returns once subscribers accepted it, with its id."""
         data = update_to_dict(update)
         uid = data.get("update_id")
-        if isinstance(uid, int) and uid in self._recent:
-            return
+        if not isinstance(uid, int) or isinstance(uid, bool):
+            self._log.error("skipping an update without an update_id: %.200s", data)
+            return None
+        if uid in self._recent:
+            return uid
         try:
             message = decode_update(data, connection_id=self.connection_id, bot_id=self.bot_id)
-        except ValueError as exc:  # one poison update must not stall the connection forever
-            self._log.error("skipping update %s that cannot be read: %s", uid, exc)
+        except (ValueError, AttributeError, TypeError, KeyError) as exc:
+            # One poison update (a field of an unexpected shape) must not stall the connection.
+            self._log.error("skipping update %s that cannot be read: %r", uid, exc)
             message = None
         if message is not None:
             query = data.get("callback_query")
@@ -193,10 +220,10 @@ class TelegramConnector(BaseConnector):
                 raise TransientError(
                     f"update {uid} was not accepted by a subscriber: {scrub(str(exc), self._token)}"
                 ) from exc
-        if isinstance(uid, int):
-            self._recent[uid] = None
-            while len(self._recent) > _RECENT_UPDATES:
-                self._recent.popitem(last=False)
+        self._recent[uid] = None
+        while len(self._recent) > _RECENT_UPDATES:
+            self._recent.popitem(last=False)
+        return uid
 
     async def _answer_callback(self, query_id: str) -> None:
         # Stops the button's spinner; failing to do so must not lose the click.
@@ -211,6 +238,7 @@ class TelegramConnector(BaseConnector):
     async def _run_webhook(self, status: ConnectionStatus) -> None:
         app = web.Application()
         app.router.add_post(self.config.webhook_path, self._on_webhook)
+        app.router.add_route("*", "/{anything:.*}", self._elsewhere)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:
@@ -236,6 +264,17 @@ class TelegramConnector(BaseConnector):
             await asyncio.Event().wait()  # serve until cancelled
         finally:
             await runner.cleanup()
+
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        """Not the webhook: said in the log, since a proxy forwarding to the wrong path
+        otherwise fails with nothing to show for it."""
+        self._log.warning(
+            "webhook server: %s %s is not the webhook, which is POST %s (webhook_path)",
+            request.method,
+            request.path[:200],
+            self.config.webhook_path,
+        )
+        return web.Response(status=404, text=f"the webhook is POST {self.config.webhook_path}")
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         secret = self.config.webhook_secret
@@ -268,6 +307,7 @@ class TelegramConnector(BaseConnector):
 
     async def send(self, message: OutboundMessage) -> SendResult:
         chat_id, topic = _thread(message.thread_id)
+        chat_id = self._migrated.get(str(chat_id), chat_id)
         reply = _reply_parameters(message.reply_to, chat_id)
         markup = permanent(_keyboard, message.buttons) if message.buttons else None
         steps = self._plan(message, chat_id, topic, reply, markup)
@@ -275,7 +315,17 @@ class TelegramConnector(BaseConnector):
         async def step(index: int) -> list[str]:
             await self._pacer.acquire(chat_id)
             with translated(self._token, chat_scoped=True):
-                result = await self.bot(steps[index])
+                try:
+                    result = await self.bot(steps[index])
+                except TelegramMigrateToChat as exc:
+                    # A group that became a supergroup has a new id: send there instead.
+                    self._log.info(
+                        "chat %s is now %s: sending there", chat_id, exc.migrate_to_chat_id
+                    )
+                    self._migrated[str(chat_id)] = exc.migrate_to_chat_id
+                    moved = {"chat_id": exc.migrate_to_chat_id, "reply_parameters": None}
+                    steps[index] = steps[index].model_copy(update=moved)
+                    result = await self.bot(steps[index])
             if isinstance(result, Message):
                 return [native_id(result.chat.id, result.message_id)]
             if isinstance(result, list):  # an album: one message per item

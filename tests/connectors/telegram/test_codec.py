@@ -160,6 +160,13 @@ def test_channel_post_is_a_group_message_signed_by_its_author() -> None:
     assert msg.text == "Release 1.2 is out"
 
 
+def test_a_message_sent_on_behalf_of_a_chat_is_from_that_chat_not_the_placeholder_user() -> None:
+    # Trusting the placeholder `from` would trust every channel that posts in any group.
+    msg = must("group_message_sent_as_channel.json")
+    assert msg.channel_user_id == "-1001111111111" and msg.display_name == "Some channel"
+    assert msg.thread_id == "-1002222222222"
+
+
 def test_display_name_falls_back_to_username() -> None:
     assert must("username_only_sender.json").display_name == "@anon_dev"
 

@@ -30,6 +30,14 @@ def test_webhook_mode_needs_url_and_secret() -> None:
         parse_config(connection(mode="webhook", webhook_url="https://bot.example.com/hook"))
 
 
+def test_a_webhook_url_must_be_https_unless_a_self_hosted_api_server_is_used() -> None:
+    plain = {"mode": "webhook", "webhook_url": "http://bot.example.com/hook", "webhook_secret": "a"}
+    with pytest.raises(ConfigError, match="webhook_url must be an https:// URL"):
+        parse_config(connection(**plain))
+    config, _ = parse_config(connection(**plain, api_base="http://127.0.0.1:8081"))
+    assert config.connections[0].webhook_path == "/hook"  # type: ignore[attr-defined]
+
+
 def test_bad_values_are_named_without_echoing_secrets() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(connection(token="not a token 12345"))

@@ -135,6 +135,21 @@ async def test_an_update_not_accepted_is_not_skipped(
     assert failing.texts == ["one"] and second.inbox.texts == ["two"]
 
 
+async def test_a_malformed_update_is_skipped_and_polling_goes_on(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    running = await start()
+    # aiogram refuses the whole batch for this one; polling must not stop at its offset.
+    bad = peer.push_update({"message": {"message_id": 1, "chat": "not an object", "date": 0}})
+    peer.push_update(private_text(777, "after it", message_id=2))
+    await running.inbox.wait_count(1)
+    assert running.inbox.texts == ["after it"]
+    assert f"skipping update {bad} that cannot be read" in caplog.text
+    peer.push_update(private_text(777, "and on", message_id=3))  # the offset moved past both
+    await running.inbox.wait_count(2)
+    assert running.inbox.texts == ["after it", "and on"]
+
+
 async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
@@ -227,6 +242,28 @@ async def test_webhook_asks_for_a_retry_when_the_update_is_not_accepted(
     assert await peer.post_to_webhook(update) == 200
     assert await peer.post_to_webhook(update) == 200  # a redelivery is deduped by update_id
     assert inbox.texts == ["retry me"]
+
+
+async def test_webhook_acknowledges_a_malformed_update_and_points_other_paths_to_itself(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/bot/updates",  # the path follows the URL's
+        webhook_secret="abc",
+        webhook_port=port,
+    )
+    assert running.connector.config.webhook_path == "/bot/updates"
+    poison = {"update_id": 41, "message": {"message_id": 1, "chat": 7, "from": "x", "date": 0}}
+    # Answered 500, Telegram would deliver it again and again.
+    assert await peer.post_to_webhook(poison, path="/bot/updates") == 200
+    assert "skipping update 41 that cannot be read" in caplog.text
+    ok = private_text(777, "fine", message_id=2)
+    assert await peer.post_to_webhook(ok, path="/bot/updates") == 200
+    assert running.inbox.texts == ["fine"]
+    assert await peer.post_to_webhook(ok, path="/telegram/webhook") == 404
+    assert "is not the webhook, which is POST /bot/updates" in caplog.text
 
 
 # ---- outbound -----------------------------------------------------------------------------
@@ -367,6 +404,23 @@ async def test_429_is_raised_with_its_retry_after(peer: TelegramBotAPIPeer, star
     assert TOKEN not in str(caught.value)
     await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
     assert [s["text"] for s in peer.sent_messages] == ["hi"]
+
+
+async def test_a_send_to_a_group_that_became_a_supergroup_goes_to_the_new_chat(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    peer.fail_next(
+        "sendMessage",
+        status=400,
+        description="Bad Request: group chat was upgraded to a supergroup chat",
+        migrate_to=-1009999,
+    )
+    await running.connector.send(OutboundMessage(thread_id="-4242", text="first"))
+    await running.connector.send(OutboundMessage(thread_id="-4242", text="second"))
+    chats = [str(c.params["chat_id"]) for c in peer.calls_of("sendMessage", answered=None)]
+    assert chats == ["-4242", "-1009999", "-1009999"]  # asked once, then remembered
+    assert [s["text"] for s in peer.sent_messages] == ["first", "second"]
 
 
 async def test_a_retry_after_a_failure_mid_split_does_not_repeat_parts(
