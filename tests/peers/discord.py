@@ -136,6 +136,7 @@ class _Scripted:
     retry_after: float = 1.0
     is_global: bool = False
     drop: bool = False
+    proxy: bool = False
 
 
 _ROUTES: list[tuple[str, str]] = [
@@ -445,10 +446,12 @@ class DiscordPeer(Waitable):
         channel_id: str | None = None,
         token: str | None = None,
         is_global: bool = False,
+        proxy: bool = False,
     ) -> None:
-        """Answer the next matching call with a 429 exactly as Discord does."""
+        """Answer the next matching call with a 429 exactly as Discord does; `proxy`: as a
+        proxy or Cloudflare does, with `Retry-After` and none of Discord's own headers."""
         self._scripted.append(
-            _Scripted(method, route, 429, channel_id, token, retry_after, is_global)
+            _Scripted(method, route, 429, channel_id, token, retry_after, is_global, proxy=proxy)
         )
 
     def fail_next(
@@ -584,6 +587,12 @@ class DiscordPeer(Waitable):
         call.status = scripted.status
         if scripted.status != 429:
             return self._json(scripted.status, {"message": "500: Internal Server Error", "code": 0})
+        if scripted.proxy:
+            return web.Response(
+                status=429,
+                text="error code: 1015",
+                headers={"Retry-After": str(math.ceil(scripted.retry_after))},
+            )
         headers = self._bucket_headers(call.route, major, exhausted=True)
         headers.update(
             {

@@ -60,13 +60,23 @@ def translate(
         if exc.status == 401:
             return UnauthorizedError(UNAUTHORIZED)
         if exc.status == 429:  # refused outside the bucket logic (e.g. by Cloudflare)
-            return RateLimitedError(f"Discord: {message}", retry_after=60.0, scope="connection")
+            wait = _retry_after(exc)
+            return RateLimitedError(f"Discord: {message}", retry_after=wait, scope="connection")
         return PermanentError(f"Discord: {message}")
     if isinstance(exc, discord.GatewayNotFound):
         return TransientError("the Discord gateway could not be found")
     if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
         return TransientError(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
     return PermanentError(f"{type(exc).__name__}: {message}")
+
+
+def _retry_after(exc: discord.HTTPException) -> float:
+    """The answer's `Retry-After` seconds; a minute when it has none (Cloudflare's bans)."""
+    headers = getattr(exc.response, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After", "")))
+    except (TypeError, ValueError):
+        return 60.0
 
 
 _HANDLED = (discord.DiscordException, aiohttp.ClientError, asyncio.TimeoutError, OSError)

@@ -23,7 +23,7 @@ import contextlib
 import io
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
@@ -54,6 +54,15 @@ HANDLED_EVENTS = frozenset(
     {"MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE"}
 )
 _DELIVERY_ATTEMPTS = 5
+_FINISH_SECONDS = 5.0
+_T = TypeVar("_T")
+
+
+def _take_all(queue: asyncio.Queue[_T]) -> list[_T]:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 def create(config: DiscordConfig, context: ConnectorContext) -> DiscordConnector:
@@ -109,7 +118,8 @@ class DiscordConnector(BaseConnector):
         self._log = context.logger.getChild(f"discord.{config.id}")
         self._endpoints = endpoints.Endpoints(config.api_base, config.gateway_url)
         self.client: _Client | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        """Gateway events to take in order; None: the run ended, stop after what is ahead."""
         self._status: ConnectionStatus | None = None
         self._partial = PartialSends()
         for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
@@ -139,17 +149,50 @@ class DiscordConnector(BaseConnector):
                 await client.login(self._token)
             consumer = asyncio.create_task(self._consume(), name=f"discord:{self.connection_id}")
             with translated(self._token):
-                await client.connect(reconnect=True)
+                try:
+                    await client.connect(reconnect=True)
+                except AttributeError as exc:
+                    # discord.py, reconnecting after a gateway that never opened, reads the
+                    # missing socket's sequence: the failure that matters is the one before.
+                    if not isinstance(exc.__context__, Exception):
+                        raise
+                    raise exc.__context__ from None
             if consumer.done():
                 consumer.result()
             raise TransientError("the Discord gateway connection ended")
         finally:
             self._status = None
+            await client.close()  # nothing more comes in
             if consumer is not None:
-                consumer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await consumer
-            await client.close()
+                await self._let_finish(consumer)
+
+    async def _let_finish(self, consumer: asyncio.Task[None]) -> None:
+        """Let the consumer take the events the gateway already delivered before it ends.
+
+        Discord never sends an event again (the next start opens a new session), so one left
+        in the queue would be lost. A stopping bridge cancels this task more than once; each
+        cancel waits for the events in hand, up to `_FINISH_SECONDS` in all.
+        """
+        self._queue.put_nowait(None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FINISH_SECONDS
+        while not consumer.done() and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([consumer], timeout=left)
+        if not consumer.done():
+            consumer.cancel()
+            remaining = [item for item in _take_all(self._queue) if item is not None]
+            for item in remaining:  # for the next run's consumer, without this run's end marker
+                self._queue.put_nowait(item)
+            self._log.error(
+                "%d Discord events were not taken within %g s: they are taken when the "
+                "connection runs again, and lost if the bridge is stopping",
+                len(remaining),
+                _FINISH_SECONDS,
+            )
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait([consumer])
+            consumer.result()
 
     async def check(self) -> str:
         """Log in over REST: the bot's name and how many servers it is in."""
@@ -198,7 +241,10 @@ class DiscordConnector(BaseConnector):
 
     async def _consume(self) -> None:
         while True:
-            kind, payload = await self._queue.get()
+            item = await self._queue.get()
+            if item is None:
+                return
+            kind, payload = item
             backoff = Backoff(base=0.2, cap=5.0)
             for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
                 try:

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from talkbridge.errors import NotFoundError, PermanentError, RateLimitedError, UnauthorizedError
-from talkbridge.message import OutboundMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
 from tests.peers.discord import FORUM, GENERAL, GUILD_ID, THREAD, DiscordPeer
+from tests.support.running import Inbox
 
 
 async def test_a_dm_arrives_as_a_private_message(
@@ -111,6 +112,34 @@ async def test_a_gateway_drop_resumes_with_nothing_lost_or_repeated(
     await running.status.wait(lambda: running.status.count("up") >= 2)
 
 
+async def test_events_the_gateway_delivered_are_taken_when_the_connection_stops(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    # Discord never sends an event again (the next start opens a new session): what the
+    # gateway delivered before a stop must reach the router, not die in a queue.
+    taking, release = asyncio.Event(), asyncio.Event()
+
+    class SlowStore(Inbox):
+        async def __call__(self, message: NormalizedMessage) -> None:
+            taking.set()
+            await release.wait()
+            await super().__call__(message)
+
+    running = await start(inbox=SlowStore())
+    alice = peer.person("Alice")
+    for text in ("one", "two", "three", "four"):
+        peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, text, guild=False))
+    await taking.wait()
+    async with asyncio.timeout(10):  # no event tells when the client has read a frame
+        while running.connector._queue.qsize() < 3:
+            await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(running.stop())
+    await asyncio.sleep(0)  # the stop has begun (the run was cancelled)
+    release.set()
+    await stopping
+    assert running.inbox.texts == ["one", "two", "three", "four"]
+
+
 async def test_a_refused_resume_identifies_afresh(
     peer: DiscordPeer, start: Callable[..., Any]
 ) -> None:
@@ -173,6 +202,16 @@ async def test_a_long_rate_limit_is_handed_to_the_router(
     with pytest.raises(RateLimitedError) as caught:
         await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
     assert caught.value.retry_after == 45.0 and caught.value.scope == "thread"
+
+
+async def test_a_429_from_a_proxy_waits_what_its_retry_after_says(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    peer.rate_limit("POST", "/channels/{channel_id}/messages", retry_after=3.0, proxy=True)
+    with pytest.raises(RateLimitedError) as caught:
+        await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
+    assert caught.value.retry_after == 3.0 and caught.value.scope == "connection"
 
 
 async def test_an_invalid_token_fails_with_a_clear_reason(
