@@ -305,6 +305,7 @@ class SmtpPeer(Waitable):
     auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
+    _rcpt_failures: list[str] = field(default_factory=list)
     tls: ssl.SSLContext | None = None
     """With TLS: STARTTLS required on `port`, and TLS from the first byte on `tls_port`."""
     tls_port: int = 0
@@ -369,6 +370,23 @@ class SmtpPeer(Waitable):
     ) -> None:
         """Answer the next `times` DATA commands (of `login`, or anyone's) with `code`."""
         self._failures.append(_Failure(code, times, login))
+
+    def refuse_next_recipient(self, code: str) -> None:
+        """Answer the next RCPT TO with `code` (a 4xx defers it, a 5xx refuses it)."""
+        self._rcpt_failures.append(code)
+
+    async def handle_RCPT(
+        self,
+        server: SMTP,
+        session: Session,
+        envelope: Envelope,
+        address: str,
+        rcpt_options: list[str],
+    ) -> str:
+        if self._rcpt_failures:
+            return self._rcpt_failures.pop(0)
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
         login = session.auth_data if isinstance(session.auth_data, str) else None

@@ -339,6 +339,9 @@ def read_mail(
         raw_event={
             "raw": raw,
             "uid": uid,
+            # Whom a reply goes to, and who else signed the mail: all must be trusted for
+            # the sender to be (a trusted From with an untrusted Reply-To is not).
+            "answered": sorted({a for _, a in senders} | set(context.reply_to)),
             "full_text": full,
             "html": html_text,
             "subject": subject,

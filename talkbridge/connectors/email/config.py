@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from email.headerregistry import Address
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -53,6 +53,10 @@ class SmtpConfig(_Section):
 
 
 class EmailConfig(ConnectionConfig):
+    """One mailbox. A mail is trusted when every address it is from and every address a reply
+    goes to (From, Reply-To) is trusted: a trusted From with a stranger's Reply-To would send
+    the default agent's answer to that stranger."""
+
     channel: Literal["email"] = "email"
     address: str
     """The mailbox's own address: the From of every reply and the domain of our Message-IDs."""
@@ -86,6 +90,11 @@ class EmailConfig(ConnectionConfig):
     def _lowercase_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         # Sender ids are lower-cased addresses, so patterns must be too (`*@Example.com`).
         return tuple(pattern.strip().lower() for pattern in value)
+
+    def trusts_message(self, message: Any) -> bool:
+        raw = message.raw_event if isinstance(message.raw_event, dict) else {}
+        others = [a for a in raw.get("answered", ()) if isinstance(a, str)]
+        return all(self.trusts(a.lower()) for a in [message.channel_user_id, *others])
 
     @property
     def domain(self) -> str:

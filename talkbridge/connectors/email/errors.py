@@ -69,6 +69,8 @@ def translate_smtp(exc: BaseException, where: str, *secrets: str | None) -> Conn
         )
     if isinstance(exc, aiosmtplib.SMTPRecipientsRefused):
         refused = ", ".join(f"{r.recipient} ({r.code})" for r in exc.recipients)
+        if exc.recipients and all(400 <= r.code < 500 for r in exc.recipients):
+            return TransientError(f"SMTP server {where} deferred the recipients: {refused}")
         return NotFoundError(f"SMTP server {where} refused the recipients: {refused}")
     if isinstance(exc, aiosmtplib.SMTPConnectTimeoutError | aiosmtplib.SMTPTimeoutError):
         return TransientError(f"SMTP server {where} did not answer in time")

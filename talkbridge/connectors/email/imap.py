@@ -55,6 +55,8 @@ class ImapSession:
             response = await self.guard(self.client.login(config.username, self._password))
             if response.result != "OK":
                 text = _text(response.lines)
+                if "[UNAVAILABLE]" in text.upper():  # RFC 5530: the server's auth is down
+                    raise TransientError(f"IMAP server {self.where} cannot log in for now: {text}")
                 raise UnauthorizedError(
                     f"IMAP server {self.where} refused the login for {config.username!r}"
                     + (f": {text}" if text else "")

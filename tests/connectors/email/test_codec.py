@@ -21,6 +21,7 @@ from talkbridge.connectors.email.codec import (
     render_reply,
     reply_subject,
 )
+from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.safety import ReplyLimiter, is_own_message_id
 from talkbridge.connectors.email.text import html_to_text, trim_reply
 from talkbridge.message import Attachment, OutboundMessage
@@ -99,6 +100,34 @@ def test_several_people_make_a_group_thread_and_we_do_not_count() -> None:
     solo = raw.replace(b", b@x.org", b"")
     msg = decode_mail(solo, connection_id="h", address=ADDRESS, received_at=NOW)
     assert msg is not None and msg.thread_type == "private"
+
+
+@pytest.mark.parametrize(
+    ("headers", "trusted"),
+    [
+        (b"From: alice@example.org\r\n", True),
+        (b"From: alice@example.org\r\nReply-To: alice@example.org\r\n", True),
+        # The answer would go to the stranger: not the trusted sender's mail, for trust.
+        (b"From: alice@example.org\r\nReply-To: evil@attacker.test\r\n", False),
+        (b"From: alice@example.org, evil@attacker.test\r\n", False),
+    ],
+)
+def test_a_mail_is_trusted_only_when_everyone_it_answers_to_is(
+    headers: bytes, trusted: bool
+) -> None:
+    config = EmailConfig.model_validate(
+        {
+            "id": "h",
+            "address": ADDRESS,
+            "imap": {"host": "imap.example.com", "username": "h", "password": "p"},
+            "smtp": {"host": "smtp.example.com"},
+            "trusted": ["*@example.org"],
+        }
+    )
+    raw = headers + b"To: help@example.com\r\nMessage-ID: <t@x.org>\r\n\r\nhi\r\n"
+    msg = decode_mail(raw, connection_id="h", address=ADDRESS, received_at=NOW)
+    assert msg is not None and msg.channel_user_id == "alice@example.org"
+    assert config.trusts_message(msg) is trusted
 
 
 def test_our_own_message_ids_and_address_are_never_answered() -> None:

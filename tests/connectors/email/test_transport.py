@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from talkbridge.connectors.email.transport import EmailConnector
-from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
+from talkbridge.errors import NotFoundError, PermanentError, TransientError, UnauthorizedError
 from talkbridge.message import OutboundMessage
 from tests.connectors.email.conftest import Inbox, mail
 from tests.peers.email import DovecotPeer, SmtpPeer
@@ -169,6 +169,12 @@ async def test_send_translates_smtp_failures(
     smtp.fail_next("554 5.7.1 rejected")
     with pytest.raises(PermanentError, match="554"):
         await connector.send(out)
+    smtp.refuse_next_recipient("450 4.2.1 mailbox busy, try later")  # retried, like a 451
+    with pytest.raises(TransientError, match="deferred the recipients: bob@example.net .450."):
+        await connector.send(out)
+    smtp.refuse_next_recipient("550 5.1.1 no such user")
+    with pytest.raises(NotFoundError, match="refused the recipients"):
+        await connector.send(out)
     result = await connector.send(out)
     [received] = smtp.received
     assert received.rcpt_tos == ["bob@example.net"] and received.login == "help"
@@ -218,3 +224,32 @@ async def test_inbound_media_downloads_an_attachment_over_imap(
     assert await media.download(attachment) == b"\x00\x01binary"
     with pytest.raises(PermanentError, match="limit"):
         await media.download(attachment, max_bytes=3)
+
+
+async def test_an_imap_login_refused_for_now_is_retried_not_a_wrong_password(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    # What Dovecot answers while its password database is unreachable (RFC 5530).
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"* OK [CAPABILITY IMAP4rev1] ready\r\n")
+        while line := await reader.readline():
+            tag, _, command = line.decode().partition(" ")
+            if command.upper().startswith("CAPABILITY"):
+                writer.write(f"* CAPABILITY IMAP4rev1\r\n{tag} OK done\r\n".encode())
+            elif command.upper().startswith("LOGOUT"):
+                writer.write(f"* BYE\r\n{tag} OK bye\r\n".encode())
+            else:
+                writer.write(
+                    f"{tag} NO [UNAVAILABLE] Temporary authentication failure.\r\n".encode()
+                )
+            await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    imap = {"host": "127.0.0.1", "port": port, "security": "none", "username": "help"}
+    connector = make_connector(imap={**imap, "password": "x"})
+    async with listener:
+        with pytest.raises(TransientError, match=r"cannot log in for now: \[UNAVAILABLE\]"):
+            await connector.check()
+    await connector.close()
