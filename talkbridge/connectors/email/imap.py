@@ -20,7 +20,29 @@ T = TypeVar("T")
 _UIDVALIDITY = re.compile(rb"\[UIDVALIDITY (\d+)\]")
 _UIDNEXT = re.compile(rb"\[UIDNEXT (\d+)\]")
 _EXISTS = re.compile(rb"^(\d+) EXISTS")
-_FETCH_UID = re.compile(rb"^\d+ FETCH \(.*UID (\d+)")
+_FETCH = re.compile(rb"^\d+ FETCH \(")
+_UID = re.compile(rb"\bUID (\d+)")
+
+
+def body_of(lines: list[Any], uid: int) -> bytes | None:
+    """The literal of the FETCH response for `uid` in aioimaplib's lines, or None.
+
+    The data items come in any order (RFC 3501, 7.4.2): UID before the body, in the line that
+    announces the literal, or after it, in the line that follows the literal.
+    """
+    for index, line in enumerate(lines[:-1]):
+        if (
+            not isinstance(line, bytes)
+            or not _FETCH.match(line)
+            or not line.rstrip().endswith(b"}")
+        ):
+            continue
+        literal = lines[index + 1]
+        after = lines[index + 2] if index + 2 < len(lines) else b""
+        found = _UID.search(line) or (_UID.search(after) if isinstance(after, bytes) else None)
+        if found and int(found.group(1)) == uid and isinstance(literal, bytearray | bytes):
+            return bytes(literal)
+    return None
 
 
 class ImapSession:
@@ -150,13 +172,7 @@ class ImapSession:
         with imap_errors(self.where, self._password):
             response = await self.guard(self._client().uid("fetch", str(uid), "(BODY.PEEK[])"))
         _check(response, f"UID FETCH {uid}", self.where)
-        lines = response.lines
-        for index, line in enumerate(lines[:-1]):
-            if isinstance(line, bytes) and (m := _FETCH_UID.match(line)) and int(m.group(1)) == uid:
-                literal = lines[index + 1]
-                if isinstance(literal, bytearray | bytes) and line.rstrip().endswith(b"}"):
-                    return bytes(literal)
-        return None
+        return body_of(response.lines, uid)
 
     async def mark_seen(self, uid: int) -> None:
         with imap_errors(self.where, self._password):

@@ -170,8 +170,9 @@ class EmailConnector(BaseConnector):
 
     async def _handle(self, session: ImapSession, uid: int) -> None:
         raw = await session.fetch(uid)
-        if raw is None:
-            return  # expunged meanwhile
+        if raw is None:  # expunged meanwhile, most likely: said, since the cursor moves on
+            self._log.info("mail UID %d was not there to fetch (deleted meanwhile?); skipped", uid)
+            return
         try:
             result = read_mail(
                 raw,

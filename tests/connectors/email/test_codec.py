@@ -22,6 +22,7 @@ from talkbridge.connectors.email.codec import (
     reply_subject,
 )
 from talkbridge.connectors.email.config import EmailConfig
+from talkbridge.connectors.email.imap import body_of
 from talkbridge.connectors.email.safety import ReplyLimiter, is_own_message_id
 from talkbridge.connectors.email.text import html_to_text, trim_reply
 from talkbridge.message import Attachment, OutboundMessage
@@ -230,3 +231,22 @@ def test_reply_limiter_allows_n_per_window_per_thread() -> None:
     assert not limiter.allowed("t", 2.0)
     assert limiter.allowed("other", 2.0)
     assert limiter.allowed("t", 60.5)  # the first one left the window
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        [b"3 FETCH (UID 7 BODY[] {5}", bytearray(b"hello"), b")", b"A1 OK done"],
+        # UID after the body: RFC 3501 lets a server put the items in any order.
+        [b"3 FETCH (BODY[] {5}", bytearray(b"hello"), b" UID 7)", b"A1 OK done"],
+        [
+            b"2 FETCH (FLAGS (\\Seen) UID 6)",
+            b"3 FETCH (BODY[] {5}",
+            bytearray(b"hello"),
+            b" UID 7)",
+        ],
+    ],
+)
+def test_the_fetched_body_is_found_whatever_the_order_of_its_items(lines: list[Any]) -> None:
+    assert body_of(lines, 7) == b"hello"
+    assert body_of(lines, 8) is None
