@@ -27,7 +27,7 @@ from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import SendFailedError, UnknownConnectionError
+from talkbridge.errors import ConnectorError, SendFailedError, UnknownConnectionError
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -450,8 +450,30 @@ class Bridge:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
         outcome = await self.answer(message, agent)
-        if outcome is not None and outcome.text:
+        if outcome is None or not outcome.text:
+            return
+        try:
             await editor.edit(message.thread_id, earlier_reply, outcome.text)
+            return
+        except ConnectorError as exc:  # too long for one message, or the reply is gone
+            log.info(
+                "could not edit reply %s on %s (%s): the new answer goes as a new reply",
+                earlier_reply,
+                cid,
+                self.secrets.redact(str(exc)),
+            )
+        reply = OutboundMessage(
+            thread_id=message.thread_id,
+            text=outcome.text,
+            reply_to=message.edit_of,
+            idempotency_key=f"reply:{message.id}",
+        )
+        try:
+            result = await self.router.send(cid, reply)
+        except SendFailedError as exc:
+            log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
+            return
+        await self.store.map_id(cid, message.edit_of, result.message_id)  # the next edit's
 
     async def _forward(self, route: Route) -> None:
         forward = route.forward

@@ -205,6 +205,9 @@ class RouterConfig(_Model):
     max_pending_messages: int = Field(default=10_000, ge=1)
     """Accepted messages waiting for their thread, in all: past this, deliveries wait."""
     send_attempts: int = Field(default=5, ge=1)
+    send_retry_seconds: float = Field(default=300.0, ge=0)
+    """A send failing with transient errors is retried at least `send_attempts` times and for at
+    least this long: a platform or mail server down for a few minutes loses no reply."""
     send_concurrency: int = Field(default=8, ge=1)
     """Concurrent sends per connection (different threads; one thread is always in order)."""
     retry_base_delay: float = Field(default=0.5, gt=0)

@@ -16,7 +16,7 @@ from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
-from talkbridge.errors import UnauthorizedError
+from talkbridge.errors import PermanentError, UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -125,6 +125,36 @@ async def test_an_edited_message_edits_the_reply_it_got(tmp_path: Path) -> None:
     edit = await asyncio.wait_for(editor.edits.get(), 10)
     assert edit == ("chat-1", sent.ids[0], "hello")
     assert len(conn.sent) == 1  # edited in place, not answered again
+    await bridge.stop()
+
+
+class RefusingEditor:
+    """A platform refusing the edit: the new answer is too long for one message."""
+
+    def __init__(self) -> None:
+        self.tried: list[str] = []
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        self.tried.append(message_id)
+        raise PermanentError("edited text is longer than 4,096 characters")
+
+
+async def test_an_edit_the_platform_refuses_is_answered_as_a_new_reply_that_later_edits_find(
+    tmp_path: Path,
+) -> None:
+    bridge, conns = await _bridge(tmp_path)
+    conn = conns["test"]
+    editor = conn.features["edit"] = RefusingEditor()
+    msg = make_message("short", thread_id="chat-1")
+    await conn.inject(msg)
+    (first,) = await conn.wait_sent(1)
+    await conn.inject(make_message("much longer", thread_id="chat-1", edit_of=msg.id))
+    _, second = await conn.wait_sent(2)  # not lost with a traceback
+    assert second.message.text == "much longer" and second.message.reply_to == msg.id
+    await conn.inject(make_message("again", thread_id="chat-1", edit_of=msg.id, message_id="e2"))
+    await conn.wait_sent(3)
+    await bridge.router.join()
+    assert editor.tried == [first.ids[0], second.ids[0]]  # the next edit goes to the new reply
     await bridge.stop()
 
 

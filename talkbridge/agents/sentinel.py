@@ -46,6 +46,12 @@ def new_pairing_code() -> str:
     return f"{raw[:4]}-{raw[4:]}"
 
 
+GROUP_NOTICE = (
+    "This assistant only answers people its operator has approved. To ask for access, send "
+    "me a direct message."
+)
+
+
 class SentinelAgent:
     name = "sentinel"
 
@@ -63,9 +69,10 @@ class SentinelAgent:
                 message.connection_id,
                 ", ".join(flags),
             )
+        code = new_pairing_code()
         pairing = await self._store.create_pairing(
             Pairing(
-                code=new_pairing_code(),
+                code=code,
                 connection_id=message.connection_id,
                 channel_user_id=message.channel_user_id,
                 display_name=message.display_name,
@@ -73,6 +80,12 @@ class SentinelAgent:
                 approved=False,
             )
         )
+        if message.thread_type != "private":
+            # In a group or a channel everyone reads the answer: no code there, said once per
+            # sender (the pending pairing is in `pair list` for the operator all the same).
+            if pairing.code == code:
+                yield Result(text=GROUP_NOTICE)
+            return
         yield Result(
             text=(
                 "Hello! This assistant only answers people its operator has approved, so your "

@@ -83,6 +83,7 @@ class OutboundQueue:
         store: Store,
         *,
         attempts: int = 5,
+        retry_for: float = 0.0,
         concurrency: int = 8,
         redact: Redact = str,
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
@@ -92,6 +93,7 @@ class OutboundQueue:
         self._send = send
         self._store = store
         self._attempts = attempts
+        self._retry_for = retry_for
         self._redact = redact
         self._new_backoff = backoff
         self._gate = _Gate()
@@ -159,6 +161,7 @@ class OutboundQueue:
                 return SendResult(message_ids=tuple(earlier))
         backoff: Backoff | None = None  # made on the first failure: most sends never need one
         failures = 0
+        first_failure = 0.0
         waits = 0
         while True:
             if self._gate.closed:
@@ -184,7 +187,12 @@ class OutboundQueue:
                 if isinstance(exc, UnauthorizedError):
                     self._credentials(reason)
                 failures += 1
-                if not exc.retryable or failures >= self._attempts:
+                now = asyncio.get_running_loop().time()
+                first_failure = first_failure or now
+                retried_enough = (
+                    failures >= self._attempts and now - first_failure >= self._retry_for
+                )
+                if not exc.retryable or retried_enough:
                     tries = f" after {failures} attempts" if failures > 1 else ""
                     await self._fail(message, f"{reason}{tries}")
                 log.info("%s: send failed (%s), retrying", self.connection_id, reason)

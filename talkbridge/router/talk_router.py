@@ -110,6 +110,7 @@ class TalkRouter:
             connector.send,
             self._store,
             attempts=self._config.send_attempts,
+            retry_for=self._config.send_retry_seconds,
             # A connector may know better: the webchat's sends are local writes, not API calls.
             concurrency=getattr(connector, "send_concurrency", None)
             or self._config.send_concurrency,

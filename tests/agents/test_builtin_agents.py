@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from talkbridge.agents import Result, TextDelta, TurnContext, TurnInput, TurnSession
 from talkbridge.agents.echo import MAX_DELTAS, EchoAgent
-from talkbridge.agents.sentinel import SentinelAgent, injection_flags
+from talkbridge.agents.sentinel import GROUP_NOTICE, SentinelAgent, injection_flags
 from talkbridge.store import SqliteStore
 from tests.support.talk_connector import make_message
 
 
-def _ctx(text: str, user: str = "bob") -> TurnContext:
-    msg = make_message(text, user=user)
+def _ctx(text: str, user: str = "bob", thread_type: str = "private") -> TurnContext:
+    msg = make_message(text, user=user, thread_type=thread_type)
 
     async def emit(event: Any) -> None:
         pass
@@ -79,3 +79,15 @@ async def test_sentinel_answers_from_fixed_text_and_reuses_the_pending_code(
     assert ctx.state["sentinel_flags"]
     (pairing,) = await sqlite_store.pairings()
     assert pairing.code in first.text and pairing.code in second.text
+
+
+async def test_in_a_group_the_sentinel_shows_no_code_and_speaks_once_per_sender(
+    sqlite_store: SqliteStore,
+) -> None:
+    # Everyone in a group (or a channel's subscribers) would read the code and the notice.
+    sentinel = SentinelAgent(sqlite_store)
+    (first,) = await _collect(sentinel, _ctx("hi bot", thread_type="group"))
+    again = await _collect(sentinel, _ctx("hello??", thread_type="group"))
+    (pairing,) = await sqlite_store.pairings()  # the operator still sees who asked
+    assert isinstance(first, Result) and first.text == GROUP_NOTICE
+    assert pairing.code not in first.text and again == []

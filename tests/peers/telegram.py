@@ -561,7 +561,15 @@ class TelegramBotAPIPeer(Waitable):
         if message is None:
             return self._error(call, 400, "Bad Request: message to edit not found")
         text = call.params.get("text") or ""
-        message["text"] = _strip_html(text) if call.params.get("parse_mode") == "HTML" else text
+        text = _strip_html(text) if call.params.get("parse_mode") == "HTML" else text
+        if message.get("text") == text:  # as Telegram answers an edit that changes nothing
+            return self._error(
+                call,
+                400,
+                "Bad Request: message is not modified: specified new message content and reply "
+                "markup are exactly the same as a current content and reply markup of the message",
+            )
+        message["text"] = text
         message["edit_date"] = int(time.time())
         return message
 

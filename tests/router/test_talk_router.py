@@ -23,7 +23,7 @@ from talkbridge.store import SqliteStore
 from talkbridge.store.seen import SeenFilter
 from tests.support.talk_connector import TalkConnector, make_message
 
-FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64)
+FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64, send_retry_seconds=0)
 
 
 @pytest.fixture
@@ -212,6 +212,20 @@ async def test_transient_failures_are_retried(router: TalkRouter) -> None:
     conn.script.extend([TransientError("502 bad gateway"), TransientError("connection reset")])
     result = await router.send("alpha", OutboundMessage(thread_id="t", text="hi"))
     assert result.message_ids == ("alpha-out-1",) and conn.attempts == 3
+
+
+async def test_a_send_is_retried_through_an_outage_longer_than_its_attempts(
+    sqlite_store: SqliteStore,
+) -> None:
+    # A mail server down for a while: five quick tries (about 7 s) would lose the reply.
+    config = RouterConfig(retry_base_delay=0.001, send_attempts=2, send_retry_seconds=60)
+    router = TalkRouter(sqlite_store, config)
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    conn.script.extend([TransientError("connection refused")] * 8)
+    result = await router.send("alpha", OutboundMessage(thread_id="t", text="kept"))
+    assert result.message_ids == ("alpha-out-1",) and conn.attempts == 9
+    assert await sqlite_store.failed_sends() == []
 
 
 async def test_a_send_that_finally_fails_is_recorded_and_raised(

@@ -24,7 +24,7 @@ from aiogram import Bot
 from aiogram import methods as api
 from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
-from aiogram.exceptions import ClientDecodeError, TelegramMigrateToChat
+from aiogram.exceptions import ClientDecodeError, TelegramBadRequest, TelegramMigrateToChat
 from aiogram.types import (
     BufferedInputFile,
     InlineKeyboardButton,
@@ -419,9 +419,13 @@ class TelegramConnector(BaseConnector):
         if utf16_len(rendered) > 4096:
             raise PermanentError("edited text is longer than Telegram's 4,096-character limit")
         with translated(self._token, chat_scoped=True):
-            await self.bot.edit_message_text(
-                text=rendered, chat_id=chat_id, message_id=mid, parse_mode="HTML"
-            )
+            try:
+                await self.bot.edit_message_text(
+                    text=rendered, chat_id=chat_id, message_id=mid, parse_mode="HTML"
+                )
+            except TelegramBadRequest as exc:
+                if "message is not modified" not in exc.message:
+                    raise  # the same answer again is an edit done
 
     async def delete(self, thread_id: str, message_id: str) -> None:
         chat_id, mid = _message(message_id)

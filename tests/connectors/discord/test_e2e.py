@@ -66,7 +66,7 @@ async def test_an_untrusted_sender_meets_the_sentinel_and_everyone_is_not_pinged
     )  # fmt: skip
     await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
     [reply] = peer.sent(TOKEN, GENERAL)
-    assert "pairing code" in reply["content"]
+    assert "direct message" in reply["content"] and "pairing code" not in reply["content"]
     assert "ignore previous instructions" not in reply["content"]
     assert reply["allowed_mentions"]["parse"] == []
 

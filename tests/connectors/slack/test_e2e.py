@@ -82,7 +82,7 @@ async def test_an_untrusted_sender_meets_the_sentinel(
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
     [reply] = peer.posted(ACME.bot_token)
     assert reply["channel"] == "C0GENERAL1"
-    assert "pairing code" in reply["text"]
+    assert "direct message" in reply["text"] and "pairing code" not in reply["text"]  # a group
     assert "ignore previous instructions" not in reply["text"]
 
 

@@ -57,7 +57,7 @@ async def test_an_untrusted_group_sender_meets_the_sentinel(
     await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
     [reply] = sent_by(peer, TOKEN_A)
     assert reply["chat_id"] == -100555
-    assert "pairing code" in reply["text"]
+    assert "direct message" in reply["text"] and "pairing code" not in reply["text"]  # a group
     assert "ignore previous instructions" not in reply["text"]
 
 

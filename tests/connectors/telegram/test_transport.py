@@ -475,6 +475,7 @@ async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
     await conn.feature("edit").edit("777", sent.message_id, "**Picked**")
     [edit] = peer.calls_of("editMessageText")
     assert edit.params["text"] == "<b>Picked</b>" and edit.params["message_id"] == 1
+    await conn.feature("edit").edit("777", sent.message_id, "**Picked**")  # the same: done
     await conn.feature("reactions").react("777", sent.message_id, "👍")
     assert peer.reactions[(777, 1)] == [{"type": "emoji", "emoji": "👍"}]
     await conn.feature("delete").delete("777", sent.message_id)
