@@ -62,8 +62,10 @@ class EmailConfig(ConnectionConfig):
     """The mailbox's own address: the From of every reply and the domain of our Message-IDs."""
     imap: ImapConfig
     smtp: SmtpConfig
-    idle_renew: float = Field(default=25 * 60, gt=0)
-    """Seconds before IDLE is re-issued; servers may drop an IDLE after 30 minutes."""
+    idle_renew: float = Field(default=5 * 60, gt=0)
+    """Seconds before IDLE is re-issued (servers may drop an IDLE after 30 minutes). Also how
+    soon a connection that died silently (a NAT dropping it) is noticed: the server must answer
+    the renewal within `timeout`."""
     poll_interval: float = Field(default=60.0, gt=0)
     """Seconds between checks when the server has no IDLE."""
     max_replies_per_thread: int = Field(default=10, ge=1)

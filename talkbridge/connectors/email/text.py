@@ -150,6 +150,9 @@ _ATTRIBUTION = [
     re.compile(r"^\s*El .{1,200}escribió:\s*$", re.IGNORECASE),
     re.compile(r"^\s*Il .{1,200}ha scritto:\s*$", re.IGNORECASE),
     re.compile(r"^\s*Op .{1,200}schreef .{1,200}:\s*$", re.IGNORECASE),
+]
+"""Lines that introduce a quote ("On Monday, Ada wrote:"): a cut only when a quote follows."""
+_SEPARATOR = [
     re.compile(r"^\s*-{2,}\s*Original Message\s*-{2,}\s*$", re.IGNORECASE),  # Outlook, TB
     re.compile(r"^\s*-{2,}\s*Ursprüngliche Nachricht\s*-{2,}\s*$", re.IGNORECASE),
     re.compile(r"^\s*_{20,}\s*$"),  # Outlook's rule above the quoted header block
@@ -168,6 +171,19 @@ def _is_quote(line: str) -> bool:
     return line.lstrip().startswith(">")
 
 
+def _ends_colon(line: str) -> bool:
+    return line.rstrip().endswith(":")
+
+
+def _quote_follows(lines: list[str], index: int) -> bool:
+    """Whether only quoted lines (or nothing) follow line `index` before the next text: what
+    sets an attribution ("On Monday, Ada wrote:") apart from a sentence ending the same way."""
+    for following in lines[index + 1 :]:
+        if following.strip():
+            return _is_quote(following)
+    return True
+
+
 def trim_reply(text: str) -> str:
     """The new part of a reply: quoted history, attribution lines and signatures removed.
 
@@ -178,10 +194,14 @@ def trim_reply(text: str) -> str:
     cut = len(lines)
     for index, line in enumerate(lines):
         joined = line + " " + lines[index + 1] if index + 1 < len(lines) else line
-        if any(p.match(line) for p in _ATTRIBUTION) or (
+        if any(p.match(line) for p in _SEPARATOR):
+            cut = index
+            break
+        attribution = any(p.match(line) for p in _ATTRIBUTION) or (
             # an attribution wrapped over two lines ("On Mon, ... Ada\n<ada@x> wrote:")
             not line.startswith(">") and _ATTRIBUTION[0].match(joined)
-        ):
+        )
+        if attribution and _quote_follows(lines, index + (0 if _ends_colon(line) else 1)):
             cut = index
             break
         if _OUTLOOK_HEADER.match(line) and any(

@@ -250,3 +250,10 @@ def test_reply_limiter_allows_n_per_window_per_thread() -> None:
 def test_the_fetched_body_is_found_whatever_the_order_of_its_items(lines: list[Any]) -> None:
     assert body_of(lines, 7) == b"hello"
     assert body_of(lines, 8) is None
+
+
+def test_a_sentence_ending_like_an_attribution_is_kept_when_no_quote_follows() -> None:
+    text = "Hi,\nOn the staging server the installer wrote:\nERROR 42: disk full\nWhat now?"
+    assert trim_reply(text) == text
+    quoted = "Thanks!\n\nOn Mon, 3 Jun 2024, Ada wrote:\n> is it fixed?\n> Ada"
+    assert trim_reply(quoted) == "Thanks!"
