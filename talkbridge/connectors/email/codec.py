@@ -391,7 +391,20 @@ def _split_mime(mime_type: str | None) -> tuple[str, str]:
 
 
 def _format(addr: str) -> str:
-    return formataddr(("", addr))
+    """An address for a header. An internationalised domain goes as IDNA (`xn--…`), which
+    every server takes; a local part that is not ASCII needs SMTPUTF8, which is not sent."""
+    local, _, domain = addr.rpartition("@")
+    if not local.isascii():
+        raise ValueError(
+            f"cannot answer {addr!r}: an address whose part before @ is not ASCII needs "
+            "SMTPUTF8, which talkbridge does not send"
+        )
+    if not domain.isascii():
+        try:
+            domain = domain.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"cannot answer {addr!r}: its domain is not a valid name") from None
+    return formataddr(("", f"{local}@{domain}"))
 
 
 def render_reply(

@@ -5,6 +5,7 @@ otherwise wait forever on a command whose socket is gone)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import ssl
 from collections.abc import Awaitable
@@ -204,9 +205,32 @@ class ImapSession:
 
 
 def _quote(folder: str) -> str:
+    folder = mailbox_name(folder)
     if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
         return folder
     return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def mailbox_name(folder: str) -> str:
+    """`folder` in IMAP's modified UTF-7 (RFC 3501, 5.1.3): `Unterstützung` is sent as
+    `Unterst&APw-tzung`, the name the server lists."""
+    out: list[str] = []
+    wide: list[str] = []
+
+    def shift() -> None:
+        if wide:
+            packed = base64.b64encode("".join(wide).encode("utf-16-be")).decode()
+            out.append("&" + packed.rstrip("=").replace("/", ",") + "-")
+            wide.clear()
+
+    for ch in folder:
+        if 0x20 <= ord(ch) <= 0x7E:
+            shift()
+            out.append("&-" if ch == "&" else ch)
+        else:
+            wide.append(ch)
+    shift()
+    return "".join(out)
 
 
 def _text(lines: list[Any]) -> str:

@@ -22,7 +22,7 @@ from talkbridge.connectors.email.codec import (
     reply_subject,
 )
 from talkbridge.connectors.email.config import EmailConfig
-from talkbridge.connectors.email.imap import body_of
+from talkbridge.connectors.email.imap import body_of, mailbox_name
 from talkbridge.connectors.email.safety import ReplyLimiter, is_own_message_id
 from talkbridge.connectors.email.text import html_to_text, trim_reply
 from talkbridge.message import Attachment, OutboundMessage
@@ -257,3 +257,32 @@ def test_a_sentence_ending_like_an_attribution_is_kept_when_no_quote_follows() -
     assert trim_reply(text) == text
     quoted = "Thanks!\n\nOn Mon, 3 Jun 2024, Ada wrote:\n> is it fixed?\n> Ada"
     assert trim_reply(quoted) == "Thanks!"
+
+
+def test_an_internationalised_domain_is_answered_in_idna_and_a_utf8_local_part_is_named() -> None:
+    out = OutboundMessage(thread_id="<r0@x.org>", text="x", markup="plain")
+    mail = render_reply(
+        out,
+        address=ADDRESS,
+        context=None,
+        to=("alice@bücher.example",),
+        message_id="<n@e>",
+        date=NOW,
+    )
+    parsed = message_from_bytes(mail.as_bytes(), policy=policy.default)
+    assert parsed["To"] == "alice@xn--bcher-kva.example"
+    with pytest.raises(ValueError, match="'jörg@bücher.example'.*SMTPUTF8"):
+        render_reply(
+            out,
+            address=ADDRESS,
+            context=None,
+            to=("jörg@bücher.example",),
+            message_id="<m@e>",
+            date=NOW,
+        )
+
+
+def test_folder_names_go_in_modified_utf7() -> None:
+    assert mailbox_name("Unterstützung") == "Unterst&APw-tzung"
+    assert mailbox_name("日本語") == "&ZeVnLIqe-"  # RFC 3501's own example
+    assert mailbox_name("Q&A") == "Q&-A" and mailbox_name("INBOX") == "INBOX"
