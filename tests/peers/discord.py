@@ -79,6 +79,8 @@ class Bot:
     application_id: str
     role_id: str
     revoked: bool = False
+    app_flags: int = 1 << 19
+    """The application's flags: the Message Content intent switched on (a bot in < 100 servers)."""
 
     @property
     def id(self) -> str:
@@ -628,7 +630,7 @@ class DiscordPeer(Waitable):
         return 200, {
             "id": bot.application_id, "name": bot.user["global_name"], "icon": None,
             "description": "", "bot_public": True, "bot_require_code_grant": False,
-            "owner": user("1", "Owner"), "verify_key": "0" * 64, "flags": 0, "team": None,
+            "owner": user("1", "Owner"), "verify_key": "0" * 64, "flags": bot.app_flags, "team": None,
             "summary": "", "bot": bot.user,
         }  # fmt: skip
 

@@ -55,6 +55,11 @@ HANDLED_EVENTS = frozenset(
 )
 _DELIVERY_ATTEMPTS = 5
 _FINISH_SECONDS = 5.0
+# Application flags: an intent switched on in the Developer Portal (the _LIMITED bit for bots in
+# under 100 servers, the other once verified).
+_PRESENCE_FLAGS = (1 << 12, 1 << 13)
+_MEMBERS_FLAGS = (1 << 14, 1 << 15)
+_CONTENT_FLAGS = (1 << 18, 1 << 19)
 _T = TypeVar("_T")
 
 
@@ -203,6 +208,22 @@ class DiscordConnector(BaseConnector):
             with translated(self._token):
                 await client.login(self._token)
                 guilds = [guild async for guild in client.fetch_guilds(limit=None)]
+                app = await client.application_info()
+            off = [
+                name
+                for name, wanted, (full, limited) in (
+                    ("Message Content", self.config.intents.message_content, _CONTENT_FLAGS),
+                    ("Server Members", self.config.intents.members, _MEMBERS_FLAGS),
+                    ("Presence", self.config.intents.presences, _PRESENCE_FLAGS),
+                )
+                if wanted and not app.flags.value & (full | limited)
+            ]
+            if off:  # the gateway would close with 4014 at `run`
+                raise PermanentError(
+                    f"the {' and '.join(off)} intent{'s are' if len(off) > 1 else ' is'} off "
+                    "for this app: switch it on in the Developer Portal (Bot > Privileged "
+                    "Gateway Intents), or turn it off under `intents` in the config"
+                )
             user = client.user
             name = f"{user.display_name} (@{user.name})" if user else "?"
             count = len(guilds)

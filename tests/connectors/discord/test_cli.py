@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
 from tests.peers.discord import DiscordPeer
+
+TOKEN_C = "MTExMTExMTExMTExMTExMTEx.GcCcCc.third-token_abcdefghijklmnopqr"
 from tests.support.cli import talkbridge
 
 
@@ -29,10 +31,16 @@ connections:
     token: ${{OLD_TOKEN}}
     api_base: {peer.base_url}
     gateway_url: {peer.gateway_url}
+  - id: muted-bot
+    channel: discord
+    token: ${{MUTED_TOKEN}}
+    api_base: {peer.base_url}
+    gateway_url: {peer.gateway_url}
 """,
         encoding="utf-8",
     )
-    env = {"DISCORD_TOKEN": TOKEN, "OLD_TOKEN": TOKEN_B}
+    peer.add_bot(TOKEN_C, "Mutebot").app_flags = 0  # Message Content not switched on
+    env = {"DISCORD_TOKEN": TOKEN, "OLD_TOKEN": TOKEN_B, "MUTED_TOKEN": TOKEN_C}
     process = await talkbridge("check", "--config", str(config), env=env)
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1, err.decode()  # one connection failed
@@ -41,5 +49,7 @@ connections:
     [bad] = [line for line in lines if "old-bot" in line]
     assert good.startswith("ok") and "Bridgebot" in good and "in 1 server" in good
     assert bad.startswith("FAIL") and "rejected the bot token" in bad
+    [muted] = [line for line in lines if "muted-bot" in line]  # `run` would meet close 4014
+    assert muted.startswith("FAIL") and "the Message Content intent is off" in muted
     text = out.decode() + err.decode()
     assert TOKEN not in text and TOKEN_B not in text
