@@ -630,8 +630,8 @@ class DiscordPeer(Waitable):
         return 200, {
             "id": bot.application_id, "name": bot.user["global_name"], "icon": None,
             "description": "", "bot_public": True, "bot_require_code_grant": False,
-            "owner": user("1", "Owner"), "verify_key": "0" * 64, "flags": bot.app_flags, "team": None,
-            "summary": "", "bot": bot.user,
+            "owner": user("1", "Owner"), "verify_key": "0" * 64, "flags": bot.app_flags,
+            "team": None, "summary": "", "bot": bot.user,
         }  # fmt: skip
 
     def _r_GET_gateway(self, bot: Bot, p: dict[str, str], b: Any, r: web.Request) -> Any:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
 from tests.peers.discord import DiscordPeer
+from tests.support.cli import talkbridge
 
 TOKEN_C = "MTExMTExMTExMTExMTExMTEx.GcCcCc.third-token_abcdefghijklmnopqr"
-from tests.support.cli import talkbridge
 
 
 async def test_check_reports_the_bot_name_and_guild_count_or_the_failure(
