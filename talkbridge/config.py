@@ -75,6 +75,14 @@ class ConnectionConfig(_Model):
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
     enabled: bool = True
 
+    def _no_handles(self, what: str) -> None:
+        """For channels whose `trusted` holds ids: a `@name` there would never match anyone."""
+        handles = [t for t in self.trusted if t.startswith("@")]
+        if handles:
+            raise ValueError(
+                f"trusted holds {what}, not @names ({', '.join(handles)} would never match)"
+            )
+
     @field_validator("trusted", mode="before")
     @classmethod
     def _numeric_ids(cls, value: Any) -> Any:

@@ -468,6 +468,14 @@ def test_tokens_a_client_presents_never_reach_the_log() -> None:
     assert _RedactingFilter(Secrets()).filter(record)
     assert "mistyped-real-token" not in record.getMessage()
     assert '"token":"***"' in record.getMessage()
+    socket_url = (
+        "Received: {'ok': True, 'url': 'wss://wss.slack.com/link/?ticket=8f1c-a2&app_id=A1'}"
+    )
+    record = logging.LogRecord(
+        "talkbridge.slack.web", logging.DEBUG, __file__, 1, socket_url, (), None
+    )
+    assert _RedactingFilter(Secrets()).filter(record)
+    assert "8f1c-a2" not in record.getMessage() and "ticket=***&app_id=A1" in record.getMessage()
 
 
 async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_path: Path) -> None:

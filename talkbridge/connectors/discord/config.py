@@ -49,7 +49,9 @@ class DiscordConfig(ConnectionConfig):
     @classmethod
     def _token_shape(cls, value: SecretStr) -> SecretStr:
         token = value.get_secret_value()
-        if not token or any(ch.isspace() for ch in token) or token.lower().startswith("bot "):
+        if not token:
+            raise ValueError("is empty (an environment variable set to nothing?)")
+        if any(ch.isspace() for ch in token) or token.lower().startswith("bot "):
             raise ValueError(
                 "must be the bare bot token from the Developer Portal (no 'Bot ' prefix, no spaces)"
             )

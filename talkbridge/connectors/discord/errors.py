@@ -48,7 +48,11 @@ def translate(
         return PermanentError(PRIVILEGED_INTENTS)
     if isinstance(exc, discord.ConnectionClosed):
         if exc.code == 4004:
-            return UnauthorizedError(UNAUTHORIZED)
+            return UnauthorizedError(
+                "Discord's gateway rejected the bot token (close code 4004 Authentication "
+                "failed): it is wrong or was reset; copy the current one from the Developer "
+                "Portal (Bot > Reset Token)"
+            )
         if exc.code in (4010, 4011, 4012, 4013, 4014):
             return PermanentError(f"the Discord gateway closed the connection: {message}")
         return TransientError(f"the Discord gateway closed the connection: {message}")

@@ -63,6 +63,11 @@ class SlackConfig(ConnectionConfig):
         return value if value.endswith("/") else value + "/"
 
     @model_validator(mode="after")
+    def _trusted_ids(self) -> SlackConfig:
+        self._no_handles("Slack user ids (U012ABCDEF: a profile's 'Copy member ID')")
+        return self
+
+    @model_validator(mode="after")
     def _one_inbound_route(self) -> SlackConfig:
         if self.mode is None:
             if self.app_token is None and self.signing_secret is None:

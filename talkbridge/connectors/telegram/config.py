@@ -62,6 +62,11 @@ class TelegramConfig(ConnectionConfig):
         return data
 
     @model_validator(mode="after")
+    def _trusted_ids(self) -> TelegramConfig:
+        self._no_handles("numeric Telegram user ids (a username can change hands)")
+        return self
+
+    @model_validator(mode="after")
     def _webhook_needs_url_and_secret(self) -> TelegramConfig:
         if self.mode == "webhook":
             missing = [

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import discord
 import pytest
 from pydantic import ValidationError
 
@@ -21,7 +23,9 @@ from talkbridge.connectors.discord.codec import (
     parse_native_id,
 )
 from talkbridge.connectors.discord.config import DiscordConfig
+from talkbridge.connectors.discord.errors import translate
 from talkbridge.connectors.discord.render import escape_markdown, split_message
+from talkbridge.errors import UnauthorizedError
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -166,6 +170,14 @@ def test_config_refuses_a_token_with_the_bot_prefix_without_quoting_it() -> None
     assert "secret-value" not in str(caught.value.errors(include_input=False))
     with pytest.raises(ValueError, match="ws://"):
         DiscordConfig(id="d", token="t", gateway_url="http://x")
+    with pytest.raises(ValueError, match="is empty"):  # DISCORD_TOKEN= set to nothing
+        DiscordConfig(id="d", token="")
+
+
+def test_a_gateway_refusing_the_token_says_so_with_its_close_code() -> None:
+    closed = discord.ConnectionClosed(SimpleNamespace(close_code=4004), shard_id=None, code=4004)
+    error = translate(closed, "tok")
+    assert isinstance(error, UnauthorizedError) and "close code 4004" in str(error)
 
 
 def test_buttons_are_checked_against_discords_limits() -> None:

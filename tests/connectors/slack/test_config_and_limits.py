@@ -67,3 +67,11 @@ def test_a_429_pauses_only_its_tier_until_retry_after_has_passed() -> None:
     assert gate.blocked("conversations.info") == pytest.approx(1)
     now[0] += 1
     assert gate.blocked("conversations.history") == 0
+
+
+def test_a_handle_in_trusted_is_refused_since_it_would_never_match() -> None:
+    data = {"connections": [{**BASE, "id": "s", "trusted": ["U0ADA0001", "@ada"]}]}
+    with pytest.raises(
+        ConfigError, match=r"trusted holds Slack user ids .*\(@ada would never match\)"
+    ):
+        parse_config(data)

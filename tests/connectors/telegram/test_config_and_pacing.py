@@ -85,3 +85,10 @@ def test_pacer_limits_groups_per_minute_but_not_private_chats() -> None:
     assert pacer.reserve(-100) == pytest.approx(3.0)  # the 21st waits for one refill
     assert pacer.reserve(-200) == 0.0  # another group has its own budget
     assert all(pacer.reserve(5) == 0.0 for _ in range(50))  # private chats: bot-wide only
+
+
+def test_a_username_in_trusted_is_refused_since_it_would_never_match() -> None:
+    with pytest.raises(
+        ConfigError, match=r"numeric Telegram user ids .*\(@bob would never match\)"
+    ):
+        parse_config(connection(trusted=["42", "@bob"]))
