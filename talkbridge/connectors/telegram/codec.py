@@ -23,6 +23,7 @@ from talkbridge.connectors.telegram.render import (
     render_chunks,
     split_html,
     utf16_len,
+    visible_length,
 )
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
@@ -42,6 +43,7 @@ __all__ = [
     "update_id",
     "update_to_dict",
     "utf16_len",
+    "visible_length",
 ]
 
 # The update kinds the connector asks for (`allowed_updates`) and decodes.

@@ -109,9 +109,10 @@ def _atoms(rendered: str) -> list[_Atom]:
             found = _TAG_NAME.match(piece)
             name = found.group(1).lower() if found else ""
             kind: Literal["open", "close"] = "close" if piece.startswith("</") else "open"
-            atoms.append(_Atom(piece, utf16_len(piece), kind, name))
+            atoms.append(_Atom(piece, 0, kind, name))  # markup: not counted by Telegram
         else:
-            atoms.append(_Atom(piece, utf16_len(piece), "text", visible=html.unescape(piece)))
+            visible = html.unescape(piece)
+            atoms.append(_Atom(piece, utf16_len(visible), "text", visible=visible))
     return atoms
 
 
@@ -136,14 +137,22 @@ def _closing(stack: Sequence[_Atom]) -> str:
     return "".join(f"</{atom.name}>" for atom in reversed(stack))
 
 
+def visible_length(rendered: str) -> int:
+    """The length Telegram checks against its limit: UTF-16 units of the text, without tags."""
+    return sum(atom.cost for atom in _atoms(rendered))
+
+
 def split_html(rendered: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[str]:
-    """Split rendered HTML into chunks of at most `limit` UTF-16 units (tags included).
+    """Split rendered HTML into chunks of at most `limit` UTF-16 units of visible text.
+
+    Telegram counts a message's length after parsing its entities: tags count nothing and
+    `&amp;` counts one, so they do not use up the budget either.
 
     Cuts on paragraph, then line, then sentence, then word boundaries (a coarser boundary is
     taken only if it keeps the chunk at least half full); a word longer than a chunk is cut
     between characters. Tags open at a cut are closed and reopened in the next chunk.
     """
-    if utf16_len(rendered) <= limit:
+    if visible_length(rendered) <= limit:
         return [rendered] if rendered else []
     atoms = _atoms(rendered)
     chunks: list[str] = []
@@ -151,7 +160,7 @@ def split_html(rendered: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[str]:
     stack: list[_Atom] = []
     while start < len(atoms):
         prefix = "".join(atom.text for atom in stack)
-        budget = limit - utf16_len(prefix)
+        budget = limit
         local = list(stack)
         cost = 0
         tail = ""
@@ -162,8 +171,7 @@ def split_html(rendered: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[str]:
             after = local[:-1] if atom.kind == "close" and local else local
             if atom.kind == "open":
                 after = [*local, atom]
-            closing = utf16_len(_closing(after))
-            if cost + atom.cost + closing > budget:
+            if cost + atom.cost > budget:
                 break
             local = after
             cost += atom.cost

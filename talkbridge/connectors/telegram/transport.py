@@ -48,6 +48,7 @@ from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.telegram.codec import (
     ALLOWED_UPDATES,
     TELEGRAM_CAPTION_LIMIT,
+    TELEGRAM_TEXT_LIMIT,
     decode_update,
     inline_keyboard,
     native_id,
@@ -56,7 +57,7 @@ from talkbridge.connectors.telegram.codec import (
     render,
     render_chunks,
     update_to_dict,
-    utf16_len,
+    visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
 from talkbridge.connectors.telegram.errors import scrub, translated
@@ -352,7 +353,7 @@ class TelegramConnector(BaseConnector):
         if (
             message.attachments
             and len(chunks) == 1
-            and utf16_len(chunks[0]) <= TELEGRAM_CAPTION_LIMIT
+            and visible_length(chunks[0]) <= TELEGRAM_CAPTION_LIMIT
             and _captionable(message.attachments[0])
         ):
             caption, chunks = chunks[0], []
@@ -416,7 +417,7 @@ class TelegramConnector(BaseConnector):
     async def edit(self, thread_id: str, message_id: str, text: str) -> None:
         chat_id, mid = _message(message_id)
         rendered = render(text, "markdown")
-        if utf16_len(rendered) > 4096:
+        if visible_length(rendered) > TELEGRAM_TEXT_LIMIT:
             raise PermanentError("edited text is longer than Telegram's 4,096-character limit")
         with translated(self._token, chat_scoped=True):
             try:

@@ -15,6 +15,7 @@ from talkbridge.connectors.telegram.render import (
     render_markdown,
     split_html,
     utf16_len,
+    visible_length,
 )
 
 TELEGRAM_TAGS = {"b", "i", "s", "u", "a", "code", "pre", "blockquote"}
@@ -103,7 +104,7 @@ def test_open_tags_are_closed_and_reopened_across_chunks() -> None:
     for chunk in chunks:
         assert balanced(chunk), chunk[:80]
         assert chunk.startswith('<b><a href="https://e.com">') and chunk.endswith("</a></b>")
-        assert utf16_len(chunk) <= 4096
+        assert visible_length(chunk) <= 4096
     assert "".join(html_text(c) for c in chunks) == html_text(rendered)
 
 
@@ -144,7 +145,7 @@ def test_split_property(source: str, limit: int) -> None:
     rendered = render_markdown(source)
     chunks = split_html(rendered, limit)
     for chunk in chunks:
-        assert utf16_len(chunk) <= limit
+        assert visible_length(chunk) <= limit
         assert balanced(chunk), chunk
     assert "".join(html_text(chunk) for chunk in chunks) == html_text(rendered)
     assert all(tags_in(chunk) <= TELEGRAM_TAGS for chunk in chunks)
@@ -159,5 +160,13 @@ def test_split_property(source: str, limit: int) -> None:
 def test_split_property_at_the_real_limit(parts: list[str]) -> None:
     rendered = render_markdown("".join(parts))
     chunks = split_html(rendered)
-    assert all(utf16_len(c) <= 4096 and balanced(c) for c in chunks)
+    assert all(visible_length(c) <= 4096 and balanced(c) for c in chunks)
     assert "".join(html_text(c) for c in chunks) == html_text(rendered)
+
+
+def test_markup_and_entities_do_not_use_up_the_limit() -> None:
+    # Telegram counts the text after parsing: `&amp;` is one character, a tag is none.
+    chunks = split_html("&amp;" * 5000, 4096)
+    assert [visible_length(c) for c in chunks] == [4096, 904]
+    bold = "<b>" + "x" * 4000 + "</b>"
+    assert split_html(bold, 4096) == [bold]

@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from talkbridge.connectors.telegram.render import html_text, render_markdown, utf16_len
+from talkbridge.connectors.telegram.render import (
+    html_text,
+    render_markdown,
+    visible_length,
+)
 from talkbridge.connectors.telegram.transport import TelegramConnector
 from talkbridge.errors import (
     NotFoundError,
@@ -303,7 +307,7 @@ async def test_a_long_reply_is_split_and_only_the_first_part_replies(
     )
     sent = peer.sent_messages
     assert len(sent) == len(result.message_ids) >= 3
-    assert all(utf16_len(s["text"]) <= 4096 for s in sent)
+    assert all(visible_length(s["text"]) <= 4096 for s in sent)
     assert "reply_parameters" in sent[0] and all("reply_parameters" not in s for s in sent[1:])
     assert "".join(html_text(s["text"]) for s in sent) == html_text(render_markdown(text))
 
