@@ -248,7 +248,11 @@ class EmailConnector(BaseConnector):
             await session.close()
         try:
             async with self._smtp() as smtp:
-                await smtp.noop()
+                # A sender probe, then RSET: a server that wants a login, or does not take
+                # our address as sender, says so here (a NOOP passed both).
+                with smtp_errors(self._smtp_where, *self._secrets):
+                    await smtp.mail(self.config.address)
+                    await smtp.rset()
             results.append(f"SMTP ok ({self._smtp_where})")
         except ConnectorError as exc:
             failure = failure or exc

@@ -30,7 +30,10 @@ async def test_check_reports_imap_and_smtp_for_each_mailbox(
     config.write_text(
         f"store: sqlite:///{tmp_path}/talkbridge.db\nconnections:"
         + entry(dovecot, smtp, "helpdesk", "help", SMTP_USERS["help"])
-        + entry(dovecot, smtp, "stale", "help", "wrong-smtp-secret"),
+        + entry(dovecot, smtp, "stale", "help", "wrong-smtp-secret")
+        + entry(dovecot, smtp, "nologin", "help", "x").replace(
+            ", username: help,\n            password: x}", "}"
+        ),
         encoding="utf-8",
     )
     env = {"IMAP_PASSWORD": USERS["help"]}
@@ -43,6 +46,9 @@ async def test_check_reports_imap_and_smtp_for_each_mailbox(
     assert good.startswith("ok") and "IMAP ok" in good and "SMTP ok" in good
     assert bad.startswith("FAIL") and "IMAP ok" in bad and "SMTP failed" in bad
     assert "refused the login" in bad
+    # No SMTP login configured for a server that wants one: sending would fail at MAIL FROM.
+    [nologin] = [line for line in lines if "nologin" in line]
+    assert nologin.startswith("FAIL") and "SMTP failed" in nologin and "530" in nologin
     text = out.decode() + err.decode()
     for secret in (USERS["help"], SMTP_USERS["help"], "wrong-smtp-secret"):
         assert secret not in text
