@@ -99,11 +99,19 @@ def addresses(msg: Message, *names: str) -> list[tuple[str, str]]:
             values = [str(v) for v in msg.get_all(name, [])]
         except Exception:
             values = [v for k, v in msg.raw_items() if k.lower() == name.lower()]
-        for display, addr in getaddresses(values):
-            addr = addr.strip().lower()
-            if "@" in addr and " " not in addr:
-                found.append((display.strip(), addr))
+        parsed = [
+            (display.strip(), addr.strip().lower())
+            for display, addr in getaddresses(values)
+            if "@" in addr and " " not in addr.strip()
+        ]
+        if not parsed:  # no angle brackets where a mailer forgot them: the bare address then
+            raw = [str(v) for k, v in msg.raw_items() if k.lower() == name.lower()]
+            parsed = [("", m.group(0).lower()) for v in raw for m in _BARE_ADDRESS.finditer(v)]
+        found.extend(parsed)
     return found
+
+
+_BARE_ADDRESS = re.compile(r"[\w.+'-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 def normalize_subject(subject: str) -> str:
@@ -323,6 +331,8 @@ def read_mail(
     subject = header(msg, "Subject")
     in_reply_to = message_ids(header(msg, "In-Reply-To"))
     context = context_of(msg, message_id, address=address, thread_id=thread_id)
+    if not context.reply_to:  # checked before a turn runs: its answer could go nowhere
+        return "no address to answer (no usable From or Reply-To)"
     message = NormalizedMessage(
         id=message_id,
         connection_id=connection_id,

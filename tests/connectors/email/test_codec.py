@@ -286,3 +286,14 @@ def test_folder_names_go_in_modified_utf7() -> None:
     assert mailbox_name("Unterstützung") == "Unterst&APw-tzung"
     assert mailbox_name("日本語") == "&ZeVnLIqe-"  # RFC 3501's own example
     assert mailbox_name("Q&A") == "Q&-A" and mailbox_name("INBOX") == "INBOX"
+
+
+def test_a_mail_with_no_address_to_answer_is_skipped_before_any_turn() -> None:
+    # Its answer could go nowhere: skipped, it stays unread for a person, no turn is spent.
+    for headers in (b"", b"From: not an address at all\r\n"):
+        raw = headers + b"To: help@example.com\r\nMessage-ID: <n@x.org>\r\n\r\nhelp?\r\n"
+        result = read_mail(raw, connection_id="h", address=ADDRESS, received_at=NOW)
+        assert result == "no address to answer (no usable From or Reply-To)"
+    bare = b"From: Ada ada@example.org\r\nMessage-ID: <b@x.org>\r\n\r\nhi\r\n"  # no <...>
+    msg = decode_mail(bare, connection_id="h", address=ADDRESS, received_at=NOW)
+    assert msg is not None and msg.channel_user_id == "ada@example.org"
