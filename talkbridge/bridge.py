@@ -85,7 +85,7 @@ class Bridge:
         self.hooks = hooks or HookRegistry(environment=self.config.environment)
         self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
         self.registry = ConnectionRegistry(self.store, self.secrets, on_attach=self.router.attach)
-        self.router.on_credentials = self.registry.credentials_refused
+        self.router.on_send_trouble = self.registry.send_trouble
         self.cluster: Cluster | None = _cluster_for(self.store, self.config, node_id)
         """Distributed mode (a Redis store): this node's part of the cluster; else None."""
         if self.cluster is not None:

@@ -103,7 +103,8 @@ def describe_error(exc: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-_SENDS_REFUSED = "sends are refused: "
+_SENDS = "sends are "
+"""How `send_trouble` reasons begin: what only a send that works clears."""
 
 
 class _Status:
@@ -312,24 +313,26 @@ class ConnectionRegistry:
             self._set_state(cid, ConnectionState.DEGRADED, reason)
             await asyncio.sleep(delay)
 
-    def credentials_refused(self, cid: str, reason: str | None) -> None:
-        """Sends found the connection's credentials refused (reason), or accepted again (None).
+    def send_trouble(self, cid: str, what: str | None) -> None:
+        """Sends of the connection are in trouble (`what`), or work again (None).
 
         What a transport cannot see: Slack's bot token revoked while its Socket Mode socket, on
-        the app token, stays open. The connection is degraded, not stopped: inbound may flow.
+        the app token, stays open; a mail server down while IMAP is fine. The connection is
+        degraded, not stopped: inbound may flow.
         """
         health = self._health.get(cid)
         if health is None:
             return
-        refused = f"{_SENDS_REFUSED}{reason}" if reason is not None else None
-        if refused is not None and health.state in (ConnectionState.UP, ConnectionState.DEGRADED):
-            self._set_state(cid, ConnectionState.DEGRADED, refused)
+        if what is not None and health.state in (ConnectionState.UP, ConnectionState.DEGRADED):
+            if health.last_error != self.redact(what):
+                log.warning("%s: %s", cid, self.redact(what))
+            self._set_state(cid, ConnectionState.DEGRADED, what)
         elif (
-            refused is None
+            what is None
             and health.state is ConnectionState.DEGRADED
-            and (health.last_error or "").startswith(_SENDS_REFUSED)
+            and (health.last_error or "").startswith(_SENDS)
         ):
-            log.info("%s: sends are accepted again", cid)
+            log.info("%s: sends work again", cid)
             self._set_state(cid, ConnectionState.UP, None)
 
     def _set_state(self, cid: str, state: ConnectionState, error: str | None) -> None:

@@ -16,7 +16,7 @@ from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
-from talkbridge.errors import PermanentError, UnauthorizedError
+from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -103,6 +103,31 @@ async def test_sends_refused_for_their_credentials_show_in_the_connection_health
     await conn.wait_sent(1)
     await bridge.router.join()
     assert bridge.registry.health("test").state is ConnectionState.UP
+    await bridge.stop()
+
+
+async def test_sends_failing_again_and_again_show_in_the_health_until_one_works(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A mail server down while IMAP is fine: the transport is up, only the sends can tell.
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'b.db'}", "router": {"retry_base_delay": 0.001}}
+    )
+    bridge = Bridge(config, with_webchat=False)
+    conn = TalkConnector("mail")
+    bridge.registry.add(conn, ConnectionConfig(id="mail", channel="telegram", trusted=("alice",)))
+    await bridge.start()
+    conn.script.extend([TransientError("SMTP server down")] * 3)
+    with caplog.at_level(logging.INFO, logger="talkbridge.registry"):
+        await conn.inject(make_message("hello", connection_id="mail"))
+        await conn.wait_sent(1)
+        await bridge.router.join()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", "mail: sends are failing: SMTP server down"),
+        ("INFO", "mail: sends work again"),
+    ]
+    assert bridge.registry.health("mail").state is ConnectionState.UP
     await bridge.stop()
 
 

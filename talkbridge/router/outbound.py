@@ -5,8 +5,10 @@ per thread, a few threads at once) and its own rate-limit gate. A connector rais
 `RateLimitedError` closes the gate of its connection (or delays just that thread) for
 `retry_after` seconds; retryable errors are retried with backoff; a send that finally fails is
 recorded in the store and raised to the caller as `SendFailedError`, never dropped silently.
-Credentials the platform refuses on a send (a token revoked while the connection's socket stays
-open) are reported through `on_credentials`, so the connection's health says so.
+Trouble that is the connection's, not one message's, is reported through `on_trouble`, so the
+connection's health says so: credentials refused on a send (a token revoked while the
+connection's socket stays open), and a send failing again and again (the platform or the mail
+server down); a send that works clears it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ log = logging.getLogger("talkbridge.router.outbound")
 
 SendFn = Callable[[OutboundMessage], Awaitable[SendResult]]
 Redact = Callable[[str], str]
-CredentialsListener = Callable[[str, str | None], None]
-"""`(connection_id, reason)`: a send's credentials were refused; reason None: accepted again."""
+TroubleListener = Callable[[str, str | None], None]
+"""`(connection_id, what)`: sends are in trouble (`sends are …: reason`); None: they work."""
 
 MAX_RATE_LIMIT_WAITS = 20
 
@@ -87,7 +89,7 @@ class OutboundQueue:
         concurrency: int = 8,
         redact: Redact = str,
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
-        on_credentials: CredentialsListener | None = None,
+        on_trouble: TroubleListener | None = None,
     ) -> None:
         self.connection_id = connection_id
         self._send = send
@@ -97,8 +99,8 @@ class OutboundQueue:
         self._redact = redact
         self._new_backoff = backoff
         self._gate = _Gate()
-        self._on_credentials = on_credentials
-        self._refused = False
+        self._on_trouble = on_trouble
+        self._troubled = False
         self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
             self._deliver, max_active=concurrency, name=f"send:{connection_id}"
         )
@@ -184,9 +186,11 @@ class OutboundQueue:
                 continue
             except ConnectorError as exc:
                 reason = self._redact(str(exc) or type(exc).__name__)
-                if isinstance(exc, UnauthorizedError):
-                    self._credentials(reason)
                 failures += 1
+                if isinstance(exc, UnauthorizedError):
+                    self._trouble(f"sends are refused: {reason}")
+                elif exc.retryable and failures >= 2:  # not a blip: say so while retrying
+                    self._trouble(f"sends are failing: {reason}")
                 now = asyncio.get_running_loop().time()
                 first_failure = first_failure or now
                 retried_enough = (
@@ -206,16 +210,16 @@ class OutboundQueue:
             ) as exc:  # an untranslated error is a connector bug: never retry blindly
                 reason = self._redact(f"{type(exc).__name__}: {exc}")
                 await self._fail(message, f"unexpected connector error: {reason}")
-            if self._refused:
-                self._credentials(None)
+            if self._troubled:
+                self._trouble(None)
             if key is not None:
                 await self._store.record_sent(self.connection_id, key, result.message_ids)
             return result
 
-    def _credentials(self, refused: str | None) -> None:
-        self._refused = refused is not None
-        if self._on_credentials is not None:
-            self._on_credentials(self.connection_id, refused)
+    def _trouble(self, what: str | None) -> None:
+        self._troubled = what is not None
+        if self._on_trouble is not None:
+            self._on_trouble(self.connection_id, what)
 
     async def _fail(self, message: OutboundMessage, reason: str) -> None:
         log.error(

@@ -24,7 +24,7 @@ from talkbridge.config import RouterConfig
 from talkbridge.errors import UnknownConnectionError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
-from talkbridge.router.outbound import CredentialsListener, OutboundQueue
+from talkbridge.router.outbound import OutboundQueue, TroubleListener
 from talkbridge.router.seen_keys import SeenKeys
 from talkbridge.store.base import Store
 from talkbridge.store.seen import SeenFilter
@@ -81,9 +81,10 @@ class TalkRouter:
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
-        self.on_credentials: CredentialsListener | None = None
-        """Told when a connection's sends meet refused credentials, and when they work again
-        (the bridge points it at the registry, which keeps each connection's health)."""
+        self.on_send_trouble: TroubleListener | None = None
+        """Told when a connection's sends are in trouble (refused credentials, failing again
+        and again) and when they work again; the bridge points it at the registry, which keeps
+        each connection's health."""
         self._seen = SeenKeys(store)
         self._inbound: KeyedSerialExecutor[str, _Item] = KeyedSerialExecutor(
             self._dispatch,
@@ -116,7 +117,7 @@ class TalkRouter:
             or self._config.send_concurrency,
             redact=self._redact,
             backoff=lambda: Backoff(base=self._config.retry_base_delay, cap=30.0),
-            on_credentials=self._credentials_changed,
+            on_trouble=self._send_trouble,
         )
         keeps_history = bool(getattr(connector, "keeps_history", False))
         if keeps_history:
@@ -127,9 +128,9 @@ class TalkRouter:
         on_inbound = functools.partial(self._accept, keeps_history=keeps_history)
         self._subscriptions[cid] = connector.subscribe(on_inbound)
 
-    def _credentials_changed(self, connection_id: str, refused: str | None) -> None:
-        if self.on_credentials is not None:
-            self.on_credentials(connection_id, refused)
+    def _send_trouble(self, connection_id: str, what: str | None) -> None:
+        if self.on_send_trouble is not None:
+            self.on_send_trouble(connection_id, what)
 
     def detach(self, connection_id: str) -> None:
         sub = self._subscriptions.pop(connection_id, None)
