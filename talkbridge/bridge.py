@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
+from talkbridge import replies
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
 from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome
@@ -43,7 +44,7 @@ from talkbridge.registry import ConnectionRegistry
 from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
-from talkbridge.talk import Activity, Edit, Streaming, Talk
+from talkbridge.talk import Activity, Delete, Edit, Streaming, Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -430,7 +431,7 @@ class Bridge:
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
-            await self.store.map_id(cid, message.id, result.message_id)
+            await replies.remember(self.store, cid, message.id, result.message_ids)
         if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
             await self.durable.emit_turn_completed(outcome.session, outcome.status)
 
@@ -452,9 +453,9 @@ class Bridge:
         outcome = await self.answer(message, agent)
         if outcome is None or not outcome.text:
             return
+        later = await replies.later_parts(self.store, cid, message.edit_of)
         try:
             await editor.edit(message.thread_id, earlier_reply, outcome.text)
-            return
         except ConnectorError as exc:  # too long for one message, or the reply is gone
             log.info(
                 "could not edit reply %s on %s (%s): the new answer goes as a new reply",
@@ -462,6 +463,10 @@ class Bridge:
                 cid,
                 self.secrets.redact(str(exc)),
             )
+            await self._delete_replies(message, [earlier_reply, *later])  # the new one follows
+        else:
+            await self._delete_replies(message, later)  # the old answer's later parts
+            return
         reply = OutboundMessage(
             thread_id=message.thread_id,
             text=outcome.text,
@@ -473,7 +478,21 @@ class Bridge:
         except SendFailedError as exc:
             log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
-        await self.store.map_id(cid, message.edit_of, result.message_id)  # the next edit's
+        await replies.remember(self.store, cid, message.edit_of, result.message_ids)
+
+    async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
+        """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""
+        cid = message.connection_id
+        deleter = cast(Delete | None, self.router.feature(cid, "delete"))
+        if deleter is None or not ids:
+            return
+        for reply_id in ids:
+            try:
+                await deleter.delete(message.thread_id, reply_id)
+            except ConnectorError as exc:  # gone already, or too old to delete: leave it
+                log.info("could not delete reply %s on %s: %s", reply_id, cid, exc)
+        assert message.edit_of is not None
+        await replies.forget_later_parts(self.store, cid, message.edit_of)
 
     async def _forward(self, route: Route) -> None:
         forward = route.forward

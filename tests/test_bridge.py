@@ -27,7 +27,7 @@ from talkbridge.hooks import (
     TurnStartedEvent,
 )
 from talkbridge.indicators import TypingIndicators
-from talkbridge.message import NormalizedMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.registry import ConnectionState
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -180,6 +180,56 @@ async def test_an_edit_the_platform_refuses_is_answered_as_a_new_reply_that_late
     await conn.wait_sent(3)
     await bridge.router.join()
     assert editor.tried == [first.ids[0], second.ids[0]]  # the next edit goes to the new reply
+    await bridge.stop()
+
+
+class SplittingConnector(TalkConnector):
+    """Sends a reply over 20 characters as two messages, as platforms split long ones."""
+
+    def __init__(self, connection_id: str) -> None:
+        super().__init__(connection_id)
+        self.edited: list[tuple[str, str]] = []
+        self.deleted: list[str] = []
+        self.features.update(edit=self, delete=self)
+
+    async def send(self, message: OutboundMessage) -> SendResult:
+        result = await super().send(message)
+        if len(message.text) <= 20:
+            return result
+        return SendResult(message_ids=(*result.message_ids, f"{result.message_ids[0]}-part2"))
+
+    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+        if len(text) > 20:
+            raise PermanentError("too long to edit into one message")
+        self.edited.append((message_id, text))
+
+    async def delete(self, thread_id: str, message_id: str) -> None:
+        self.deleted.append(message_id)
+
+
+async def test_editing_a_long_answer_short_removes_its_later_parts_and_long_replaces_it(
+    tmp_path: Path,
+) -> None:
+    bridge, _ = await _bridge(tmp_path, connectors=())
+    conn = SplittingConnector("split")
+    bridge.registry.add(conn, ConnectionConfig(id="split", channel="telegram", trusted=("alice",)))
+    question = make_message("a question long enough to split", connection_id="split")
+    await conn.inject(question)
+    (first,) = await conn.wait_sent(1)
+    await bridge.router.join()
+    await conn.inject(make_message("short", connection_id="split", edit_of=question.id))
+    await bridge.router.join()
+    part2 = f"{first.ids[0]}-part2"
+    assert conn.edited == [(first.ids[0], "short")] and conn.deleted == [part2]
+    # Edited long again: the one-message reply cannot hold it, so it goes, a new one follows.
+    longer = make_message(
+        "an edit that is longer again", connection_id="split", edit_of=question.id
+    )
+    await conn.inject(longer)
+    await conn.wait_sent(2)
+    await bridge.router.join()
+    assert conn.deleted == [part2, first.ids[0]]
+    assert conn.sent[1].message.text == "an edit that is longer again"
     await bridge.stop()
 
 

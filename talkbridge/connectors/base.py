@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from talkbridge import replies
 from talkbridge.errors import ConnectorError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import Store
@@ -95,18 +96,22 @@ class BaseConnector:
     async def withdraw_reply(self, thread_id: str, message_id: str) -> bool:
         """A deleted inbound message takes the bot's reply along: the id map (in the store, so it
         survives restarts) knows which reply answered it. True when a reply was deleted."""
-        reply = await self.context.store.lookup_id(self.connection_id, message_id)
+        store = self.context.store
+        reply = await store.lookup_id(self.connection_id, message_id)
         deleter = self._features.get("delete")
         if reply is None or deleter is None:
             return False
-        try:
-            await deleter.delete(thread_id, reply)  # type: ignore[union-attr]
-        except ConnectorError as exc:
-            self.context.logger.info(
-                "%s: could not delete the reply to deleted %s: %s",
-                self.connection_id,
-                message_id,
-                exc,
-            )
-            return False
+        later = await replies.later_parts(store, self.connection_id, message_id)
+        for part in [reply, *later]:  # a reply split over several messages goes whole
+            try:
+                await deleter.delete(thread_id, part)  # type: ignore[union-attr]
+            except ConnectorError as exc:
+                self.context.logger.info(
+                    "%s: could not delete the reply to deleted %s: %s",
+                    self.connection_id,
+                    message_id,
+                    exc,
+                )
+                return False
+        await replies.forget_later_parts(store, self.connection_id, message_id)
         return True
