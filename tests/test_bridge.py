@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
+from talkbridge.agents.sentinel import GROUP_NOTICE
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
 from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
@@ -248,6 +249,18 @@ async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path
     await conn.inject(make_message("now?", user="mallory"))
     await conn.wait_sent(2)
     assert spy.prompts == [("mallory", "now?")]
+    await bridge.stop()
+
+
+async def test_in_a_group_an_untrusted_sender_hears_the_sentinel_once_then_nothing(
+    tmp_path: Path,
+) -> None:
+    bridge, conns = await _bridge(tmp_path)
+    conn = conns["test"]
+    for text in ("hi bot", "hello??", "anyone?"):
+        await conn.inject(make_message(text, user="mallory", thread_type="group"))
+        await bridge.router.join()
+    assert conn.texts() == [GROUP_NOTICE]  # no code in the group, and no apology after it
     await bridge.stop()
 
 

@@ -83,8 +83,9 @@ class SentinelAgent:
         if message.thread_type != "private":
             # In a group or a channel everyone reads the answer: no code there, said once per
             # sender (the pending pairing is in `pair list` for the operator all the same).
-            if pairing.code == code:
-                yield Result(text=GROUP_NOTICE)
+            # An empty result is a turn that says nothing (no result would be a failed turn,
+            # and the sender would get the apology instead).
+            yield Result(text=GROUP_NOTICE if pairing.code == code else "")
             return
         yield Result(
             text=(

@@ -15,6 +15,7 @@ waits; while a tier is paused, calls in that tier fail fast with the remaining w
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -115,7 +116,8 @@ class SlackConnector(BaseConnector):
         self.team: str | None = None
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
         self._channel_names: dict[str, str] = {}
-        self._lookups: set[asyncio.Future[str | None]] = set()
+        self._lookups: dict[str, asyncio.Future[str | None]] = {}
+        """Name lookups under way, by user id: an envelope does not wait again for one."""
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._partial = PartialSends()
         self._status_allowed = True
@@ -209,7 +211,7 @@ class SlackConnector(BaseConnector):
             await self._run_events(status)
 
     async def close(self) -> None:
-        for lookup in list(self._lookups):
+        for lookup in list(self._lookups.values()):
             lookup.cancel()
         if self._session is not None:
             await self._session.close()
@@ -317,19 +319,30 @@ class SlackConnector(BaseConnector):
         """Display names of `user_ids`, looked up together; after `wait` seconds the ids of
         lookups still under way stand in for their names (the lookups finish in the background
         and fill the cache)."""
-        lookups = {uid: asyncio.ensure_future(self._name(uid)) for uid in user_ids}
-        if not lookups:
-            return {}
-        await asyncio.wait(lookups.values(), timeout=wait)
+        lookups: dict[str, asyncio.Future[str | None]] = {}
+        fresh: list[asyncio.Future[str | None]] = []
+        for uid in user_ids:
+            lookup = self._lookups.get(uid)
+            if lookup is None:  # a lookup already under way was slow once: not waited again
+                lookup = self._lookups[uid] = asyncio.ensure_future(self._name(uid))
+                lookup.add_done_callback(functools.partial(self._lookup_done, uid))
+                fresh.append(lookup)
+            lookups[uid] = lookup
+        awaited = fresh if wait is not None else list(lookups.values())
+        if awaited:
+            await asyncio.wait(awaited, timeout=wait)
         names: dict[str, str] = {}
         for uid, lookup in lookups.items():
             if not lookup.done():
-                self._lookups.add(lookup)
-                lookup.add_done_callback(self._lookups.discard)
-                self._log.info("users.info %s is slow: the id stands in for the name", uid)
+                if lookup in fresh:
+                    self._log.info("users.info %s is slow: the id stands in for the name", uid)
             elif (name := lookup.result()) is not None:
                 names[uid] = name
         return names
+
+    def _lookup_done(self, user_id: str, lookup: asyncio.Future[str | None]) -> None:
+        if self._lookups.get(user_id) is lookup:
+            del self._lookups[user_id]
 
     async def _name(self, user_id: str) -> str | None:
         try:
