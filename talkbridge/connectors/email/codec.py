@@ -349,9 +349,10 @@ def read_mail(
         raw_event={
             "raw": raw,
             "uid": uid,
-            # Whom a reply goes to, and who else signed the mail: all must be trusted for
-            # the sender to be (a trusted From with an untrusted Reply-To is not).
-            "answered": sorted({a for _, a in senders} | set(context.reply_to)),
+            # Whom a reply goes to (Reply-To or From, and the others on To/Cc: replies go to
+            # all), and who else signed the mail: all must be trusted for the mail to be (a
+            # trusted From with a stranger's Reply-To or Cc is not: the answer reaches them).
+            "answered": sorted({a for _, a in senders} | set(context.reply_to) | set(context.cc)),
             "full_text": full,
             "html": html_text,
             "subject": subject,

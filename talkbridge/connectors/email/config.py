@@ -54,8 +54,8 @@ class SmtpConfig(_Section):
 
 class EmailConfig(ConnectionConfig):
     """One mailbox. A mail is trusted when every address it is from and every address a reply
-    goes to (From, Reply-To) is trusted: a trusted From with a stranger's Reply-To would send
-    the default agent's answer to that stranger."""
+    goes to (Reply-To or From, and the others on To and Cc) is trusted: a trusted From with a
+    stranger's Reply-To or Cc would send the default agent's answer to that stranger."""
 
     channel: Literal["email"] = "email"
     address: str
@@ -95,7 +95,8 @@ class EmailConfig(ConnectionConfig):
 
     def trusts_message(self, message: Any) -> bool:
         raw = message.raw_event if isinstance(message.raw_event, dict) else {}
-        others = [a for a in raw.get("answered", ()) if isinstance(a, str)]
+        ours = "@" + self.domain.lower()  # our own aliases on To/Cc are no strangers
+        others = [a for a in raw.get("answered", ()) if isinstance(a, str) and not a.endswith(ours)]
         return all(self.trusts(a.lower()) for a in [message.channel_user_id, *others])
 
     @property
