@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from email.message import EmailMessage
 
 import aiosmtplib
 
@@ -46,6 +48,9 @@ from talkbridge.errors import (
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
+_DEFERRED_LIMIT = 1024
+"""Replies waiting to be sent again to recipients the server deferred (the oldest go first)."""
+
 
 def create(config: EmailConfig, context: ConnectorContext) -> EmailConnector:
     return EmailConnector(config, context)
@@ -63,6 +68,8 @@ class EmailConnector(BaseConnector):
         self._prefix = f"email:{config.id}:"
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
+        self._deferred: OrderedDict[str, tuple[EmailMessage, str, list[str]]] = OrderedDict()
+        """Replies some recipients deferred, by idempotency key: a retry sends to them alone."""
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -286,31 +293,72 @@ class EmailConnector(BaseConnector):
                 "(reply limit against mail loops)"
             )
         context = await self._context_for(message)
-        to: tuple[str, ...] = ()
-        if context is None:
-            if "@" in message.thread_id and "<" not in message.thread_id:
-                to = (message.thread_id.lower(),)  # a new conversation with an address
-            else:
-                raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
-        message_id = new_message_id(self.config.address)
-        mail = permanent(
-            render_reply,
-            message,
-            address=self.config.address,
-            context=context,
-            to=to,
-            message_id=message_id,
-            date=datetime.now(UTC),
-        )
+        key = message.idempotency_key
+        resumed = self._deferred.pop(key, None) if key else None
+        if resumed is not None:  # a retry: only the recipients the server deferred
+            mail, message_id, recipients = resumed
+        else:
+            to: tuple[str, ...] = ()
+            if context is None:
+                if "@" in message.thread_id and "<" not in message.thread_id:
+                    to = (message.thread_id.lower(),)  # a new conversation with an address
+                else:
+                    raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
+            message_id = new_message_id(self.config.address)
+            mail = permanent(
+                render_reply,
+                message,
+                address=self.config.address,
+                context=context,
+                to=to,
+                message_id=message_id,
+                date=datetime.now(UTC),
+            )
+            recipients = recipients_of(mail)
         async with self._smtp() as smtp:
             with smtp_errors(self._smtp_where, *self._secrets):
-                await smtp.send_message(
-                    mail, sender=self.config.address, recipients=recipients_of(mail)
+                refused, _ = await smtp.send_message(
+                    mail, sender=self.config.address, recipients=recipients
                 )
+        self._some_refused(message_id, key, mail, refused)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
         return SendResult(message_ids=(message_id,))
+
+    def _some_refused(
+        self,
+        message_id: str,
+        key: str | None,
+        mail: EmailMessage,
+        refused: dict[str, aiosmtplib.SMTPResponse],
+    ) -> None:
+        """The server took the mail for some recipients only. Those it refused for good are
+        logged; those it deferred (4xx) make the send fail as transient, and its retry (same
+        idempotency key) sends the same mail to them alone."""
+        if not refused:
+            return
+        codes = {rcpt: answer.code for rcpt, answer in refused.items()}
+        lost = [f"{r} ({c})" for r, c in codes.items() if c >= 500]
+        if lost:
+            self._log.warning("reply %s was not delivered to %s", message_id, ", ".join(lost))
+        later = [r for r, c in codes.items() if 400 <= c < 500]
+        if not later:
+            return
+        if key is None:  # a retry would send it to everyone again: said, not retried
+            self._log.warning(
+                "reply %s was deferred for %s and is not sent again (no idempotency key)",
+                message_id,
+                ", ".join(later),
+            )
+            return
+        self._deferred[key] = (mail, message_id, later)
+        while len(self._deferred) > _DEFERRED_LIMIT:
+            self._deferred.popitem(last=False)
+        raise TransientError(
+            f"SMTP server {self._smtp_where} deferred the reply for {', '.join(later)} "
+            "(the other recipients have it)"
+        )
 
     async def _context_for(self, message: OutboundMessage) -> MailContext | None:
         store = self.context.store

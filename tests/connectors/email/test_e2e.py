@@ -179,3 +179,15 @@ async def test_a_dropped_idle_connection_is_recovered(
     dovecot.deliver("help", mail(body="after the drop"))
     await smtp.wait_for(lambda: len(smtp.received) == 1)
     assert smtp.received[0].message.get_body(("plain",)).get_content().strip() == "after the drop"
+
+
+async def test_a_recipient_deferred_while_the_others_took_the_reply_gets_it_alone_later(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    await bridge({})
+    smtp.refuse_next_recipient("450 4.2.0 mailbox busy, try later")  # Ada, the first one
+    dovecot.deliver("help", mail(body="for both", Cc="Bob <bob@example.org>"))
+    await smtp.wait_for(lambda: len(to(smtp, "ada@example.org")) == 1)
+    assert [m.rcpt_tos for m in smtp.received] == [["bob@example.org"], ["ada@example.org"]]
+    first, again = (m.message for m in smtp.received)
+    assert first["Message-ID"] == again["Message-ID"]  # one reply: Bob gets no second copy
