@@ -6,6 +6,7 @@ import base64
 import json
 from datetime import UTC, datetime
 from email import message_from_bytes, policy
+from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
@@ -263,26 +264,16 @@ def test_a_sentence_ending_like_an_attribution_is_kept_when_no_quote_follows() -
 
 
 def test_an_internationalised_domain_is_answered_in_idna_and_a_utf8_local_part_is_named() -> None:
-    out = OutboundMessage(thread_id="<r0@x.org>", text="x", markup="plain")
-    mail = render_reply(
-        out,
-        address=ADDRESS,
-        context=None,
-        to=("alice@bücher.example",),
-        message_id="<n@e>",
-        date=NOW,
-    )
-    parsed = message_from_bytes(mail.as_bytes(), policy=policy.default)
-    assert parsed["To"] == "alice@xn--bcher-kva.example"
-    with pytest.raises(ValueError, match=r"'jörg@bücher\.example'.*SMTPUTF8"):
-        render_reply(
-            out,
-            address=ADDRESS,
-            context=None,
-            to=("jörg@bücher.example",),
-            message_id="<m@e>",
-            date=NOW,
+    def reply_to(address: str) -> EmailMessage:
+        out = OutboundMessage(thread_id="<r0@x.org>", text="x", markup="plain")
+        mail = render_reply(
+            out, address=ADDRESS, context=None, to=(address,), message_id="<n@e>", date=NOW
         )
+        return message_from_bytes(mail.as_bytes(), policy=policy.default)
+
+    assert reply_to("alice@bücher.example")["To"] == "alice@xn--bcher-kva.example"
+    with pytest.raises(ValueError, match=r"'jörg@bücher\.example'.*SMTPUTF8"):
+        reply_to("jörg@bücher.example")
 
 
 def test_folder_names_go_in_modified_utf7() -> None:
