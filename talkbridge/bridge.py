@@ -463,7 +463,6 @@ class Bridge:
                 cid,
                 self.secrets.redact(str(exc)),
             )
-            await self._delete_replies(message, [earlier_reply, *later])  # the new one follows
         else:
             await self._delete_replies(message, later)  # the old answer's later parts
             return
@@ -475,9 +474,10 @@ class Bridge:
         )
         try:
             result = await self.router.send(cid, reply)
-        except SendFailedError as exc:
+        except SendFailedError as exc:  # the old answer stays: better than none
             log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
+        await self._delete_replies(message, [earlier_reply, *later])  # replaced: it goes
         await replies.remember(self.store, cid, message.edit_of, result.message_ids)
 
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:

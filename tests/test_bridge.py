@@ -230,7 +230,14 @@ async def test_editing_a_long_answer_short_removes_its_later_parts_and_long_repl
     await conn.wait_sent(2)
     await bridge.router.join()
     assert conn.deleted == [part2, first.ids[0]]
-    assert conn.sent[1].message.text == "an edit that is longer again"
+    second = conn.sent[1]
+    assert second.message.text == "an edit that is longer again"
+    # The new answer is two messages too: a short edit keeps its first and deletes its second.
+    short = make_message("short again", connection_id="split", edit_of=question.id, message_id="e3")
+    await conn.inject(short)
+    await bridge.router.join()
+    assert conn.edited[-1] == (second.ids[0], "short again")
+    assert conn.deleted == [part2, first.ids[0], f"{second.ids[0]}-part2"]
     await bridge.stop()
 
 
