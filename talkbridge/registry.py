@@ -323,15 +323,14 @@ class ConnectionRegistry:
         health = self._health.get(cid)
         if health is None:
             return
-        if what is not None and health.state in (ConnectionState.UP, ConnectionState.DEGRADED):
+        ours = health.state is ConnectionState.DEGRADED and (health.last_error or "").startswith(
+            _SENDS
+        )  # degraded by sends, not by the transport (whose own trouble it would hide)
+        if what is not None and (health.state is ConnectionState.UP or ours):
             if health.last_error != self.redact(what):
                 log.warning("%s: %s", cid, self.redact(what))
             self._set_state(cid, ConnectionState.DEGRADED, what)
-        elif (
-            what is None
-            and health.state is ConnectionState.DEGRADED
-            and (health.last_error or "").startswith(_SENDS)
-        ):
+        elif what is None and ours:
             log.info("%s: sends work again", cid)
             self._set_state(cid, ConnectionState.UP, None)
 

@@ -151,3 +151,23 @@ async def test_a_degraded_connection_is_logged_once_per_change_and_its_recovery_
         ("INFO", "bot: up again"),
     ]
     await registry.stop()
+
+
+async def test_send_trouble_neither_hides_nor_clears_the_transports_own(
+    sqlite_store: SqliteStore,
+) -> None:
+    registry = ConnectionRegistry(sqlite_store, backoff=FAST)
+    registry.add(ReportingTransport("bot", []))
+    await registry.start()
+    await registry.wait_for("bot", ConnectionState.UP)
+    registry.send_trouble("bot", "sends are failing: 502")
+    assert registry.health("bot").last_error == "sends are failing: 502"
+    registry.send_trouble("bot", None)
+    assert registry.health("bot").state is ConnectionState.UP
+    registry._set_state("bot", ConnectionState.DEGRADED, "the socket was lost; reconnecting")
+    registry.send_trouble("bot", "sends are failing: 502")
+    registry.send_trouble("bot", None)  # a send got through, but the socket is still lost
+    health = registry.health("bot")
+    assert health.state is ConnectionState.DEGRADED
+    assert health.last_error == "the socket was lost; reconnecting"
+    await registry.stop()
