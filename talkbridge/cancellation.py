@@ -47,3 +47,20 @@ async def drain_tasks(tasks: set[asyncio.Task[Any]]) -> None:
     while tasks:
         await asyncio.gather(*tasks, return_exceptions=True)
         tasks.difference_update([task for task in tasks if task.done()])
+
+
+async def finish_despite_cancels(task: asyncio.Future[Any], seconds: float) -> bool:
+    """Wait up to `seconds` for `task` to end, through cancels of the caller meanwhile.
+
+    For cleanup that must not be cut short: a stopping bridge cancels a connection's task again
+    and again (`cancel_and_wait`), and work its `finally` still has to do would be lost. The
+    caller's cancellation stands once this returns. True if the task ended in time.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not task.done() and (left := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait([task], timeout=left)
+        except asyncio.CancelledError:
+            continue
+    return task.done()

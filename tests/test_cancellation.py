@@ -7,7 +7,12 @@ from typing import Any
 
 import pytest
 
-from talkbridge.cancellation import cancel_and_wait, drain_tasks, raise_if_cancelling
+from talkbridge.cancellation import (
+    cancel_and_wait,
+    drain_tasks,
+    finish_despite_cancels,
+    raise_if_cancelling,
+)
 
 
 async def test_a_retry_loop_stops_when_cancelled_mid_command() -> None:
@@ -114,3 +119,29 @@ async def test_drain_tasks_with_only_finished_tasks_left_returns() -> None:
     task.add_done_callback(tasks.discard)  # scheduled, not yet run
     await drain_tasks(tasks)
     assert not tasks
+
+
+async def test_cleanup_finishes_through_the_repeated_cancels_of_a_stop() -> None:
+    release = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def cleanup() -> None:
+        await release.wait()  # events still to hand over, a socket still closing
+        cleaned.append("done")
+
+    async def connection() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await finish_despite_cancels(asyncio.ensure_future(cleanup()), 10)
+
+    task = asyncio.create_task(connection())
+    await asyncio.sleep(0)
+    for _ in range(3):  # as cancel_and_wait does, again and again
+        task.cancel()
+        await asyncio.sleep(0)
+    assert not task.done() and cleaned == []
+    release.set()
+    with pytest.raises(asyncio.CancelledError):  # the cancel still stands afterwards
+        await task
+    assert cleaned == ["done"]

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from talkbridge.backoff import Backoff
+from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
 from talkbridge.connectors.discord import endpoints
@@ -167,7 +168,8 @@ class DiscordConnector(BaseConnector):
             raise TransientError("the Discord gateway connection ended")
         finally:
             self._status = None
-            await client.close()  # nothing more comes in
+            # Nothing more comes in; closing is not cut short by the stop's repeated cancels.
+            await finish_despite_cancels(asyncio.ensure_future(client.close()), _FINISH_SECONDS)
             if consumer is not None:
                 await self._let_finish(consumer)
 
@@ -179,12 +181,7 @@ class DiscordConnector(BaseConnector):
         cancel waits for the events in hand, up to `_FINISH_SECONDS` in all.
         """
         self._queue.put_nowait(None)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _FINISH_SECONDS
-        while not consumer.done() and (left := deadline - loop.time()) > 0:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait([consumer], timeout=left)
-        if not consumer.done():
+        if not await finish_despite_cancels(consumer, _FINISH_SECONDS):
             consumer.cancel()
             remaining = [item for item in _take_all(self._queue) if item is not None]
             for item in remaining:  # for the next run's consumer, without this run's end marker
