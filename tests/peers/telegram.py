@@ -88,6 +88,7 @@ class _Failure:
     retry_after: int | None
     drop: bool
     migrate_to: int | None = None
+    html: bool = False
 
 
 def _strip_html(text: str) -> str:
@@ -181,11 +182,13 @@ class TelegramBotAPIPeer(Waitable):
         description: str | None = None,
         drop: bool = False,
         migrate_to: int | None = None,
+        html: bool = False,
         after: int = 0,
         token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail: an error answer, or a dropped connection.
-        `migrate_to`: the group became the supergroup with that id (a 400 saying so).
+        `migrate_to`: the group became the supergroup with that id (a 400 saying so); `html`:
+        a proxy in front answers with its own error page.
 
         `after` lets that many calls succeed first (e.g. fail the second chunk of a split);
         `token` limits the script to one bot (other bots' calls pass untouched).
@@ -201,7 +204,7 @@ class TelegramBotAPIPeer(Waitable):
         }.get(status, "Error")
         queue = self._failures.setdefault(method.lower(), [])
         queue.extend((token, None) for _ in range(after))
-        failure = _Failure(status, text, retry_after, drop, migrate_to)
+        failure = _Failure(status, text, retry_after, drop, migrate_to, html)
         queue.extend((token, failure) for _ in range(times))
 
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
@@ -302,6 +305,12 @@ class TelegramBotAPIPeer(Waitable):
                     assert request.transport is not None
                     request.transport.close()
                     return web.Response(status=500)
+                if failure.html:
+                    call.status = failure.status
+                    page = (
+                        f"<html><body><h1>{failure.status} {failure.description}</h1></body></html>"
+                    )
+                    return web.Response(status=failure.status, text=page, content_type="text/html")
                 extra: dict[str, Any] | None = None
                 if failure.retry_after:
                     extra = {"retry_after": failure.retry_after}

@@ -70,7 +70,12 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     if isinstance(exc, tg.TelegramAPIError):  # 403 Forbidden (blocked, kicked) and the rest
         return PermanentError(message)
     if isinstance(exc, tg.ClientDecodeError):
-        return TransientError(f"the Bot API answered something that is not JSON: {exc.message}")
+        if isinstance(exc.data, str):  # the body was not JSON at all
+            page = scrub(" ".join(exc.data.split())[:80], token)
+            return TransientError(
+                f"the Bot API answered something that is not JSON (a proxy's error page?): {page}"
+            )
+        return TransientError(f"the Bot API's answer did not fit aiogram's models: {exc.message}")
     if isinstance(exc, aiohttp.ClientResponseError):
         if exc.status == 404:
             return NotFoundError(f"Telegram answered 404 for {exc.request_info.method} request")

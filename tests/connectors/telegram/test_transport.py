@@ -176,6 +176,20 @@ async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     assert all(TOKEN not in reason for reason in degraded)
 
 
+async def test_a_proxys_error_page_is_named_as_such_and_polling_recovers(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    peer.fail_next("getUpdates", status=502, html=True)  # the poll after the one in flight
+    peer.push_update(private_text(777, "before"))
+    await running.inbox.wait_count(1)
+    await peer.wait_for(lambda: len(peer.calls_of("getUpdates", answered=502)) == 1)
+    peer.push_update(private_text(777, "after"))
+    await running.inbox.wait_count(2)
+    [reason] = [r for kind, r in running.status.reports if kind == "degraded"]
+    assert "not JSON (a proxy's error page?): <html><body><h1>502 Bad Gateway" in reason
+
+
 async def test_a_revoked_token_raises_unauthorized_without_the_token(
     peer: TelegramBotAPIPeer, start: Start, make_connector: Callable[..., TelegramConnector]
 ) -> None:
