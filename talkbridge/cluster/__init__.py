@@ -26,7 +26,7 @@ from talkbridge.cluster.lease import Lease, LeaseState, Membership
 from talkbridge.cluster.outbound import OutboundBus
 from talkbridge.config import ClusterConfig
 from talkbridge.errors import StoreError
-from talkbridge.store.redis import RedisStore
+from talkbridge.store.redis import RedisStore, reconnecting
 
 MAX_CONNECTIONS = 64
 """Per node: four are held by blocking reads (inbound, sends, replies, webchat fan-out)."""
@@ -48,7 +48,11 @@ class Cluster:
         # A blocking pool: a burst of acknowledgements waits for a free connection instead of
         # failing with "Too many connections" (the plain pool's behaviour at its limit).
         pool = aioredis.BlockingConnectionPool.from_url(
-            store.url, max_connections=MAX_CONNECTIONS, timeout=30, decode_responses=True
+            store.url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=30,
+            decode_responses=True,
+            **reconnecting(),
         )
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.membership = Membership(

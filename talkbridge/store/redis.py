@@ -23,7 +23,11 @@ from datetime import UTC, datetime
 from typing import Any, Final, get_args
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
@@ -172,6 +176,17 @@ class RedisKeys:
         return self._key("hook", "queues", app_id)
 
 
+def reconnecting() -> dict[str, Any]:
+    """Connection options for every client of the store and the cluster: a command that meets
+    a connection Redis closed (a restart, an idle timeout, a failover) is sent again on a new
+    one, as redis-py does for a client made without a URL. A client made from a URL gets no
+    retries: the first write after a Redis restart failed, and a reply was lost with it."""
+    return {
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 3),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
+
+
 def _describe(client: aioredis.Redis) -> str:
     """host:port/db (or the socket path), never a password."""
     kw = client.connection_pool.connection_kwargs
@@ -248,6 +263,13 @@ class _Op:
     args: tuple[Any, ...]
     parse: Callable[[Any], Any]
     future: asyncio.Future[Any] | None
+    tries: int = 0
+
+
+NOWAIT_RETRIES = 8
+"""Sends of a write nobody waits for while Redis is unreachable (about 90 s with backoff):
+such a write (a reply's sent record, an inbound message's completion) lost means a turn run
+or a reply sent twice."""
 
 
 def _identity(value: Any) -> Any:
@@ -263,6 +285,7 @@ class _PipelineWriter:
         self._scripts = scripts
         self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._retries: dict[asyncio.TimerHandle, list[_Op]] = {}
 
     @property
     def running(self) -> bool:
@@ -275,6 +298,16 @@ class _PipelineWriter:
         task, self._task = self._task, None
         if task is None:
             return
+        waiting = [op for ops in self._retries.values() for op in ops]
+        for timer in self._retries:
+            timer.cancel()
+        self._retries.clear()
+        if waiting:
+            log.error(
+                "%d store writes to %s were still waiting for Redis and are lost",
+                len(waiting),
+                self._where,
+            )
         self._queue.put_nowait(None)
         await task
 
@@ -315,6 +348,12 @@ class _PipelineWriter:
             err = StoreError(f"redis store at {self._where}: {exc}")
             err.__cause__ = exc
             results = [err] * len(ops)
+            again = [op for op in ops if op.future is None and op.tries < NOWAIT_RETRIES]
+            if again:  # nobody waits to hear it failed: sent again once Redis answers
+                self._retry_later(again, exc)
+                later = {id(op) for op in again}
+                ops = [op for op in ops if id(op) not in later]
+                results = [err] * len(ops)
         for op, result in zip(ops, results, strict=True):
             if isinstance(result, Exception):
                 self._finish(op, self._map_error(result), None)
@@ -325,6 +364,28 @@ class _PipelineWriter:
                 self._finish(op, exc, None)
             else:
                 self._finish(op, None, value)
+
+    def _retry_later(self, ops: list[_Op], exc: BaseException) -> None:
+        tries = max(op.tries for op in ops) + 1
+        for op in ops:
+            op.tries = tries
+        delay = min(30.0, 0.5 * 2 ** (tries - 1))
+        log.warning(
+            "%d store writes to %s failed (%s); sending them again in %.1f s",
+            len(ops),
+            self._where,
+            exc,
+            delay,
+        )
+        timer = asyncio.get_running_loop().call_later(delay, self._requeue, ops)
+        self._retries[timer] = ops
+
+    def _requeue(self, ops: list[_Op]) -> None:
+        for timer in [t for t, waiting in self._retries.items() if waiting is ops]:
+            del self._retries[timer]
+        if self._task is not None:
+            for op in ops:
+                self._queue.put_nowait(op)
 
     async def _load_scripts(self) -> None:
         for source in self._scripts.values():
@@ -426,7 +487,7 @@ class RedisStore:
         if self._writer is not None:
             return
         try:
-            client = aioredis.Redis.from_url(self._url)
+            client = aioredis.Redis.from_url(self._url, **reconnecting())
         except ValueError as exc:
             raise StoreError(f"the redis store URL is not valid: {exc}") from None
         self._where = _describe(client)

@@ -19,7 +19,7 @@ from tests.peers.http import free_port
 _url: str | None = None
 
 
-def _answers(port: int) -> bool:
+def answers(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
@@ -33,7 +33,7 @@ def redis_url() -> str | None:
     global _url
     if _url is not None:
         return _url
-    if _answers(6379):
+    if answers(6379):
         _url = "redis://127.0.0.1:6379/0"
         return _url
     exe = shutil.which("redis-server")
@@ -53,7 +53,7 @@ def redis_url() -> str | None:
 
     atexit.register(stop)
     deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
-    while not _answers(port):
+    while not answers(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             return None
         time.sleep(0.01)
@@ -76,7 +76,7 @@ def private_redis() -> Iterator[str | None]:
     )
     try:
         deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
-        while not _answers(port):
+        while not answers(port):
             if proc.poll() is not None or time.monotonic() > deadline:
                 yield None
                 return

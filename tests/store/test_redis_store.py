@@ -3,6 +3,12 @@ runs in test_store_contract.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import shutil
+import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -15,7 +21,8 @@ from talkbridge.message import NormalizedMessage
 from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
-from tests.peers.redis import private_redis, redis_url
+from tests.peers.http import free_port
+from tests.peers.redis import answers, private_redis, redis_url
 from tests.support.talk_connector import make_message
 
 
@@ -222,3 +229,71 @@ async def test_sweeps_find_connections_without_scanning_the_keyspace(url: str, r
         ours = [k async for k in raw.scan_iter(match=keys.pattern())]
         if ours:
             await raw.delete(*ours)
+
+
+async def test_the_store_goes_on_when_redis_closes_its_connections() -> None:
+    # A Redis restart closes every client's connections; the first command on each then met a
+    # closed socket, and a reply (a sent record, an awaited bus write) was lost with it.
+    with private_redis() as url:  # CLIENT KILL would disturb others on a shared server
+        require(url is not None, "redis-server is not installed")
+        assert url is not None
+        store = RedisStore(url, prefix="p")
+        await store.open()
+        try:
+            await store.set_state("warm", "1")  # the store's connection is open and pooled
+            async with Redis.from_url(url) as raw:
+                killed = await raw.client_kill_filter(_type="normal", skipme=True)
+            assert killed >= 1
+            await store.record_sent("c", "reply:1", ["m1"])  # nobody waits for this one
+            assert await store.get_state("warm") == "1"
+            assert await store.sent_result("c", "reply:1") == ["m1"]
+        finally:
+            await store.close()
+
+
+def _redis_on(port: int) -> subprocess.Popen[bytes]:
+    exe = shutil.which("redis-server")
+    require(exe is not None, "redis-server is not installed")
+    assert exe is not None
+    command = [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
+    while not answers(port) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> None:
+    retrying = asyncio.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "sending them again" in record.getMessage():
+                retrying.set()
+
+    watch = Watch()
+    logging.getLogger("talkbridge.store").addHandler(watch)
+    port = free_port()
+    proc = _redis_on(port)
+    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="p")
+    try:
+        await store.open()
+        _stop(proc)
+        await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept, not dropped
+        await asyncio.wait_for(retrying.wait(), 30)
+        proc = _redis_on(port)
+        for _ in range(100):  # no event tells when the retry ran: ask the store
+            with contextlib.suppress(StoreError):
+                if await store.sent_result("c", "reply:1") == ["m1"]:
+                    break
+            await asyncio.sleep(0.1)
+        assert await store.sent_result("c", "reply:1") == ["m1"]
+    finally:
+        logging.getLogger("talkbridge.store").removeHandler(watch)
+        await store.close()
+        _stop(proc)
