@@ -25,6 +25,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
@@ -33,6 +34,25 @@ from talkbridge.errors import SendFailedError
 from talkbridge.message import OutboundMessage, SendResult
 
 log = logging.getLogger("talkbridge.cluster.outbound")
+
+
+async def until_written(write: Callable[[], Awaitable[Any]], seconds: float) -> None:
+    """Run a bus write; while Redis cannot be reached, again with backoff, for up to `seconds`
+    (then its error is raised). A Redis restart then delays a send instead of losing it."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + seconds
+    backoff = Backoff(base=0.25, cap=5.0)
+    while True:
+        try:
+            await write()
+            return
+        except (RedisError, OSError):
+            raise_if_cancelling()
+            delay = backoff.next()
+            if loop.time() + delay > give_up:
+                raise
+            await asyncio.sleep(delay)
+
 
 GROUP = "owner"
 REPLY_TTL_MS = 24 * 3600 * 1000
@@ -145,9 +165,18 @@ class OutboundBus:
             "d": str(deadline),
             **encode(message),
         }
+        tries = 0
+
+        async def add() -> None:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # the earlier one may have arrived: the owner checks before sending
+                fields["c"] = "1"
+            await self._client.xadd(self._keys.bus_out(connection_id), fields)  # type: ignore[arg-type]
+
         try:
             try:
-                await self._client.xadd(self._keys.bus_out(connection_id), fields)  # type: ignore[arg-type]
+                await until_written(add, self.timeout)
             except (RedisError, OSError) as exc:
                 raise SendFailedError(
                     connection_id, message.thread_id, f"cannot reach the bus: {exc}"
@@ -289,10 +318,14 @@ class OutboundBus:
         except Exception as exc:  # never leave the sender waiting for its timeout
             log.exception("%s: a send request failed", cid)
             reply.update(ok="0", e=f"{type(exc).__name__} on the owner node")
-        try:
+        args: list[str | int] = [REPLY_TTL_MS, *(x for kv in reply.items() for x in kv)]
+
+        async def answer() -> None:
             if sender:
-                args: list[str | int] = [REPLY_TTL_MS, *(x for kv in reply.items() for x in kv)]
                 await self._reply_script(keys=[self._keys.bus_reply(sender)], args=args)
             await self._ack(keys=[stream], args=[GROUP, entry_id])
+
+        try:  # the message went out: the asking node must hear it, or it reports a failure
+            await until_written(answer, self.timeout)
         except (RedisError, OSError) as exc:  # stays pending: the next owner answers it again
             log.warning("%s: answering send request %s failed: %s", cid, entry_id, exc)

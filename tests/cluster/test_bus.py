@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 from talkbridge.bridge import Bridge
 from talkbridge.errors import PermanentError, SendFailedError
 from talkbridge.message import NormalizedMessage, OutboundMessage
@@ -86,3 +88,25 @@ async def test_a_send_with_no_owner_fails_after_the_timeout_naming_the_connectio
         assert exc.connection_id == "test" and "'test'" in exc.reason
     else:
         raise AssertionError("a send nobody answers must fail")
+
+
+async def test_a_bus_write_waits_out_a_short_outage_and_gives_up_on_a_long_one() -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from talkbridge.cluster.outbound import until_written
+
+    tries: list[int] = []
+
+    async def back_on_the_third() -> None:  # Redis restarting: refused, refused, then up
+        tries.append(len(tries))
+        if len(tries) < 3:
+            raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379")
+
+    await until_written(back_on_the_third, 10)
+    assert len(tries) == 3
+
+    async def down() -> None:
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379")
+
+    with pytest.raises(RedisConnectionError):  # never through: it fails in the end
+        await until_written(down, 0.1)
