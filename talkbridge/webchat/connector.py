@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
-from talkbridge.errors import NotFoundError, TransientError
+from talkbridge.errors import NotFoundError, StoreError, TransientError
 from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import HistoryEntry
@@ -295,6 +295,7 @@ class WebchatConnector(BaseConnector):
             if wait:
                 await ws.send(dumps(_rate_limited(data, wait)))
                 continue
+            frame: ClientFrame | None = None
             try:
                 frame = parse_frame(data, self.config.max_frame_bytes)
                 await self._dispatch(ws, session_id, frame)
@@ -302,10 +303,20 @@ class WebchatConnector(BaseConnector):
                 await ws.send(dumps(exc.frame()))
             except ConnectionClosed:
                 raise
-            except Exception:
-                self.log.exception("webchat frame failed")
+            except Exception as exc:
+                # The store unreachable, most likely: the client can tell which frame to send
+                # again (and when) from the frame's own ids.
+                self.log.error("webchat frame failed: %s", exc, exc_info=not _store_down(exc))
+                ids = frame_ids(frame.model_dump()) if frame is not None else {}
                 await ws.send(
-                    dumps(error_frame("internal", "the server failed on that frame; try again"))
+                    dumps(
+                        error_frame(
+                            "internal",
+                            "the server failed on that frame; send it again",
+                            retry_after=1.0,
+                            **ids,
+                        )
+                    )
                 )
 
     async def _dispatch(self, ws: ServerConnection, session_id: str, frame: ClientFrame) -> None:
@@ -655,3 +666,8 @@ async def _refuse(
 
 
 __all__ = ["CONNECTION_ID", "WebchatConnector"]
+
+
+def _store_down(exc: BaseException) -> bool:
+    """A store that does not answer is said in one line; anything else gets its traceback."""
+    return isinstance(exc, StoreError)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from talkbridge.errors import NotFoundError
+from talkbridge.errors import NotFoundError, StoreError
 from talkbridge.message import OutboundMessage
 from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, StartWebchat, Webchat
 
@@ -463,6 +463,35 @@ async def test_a_message_the_router_cannot_take_is_not_acked_and_its_resend_is(
     assert ack["client_id"] == "m1" and ack["duplicate"] is True and ack["seq"] == 1
     assert (await client.expect("message", role="assistant"))["text"] == "echo: hi"
     assert len(webchat.echo.turns) == 1
+
+
+async def test_a_frame_the_server_fails_on_gets_an_error_naming_it_and_when_to_send_again(
+    webchat: Webchat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = webchat.connector.context.store
+    append = store.append_history_once
+    failures = [StoreError("redis store at 127.0.0.1:6379/0: Connection refused")]
+
+    async def store_down_once(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await append(*args, **kwargs)
+
+    monkeypatch.setattr(store, "append_history_once", store_down_once)
+    client = await webchat.authed()
+    send = {
+        "type": "send",
+        "thread_id": client.thread_id,
+        "client_id": "m7",
+        "text": "hi",
+        "ref": "r1",
+    }
+    await client.send(send)
+    error = await client.expect("error")
+    assert error["code"] == "internal" and error["retry_after"] > 0
+    assert (error["ref"], error["client_id"], error["thread_id"]) == ("r1", "m7", client.thread_id)
+    await client.send(send)  # sent again, as told
+    assert (await client.expect("ack"))["client_id"] == "m7"
 
 
 class _OtherNodes:
