@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from talkbridge.errors import ConfigError
 from talkbridge.store.base import (
@@ -97,6 +98,23 @@ def open_store(url: str, *, prefix: str = "talkbridge", short_lived: bool = Fals
                 "store: a redis:// store needs redis-py; install talkbridge[redis]"
             ) from exc
 
+        _check_redis_url(url.strip())
         return RedisStore(url.strip(), prefix=prefix)
     shown = repr(scheme) if scheme else "missing (expected sqlite:// or redis://)"
     raise ConfigError(f"store: unsupported URL scheme {shown}; use {_SQLITE_FORMS} or redis://")
+
+
+def _check_redis_url(url: str) -> None:
+    """What redis-py would only stumble on later (a traceback at start, or database 0 taken in
+    silence for `/abc`), named now; never quoting the URL, which may hold a password."""
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 - reading it checks it (0-65535)
+    except ValueError:
+        raise ConfigError("store: the redis URL's port is not a port number (1-65535)") from None
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        raise ConfigError(
+            "store: the part after the host of a redis URL is the database number "
+            "(redis://host:6379/0), not a name"
+        )

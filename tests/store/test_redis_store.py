@@ -297,3 +297,16 @@ async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> No
         logging.getLogger("talkbridge.store").removeHandler(watch)
         await store.close()
         _stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("redis://:s3cret@127.0.0.1:99999/0", "port is not a port number"),
+        ("redis://:s3cret@127.0.0.1:6379/abc", "is the database number"),
+    ],
+)
+def test_a_redis_url_redis_py_would_stumble_on_is_a_config_error(url: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as caught:  # exit 2, not a traceback
+        open_store(url)
+    assert "s3cret" not in str(caught.value)
