@@ -152,9 +152,10 @@ async def _run(args: argparse.Namespace) -> int:
     await stop.wait()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _stop_now)
+    later = "by another node or at the next start" if bridge.node_id else "at the next start"
     _console.err(
         "talkbridge: stopping: finishing the replies under way (up to 10 s; Ctrl-C again stops "
-        "at once); messages still waiting are answered at the next start…"
+        f"at once); messages still waiting are answered {later}…"
     )
     await bridge.stop()
     return EXIT_OK
