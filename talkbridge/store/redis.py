@@ -286,6 +286,8 @@ class _PipelineWriter:
         self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._retries: dict[asyncio.TimerHandle, list[_Op]] = {}
+        self.failing: str | None = None
+        """Why the last batch could not reach Redis, until one does again (for `/healthz`)."""
 
     @property
     def running(self) -> bool:
@@ -336,6 +338,7 @@ class _PipelineWriter:
     async def _execute(self, ops: list[_Op]) -> None:
         try:
             results = await self._send(ops)
+            self.failing = None
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
                 # The server lost its script cache (restart, SCRIPT FLUSH): load and re-run
@@ -347,6 +350,7 @@ class _PipelineWriter:
         except (RedisError, OSError) as exc:
             err = StoreError(f"redis store at {self._where}: {exc}")
             err.__cause__ = exc
+            self.failing = str(err)
             results = [err] * len(ops)
             again = [op for op in ops if op.future is None and op.tries < NOWAIT_RETRIES]
             if again:  # nobody waits to hear it failed: sent again once Redis answers
@@ -503,11 +507,12 @@ class RedisStore:
         self._writer.start()
 
     def health(self) -> dict[str, Any]:
-        # Commands that fail are retried and logged by the pipeline writer; this says whether
-        # the store is open at all.
-        return (
-            {"state": "up"} if self._writer is not None else {"state": "down", "error": "not open"}
-        )
+        # Whether it is open at all, and whether its last commands reached Redis.
+        if self._writer is None:
+            return {"state": "down", "error": "not open"}
+        if self._writer.failing is not None:
+            return {"state": "down", "error": self._writer.failing}
+        return {"state": "up"}
 
     async def close(self) -> None:
         writer, client = self._writer, self._client

@@ -286,6 +286,8 @@ async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> No
         _stop(proc)
         await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept, not dropped
         await asyncio.wait_for(retrying.wait(), 30)
+        health = store.health()  # what /healthz shows meanwhile
+        assert health["state"] == "down" and f"127.0.0.1:{port}" in health["error"]
         proc = _redis_on(port)
         for _ in range(100):  # no event tells when the retry ran: ask the store
             with contextlib.suppress(StoreError):
@@ -293,6 +295,7 @@ async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> No
                     break
             await asyncio.sleep(0.1)
         assert await store.sent_result("c", "reply:1") == ["m1"]
+        assert store.health() == {"state": "up"}
     finally:
         logging.getLogger("talkbridge.store").removeHandler(watch)
         await store.close()
