@@ -150,6 +150,9 @@ class Bridge:
         await self.registry.start()
         if self.cluster is not None:
             await self.cluster.inbound.start()
+        for name, handler in self.hooks.durable.items():  # from hook folders (kind: durable)
+            if name not in self.durable.names:
+                self.durable.register(name, handler)
         await self.durable.start()  # durable hooks (issue 5)
         self._sweeper = asyncio.create_task(
             sweep_forever(self.store, self.config.retention, self.swept), name="retention sweep"

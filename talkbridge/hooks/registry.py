@@ -43,6 +43,7 @@ HookKind = Literal[
     "run-listener",
     "chat",
     "reply",
+    "durable",
 ]
 KINDS: Final[tuple[str, ...]] = HookKind.__args__  # type: ignore[attr-defined]
 Environment = Literal["production", "development"]
@@ -57,6 +58,7 @@ _OPTIONS: Final[dict[str, frozenset[str]]] = {
     "run-listener": frozenset({"event"}),
     "chat": frozenset({"on_error", "timeout"}),
     "reply": frozenset({"on_error", "timeout"}),
+    "durable": frozenset(),
 }
 # the method an object hook of each kind provides when it is not itself callable
 _METHOD: Final[dict[str, str]] = {
@@ -65,6 +67,7 @@ _METHOD: Final[dict[str, str]] = {
     "agent-turn-finished": "on_turn_finished",
     "chat": "on_chat",
     "reply": "on_reply",
+    "durable": "on_event",
 }
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -140,6 +143,8 @@ class HookRegistry:
         self.chat = ChatHooks(environment=environment)
         self.connection_hooks: dict[str, ChannelMessageHook] = {}
         """Imperative channel-message hooks; the Bridge calls `register_connection` on each."""
+        self.durable: dict[str, Callable[..., Any]] = {}
+        """Durable hooks by name: the Bridge hands them to its `DurableHooks` at start."""
         self._kinds: dict[str, str] = {}
         self._frozen = False
 
@@ -233,6 +238,16 @@ class HookRegistry:
     def _add_reply(self, hook: Any, name: str, options: dict[str, Any]) -> None:
         self.chat.add_reply(_callable_of("reply", hook, name), name=name, **options)
 
+    def _add_durable(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        handler = _callable_of("durable", hook, name)
+        call = getattr(handler, "__call__", None)  # noqa: B004 - an instance with async __call__
+        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
+            raise TypeError(
+                f"durable hook {name!r} must be an async function (event) -> None, or have an "
+                "async on_event(event)"
+            )
+        self.durable[name] = handler
+
     def unregister(self, name: str, *, missing_ok: bool = False) -> None:
         """Remove the hook named `name`, whatever its kind (all its scopes for channel-message)."""
         kind = self._kinds.get(name)
@@ -253,6 +268,10 @@ class HookRegistry:
             self.lifecycle.remove(name)
         elif kind == "run-listener":
             self.listeners.remove(name)
+        elif kind == "durable":
+            if self._frozen:
+                raise RuntimeError(f"cannot unregister hook {name!r}: hooks are frozen")
+            del self.durable[name]
         else:
             self.chat.remove(name)
         del self._kinds[name]

@@ -423,3 +423,39 @@ async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:
         ]
     finally:
         await store.close()
+
+
+async def test_a_durable_hook_folder_gets_every_completed_turn(tmp_path: Path) -> None:
+    # What users write: a folder under hooks/, no Python wiring of their own.
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import BridgeConfig, ConnectionConfig
+    from tests.support.talk_connector import TalkConnector, make_message
+
+    folder = tmp_path / "hooks" / "durable" / "audit"
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(
+        "import asyncio\n"
+        "def create_hook(deps):\n"
+        "    bridge = deps.context['bridge']\n"
+        "    bridge.audited, bridge.audit_arrived = [], asyncio.Event()\n"
+        "    async def on_event(event):\n"
+        "        bridge.audited.append(event.turn.thread_id)\n"
+        "        bridge.audit_arrived.set()\n"
+        "    return on_event\n",
+        encoding="utf-8",
+    )
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'b.db'}", "hooks": [str(tmp_path / "hooks" / "durable")]}
+    )
+    bridge = Bridge(config, with_webchat=False, app_id="app")
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"]))
+    await bridge.start()
+    try:
+        assert bridge.durable.names == ["audit"]
+        await conn.inject(make_message("hello", thread_id="chat-1"))
+        async with asyncio.timeout(WAIT):
+            await bridge.audit_arrived.wait()  # type: ignore[attr-defined]
+        assert bridge.audited == ["chat-1"]  # type: ignore[attr-defined]
+    finally:
+        await bridge.stop()
