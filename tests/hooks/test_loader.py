@@ -174,6 +174,10 @@ async def test_other_kinds_load(tmp_path: Path) -> None:
             return Canned()
         """,
     )
+    write_hook(
+        tmp_path / "durable",
+        "async def audit(event):\n    pass\ndef create_hook(deps):\n    return audit\n",
+    )
     registry = HookRegistry()
     folders = [
         tmp_path / name
@@ -184,11 +188,13 @@ async def test_other_kinds_load(tmp_path: Path) -> None:
             "run-listener",
             "chat",
             "reply",
+            "durable",
         )
     ]
     loaded = load_hooks(folders, deps(registry, record=record), registry)
     assert {h.kind for h in loaded} == set(KINDS) - {"channel-message"}
     assert registry.names()["done"] == "agent-turn-finished"
+    assert list(registry.durable) == ["durable"]
 
     prompts: list[str] = []
 
@@ -328,3 +334,10 @@ def test_each_hook_logs_under_its_own_name(tmp_path: Path) -> None:
     loggers: list[str] = []
     load_hooks([root], deps(registry, loggers=loggers), registry)
     assert loggers == ["talkbridge.hooks.billing", "talkbridge.hooks.spam-filter"]
+
+
+def test_a_durable_hook_that_is_not_async_is_a_load_error_naming_the_fix(tmp_path: Path) -> None:
+    write_hook(tmp_path / "durable", "def create_hook(deps):\n    return lambda event: None\n")
+    registry = HookRegistry()
+    with pytest.raises(HookLoadError, match="must be an async function"):
+        load_hooks([tmp_path / "durable"], deps(registry), registry)
