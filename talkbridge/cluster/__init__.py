@@ -25,7 +25,7 @@ from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import Lease, LeaseState, Membership
 from talkbridge.cluster.outbound import OutboundBus
 from talkbridge.config import ClusterConfig
-from talkbridge.errors import StoreError
+from talkbridge.errors import ConfigError, StoreError
 from talkbridge.store.redis import RedisStore, reconnecting
 
 MAX_CONNECTIONS = 64
@@ -88,6 +88,13 @@ class Cluster:
     async def start(self) -> None:
         """Connect, say this node is alive and listen for send replies (before any traffic)."""
         try:
+            # Longer than the interval live nodes renew at (a third of the TTL).
+            if await self.membership.taken_by_another(self.config.lease_ttl / 2):
+                await self.client.aclose()
+                raise ConfigError(
+                    f"another running node has the node id {self.node_id!r}: give each node "
+                    "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
+                )
             await self.membership.beat()
             await self.outbound.start()
         except (RedisError, OSError) as exc:

@@ -115,5 +115,16 @@ class Membership:
     async def leave(self) -> None:
         await self._client.zrem(self._key, self.node_id)
 
+    async def taken_by_another(self, watch: float) -> bool:
+        """Whether a running process already beats with this node id (two processes given
+        the same `--node-id`). A node that crashed left its entry behind too, but stops
+        renewing it: watched for `watch` seconds, only a live one moves its expiry on."""
+        before = await self._client.zscore(self._key, self.node_id)
+        if before is None:
+            return False
+        await asyncio.sleep(watch)
+        after = await self._client.zscore(self._key, self.node_id)
+        return after is not None and after > before
+
     async def nodes(self) -> list[str]:
         return [_text(n) for n in await self._client.zrange(self._key, 0, -1)]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
 
 from talkbridge.cluster import Lease
+from talkbridge.errors import ConfigError
 from talkbridge.registry import ConnectionState
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
 
@@ -83,3 +85,21 @@ async def test_a_lost_renewal_stops_the_transport_it_guarded(cluster: Cluster) -
     finally:
         await client.delete(a.cluster.keys.lease("conn", "test"))
         await client.aclose()
+
+
+async def test_a_second_process_with_a_running_nodes_id_refuses_to_start(cluster: Cluster) -> None:
+    # Both would own the same connections and poll the platform against each other.
+    await cluster.node("a")
+    twin = await cluster.node("a", start=False)
+    with pytest.raises(ConfigError, match="another running node has the node id 'a'"):
+        await twin.start()
+    await twin.stop()
+
+
+async def test_a_node_restarted_after_a_crash_starts_under_its_own_id(cluster: Cluster) -> None:
+    crashed = await cluster.node("a", start=False)
+    assert crashed.cluster is not None
+    await crashed.cluster.membership.beat()  # the entry a SIGKILLed node leaves behind
+    restarted = await cluster.node("a")  # no one renews that entry: not a twin
+    assert restarted.cluster is not None and "a" in await restarted.cluster.membership.nodes()
+    await crashed.stop()
