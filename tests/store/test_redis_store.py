@@ -126,21 +126,28 @@ async def test_two_prefixes_share_one_server_without_seeing_each_other(url: str)
                     await raw.delete(*found)
 
 
-async def test_a_lost_script_cache_is_reloaded() -> None:
-    with private_redis() as url:  # SCRIPT FLUSH would disturb others on a shared server
+@contextlib.asynccontextmanager
+async def private_store() -> AsyncIterator[tuple[RedisStore, str]]:
+    """An open store on a redis-server of the test alone (for what would disturb others)."""
+    with private_redis() as url:
         require(url is not None, "redis-server is not installed")
         assert url is not None
         store = RedisStore(url, prefix="p")
         await store.open()
         try:
-            await store.append_history("k", "user", "m1", "s", "one")
-            async with Redis.from_url(url) as raw:
-                await raw.script_flush()
-            await store.set_state("plain", "command")  # no script: unaffected in the same batch
-            assert (await store.append_history("k", "user", "m2", "s", "two")).seq == 2
-            assert [e.text for e in await store.history("k")] == ["one", "two"]
+            yield store, url
         finally:
             await store.close()
+
+
+async def test_a_lost_script_cache_is_reloaded() -> None:
+    async with private_store() as (store, url):  # SCRIPT FLUSH: a server of our own
+        await store.append_history("k", "user", "m1", "s", "one")
+        async with Redis.from_url(url) as raw:
+            await raw.script_flush()
+        await store.set_state("plain", "command")  # no script: unaffected in the same batch
+        assert (await store.append_history("k", "user", "m2", "s", "two")).seq == 2
+        assert [e.text for e in await store.history("k")] == ["one", "two"]
 
 
 def test_a_redis_url_without_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -234,21 +241,14 @@ async def test_sweeps_find_connections_without_scanning_the_keyspace(url: str, r
 async def test_the_store_goes_on_when_redis_closes_its_connections() -> None:
     # A Redis restart closes every client's connections; the first command on each then met a
     # closed socket, and a reply (a sent record, an awaited bus write) was lost with it.
-    with private_redis() as url:  # CLIENT KILL would disturb others on a shared server
-        require(url is not None, "redis-server is not installed")
-        assert url is not None
-        store = RedisStore(url, prefix="p")
-        await store.open()
-        try:
-            await store.set_state("warm", "1")  # the store's connection is open and pooled
-            async with Redis.from_url(url) as raw:
-                killed = await raw.client_kill_filter(_type="normal", skipme=True)
-            assert killed >= 1
-            await store.record_sent("c", "reply:1", ["m1"])  # nobody waits for this one
-            assert await store.get_state("warm") == "1"
-            assert await store.sent_result("c", "reply:1") == ["m1"]
-        finally:
-            await store.close()
+    async with private_store() as (store, url):  # CLIENT KILL: a server of our own
+        await store.set_state("warm", "1")  # the store's connection is open and pooled
+        async with Redis.from_url(url) as raw:
+            killed = await raw.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        await store.record_sent("c", "reply:1", ["m1"])  # nobody waits for this one
+        assert await store.get_state("warm") == "1"
+        assert await store.sent_result("c", "reply:1") == ["m1"]
 
 
 def _redis_on(port: int) -> subprocess.Popen[bytes]:
