@@ -34,6 +34,7 @@ from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import Lease, Membership
+from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
@@ -160,6 +161,7 @@ class InboundBus:
 
     async def _balance_loop(self) -> None:
         next_reclaim = asyncio.get_running_loop().time() + self._config.claim_idle / 2
+        balancing = Outage("shard balancing", log)
         while True:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             await asyncio.sleep(self._config.lease_ttl / 3)
@@ -169,9 +171,10 @@ class InboundBus:
                 if now >= next_reclaim:
                     next_reclaim = now + self._config.claim_idle / 2
                     await self._reclaim_stragglers()
+                balancing.worked()
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                log.warning("shard balancing failed: %s; retrying", exc)
+                balancing.failed(exc)
 
     async def _balance(self) -> None:
         live = await self._membership.beat()
@@ -286,6 +289,7 @@ class InboundBus:
         await self._dispatch(shard, entry, recovered=True)
 
     async def _read_loop(self) -> None:
+        reading = Outage("reading the inbound bus", log)
         while self._reading:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             streams: dict[Any, Any] = {s.stream: ">" for s in self._held.values() if s.active}
@@ -307,10 +311,11 @@ class InboundBus:
                 continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                log.warning("reading the inbound bus failed: %s; retrying", exc)
+                reading.failed(exc)
                 self._cycles.bump()
                 await asyncio.sleep(self.block_ms / 1000)
                 continue
+            reading.worked()
             for name, entries in read_entries(result):
                 shard = self._by_stream.get(name)
                 for entry in entries:

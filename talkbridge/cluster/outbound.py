@@ -29,6 +29,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
+from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.errors import SendFailedError
 from talkbridge.message import OutboundMessage, SendResult
@@ -196,15 +197,17 @@ class OutboundBus:
 
     async def _read_replies(self) -> None:
         last = "0"
+        reading = Outage("reading send replies", log)
         while True:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             try:
                 result = await self._client.xread({self._reply_key: last}, block=1000, count=512)
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                log.warning("reading send replies failed: %s; retrying", exc)
+                reading.failed(exc)
                 await asyncio.sleep(0.5)
                 continue
+            reading.worked()
             done: list[str] = []
             for _, entries in read_entries(result):
                 for entry_id, fields in entries:
@@ -259,6 +262,7 @@ class OutboundBus:
         self._served.pop(stream, None)
 
     async def _serve(self) -> None:
+        reading = Outage("reading send requests", log)
         while True:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             streams: dict[Any, Any] = dict.fromkeys(self._served, ">")
@@ -279,9 +283,10 @@ class OutboundBus:
                 continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                log.warning("reading send requests failed: %s; retrying", exc)
+                reading.failed(exc)
                 await asyncio.sleep(self._block_ms / 1000)
                 continue
+            reading.worked()
             for name, entries in read_entries(result):
                 cid = self._served.get(name)
                 for entry in entries:
