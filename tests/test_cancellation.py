@@ -122,25 +122,27 @@ async def test_drain_tasks_with_only_finished_tasks_left_returns() -> None:
 
 
 async def test_cleanup_finishes_through_the_repeated_cancels_of_a_stop() -> None:
-    release = asyncio.Event()
+    running, cleaning, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
     cleaned: list[str] = []
 
     async def cleanup() -> None:
+        cleaning.set()  # the connection's finally is waiting on this
         await release.wait()  # events still to hand over, a socket still closing
         cleaned.append("done")
 
     async def connection() -> None:
         try:
+            running.set()
             await asyncio.Event().wait()
         finally:
             await finish_despite_cancels(asyncio.ensure_future(cleanup()), 10)
 
     task = asyncio.create_task(connection())
-    await asyncio.sleep(0)
-    for _ in range(3):  # as cancel_and_wait does, again and again
-        task.cancel()
-        await asyncio.sleep(0)
-    assert not task.done() and cleaned == []
+    await running.wait()
+    task.cancel()
+    await cleaning.wait()
+    task.cancel()  # as cancel_and_wait does, again and again: each reaches the waiting
+    task.cancel()  # connection before the cleanup can end (both are woken in this order)
     release.set()
     with pytest.raises(asyncio.CancelledError):  # the cancel still stands afterwards
         await task

@@ -28,6 +28,32 @@ def answers(port: int) -> bool:
         return False
 
 
+def start_redis(port: int) -> subprocess.Popen[bytes] | None:
+    """A redis-server on 127.0.0.1:`port` that keeps nothing on disk, once it answers; None
+    when none is installed or it did not come up (stop it with `stop_redis`)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        return None
+    proc = subprocess.Popen(
+        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
+    while not answers(port):  # a process, not a task of ours: nothing to await
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_redis(proc)
+            return None
+        time.sleep(0.01)
+    return proc
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
 def redis_url() -> str | None:
     """The URL of a live redis-server, or None when none answers and none is installed."""
     global _url
@@ -36,27 +62,11 @@ def redis_url() -> str | None:
     if answers(6379):
         _url = "redis://127.0.0.1:6379/0"
         return _url
-    exe = shutil.which("redis-server")
-    if exe is None:
-        return None
     port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-    def stop() -> None:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-
-    atexit.register(stop)
-    deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
-    while not answers(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            return None
-        time.sleep(0.01)
+    proc = start_redis(port)
+    if proc is None:
+        return None
+    atexit.register(stop_redis, proc)
     _url = f"redis://127.0.0.1:{port}/0"
     return _url
 
@@ -64,24 +74,12 @@ def redis_url() -> str | None:
 @contextlib.contextmanager
 def private_redis() -> Iterator[str | None]:
     """A redis-server of this test alone (for what would disturb a shared one), or None."""
-    exe = shutil.which("redis-server")
-    if exe is None:
+    port = free_port()
+    proc = start_redis(port)
+    if proc is None:
         yield None
         return
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     try:
-        deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
-        while not answers(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                yield None
-                return
-            time.sleep(0.01)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        proc.wait(timeout=5)
+        stop_redis(proc)

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -22,7 +19,7 @@ from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
 from tests.peers.http import free_port
-from tests.peers.redis import answers, private_redis, redis_url
+from tests.peers.redis import private_redis, redis_url, start_redis, stop_redis
 from tests.support.talk_connector import make_message
 
 
@@ -251,55 +248,42 @@ async def test_the_store_goes_on_when_redis_closes_its_connections() -> None:
         assert await store.sent_result("c", "reply:1") == ["m1"]
 
 
-def _redis_on(port: int) -> subprocess.Popen[bytes]:
-    exe = shutil.which("redis-server")
-    require(exe is not None, "redis-server is not installed")
-    assert exe is not None
-    command = [exe, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10  # a safety net: it answers within ~50 ms
-    while not answers(port) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> None:
-    retrying = asyncio.Event()
+async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="talkbridge.store")  # the "went through" line
+    said = {"sending them again": asyncio.Event(), "went through": asyncio.Event()}
 
     class Watch(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "sending them again" in record.getMessage():
-                retrying.set()
+            for words, event in said.items():
+                if words in record.getMessage():
+                    event.set()
 
     watch = Watch()
     logging.getLogger("talkbridge.store").addHandler(watch)
     port = free_port()
-    proc = _redis_on(port)
+    proc = start_redis(port)
+    require(proc is not None, "redis-server is not installed")
+    assert proc is not None
     store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="p")
     try:
         await store.open()
-        _stop(proc)
+        stop_redis(proc)
         await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept, not dropped
-        await asyncio.wait_for(retrying.wait(), 30)
+        await asyncio.wait_for(said["sending them again"].wait(), 30)
         health = store.health()  # what /healthz shows meanwhile
         assert health["state"] == "down" and f"127.0.0.1:{port}" in health["error"]
-        proc = _redis_on(port)
-        for _ in range(100):  # no event tells when the retry ran: ask the store
-            with contextlib.suppress(StoreError):
-                if await store.sent_result("c", "reply:1") == ["m1"]:
-                    break
-            await asyncio.sleep(0.1)
+        proc = start_redis(port)
+        assert proc is not None
+        await asyncio.wait_for(said["went through"].wait(), 60)
         assert await store.sent_result("c", "reply:1") == ["m1"]
         assert store.health() == {"state": "up"}
     finally:
         logging.getLogger("talkbridge.store").removeHandler(watch)
         await store.close()
-        _stop(proc)
+        if proc is not None:
+            stop_redis(proc)
 
 
 @pytest.mark.parametrize(
