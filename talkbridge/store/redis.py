@@ -339,9 +339,9 @@ class _PipelineWriter:
         try:
             results = await self._send(ops)
             self.failing = None
-            retried = sum(1 for op in ops if op.tries)
-            if retried:
-                log.info("%d store writes to %s went through when sent again", retried, self._where)
+            resent = sum(1 for op in ops if op.tries)
+            if resent:
+                log.info("%d store writes to %s went through when sent again", resent, self._where)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
                 # The server lost its script cache (restart, SCRIPT FLUSH): load and re-run
