@@ -122,13 +122,7 @@ class _Status:
         self._registry._set_state(self._cid, ConnectionState.UP, None)
 
     def degraded(self, reason: str) -> None:
-        """Said in the log too, once per change: an operator reading it sees what `/healthz`
-        shows (a transport reports the same trouble again on every retry)."""
-        health = self._registry.health(self._cid)
-        text = self._registry.redact(reason)
-        if health.state is not ConnectionState.DEGRADED or health.last_error != text:
-            log.warning("%s: %s", self._cid, text)
-        self._registry._set_state(self._cid, ConnectionState.DEGRADED, reason)
+        self._registry._degrade(self._cid, reason)
 
 
 class ConnectionRegistry:
@@ -327,12 +321,19 @@ class ConnectionRegistry:
             _SENDS
         )  # degraded by sends, not by the transport (whose own trouble it would hide)
         if what is not None and (health.state is ConnectionState.UP or ours):
-            if health.last_error != self.redact(what):
-                log.warning("%s: %s", cid, self.redact(what))
-            self._set_state(cid, ConnectionState.DEGRADED, what)
+            self._degrade(cid, what)
         elif what is None and ours:
             log.info("%s: sends work again", cid)
             self._set_state(cid, ConnectionState.UP, None)
+
+    def _degrade(self, cid: str, reason: str) -> None:
+        """Degraded, and said in the log once per change: an operator reading it sees what
+        `/healthz` shows (a transport reports the same trouble again on every retry)."""
+        health = self._health[cid]
+        text = self.redact(reason)
+        if health.state is not ConnectionState.DEGRADED or health.last_error != text:
+            log.warning("%s: %s", cid, text)
+        self._set_state(cid, ConnectionState.DEGRADED, reason)
 
     def _set_state(self, cid: str, state: ConnectionState, error: str | None) -> None:
         health = self._health[cid]

@@ -30,7 +30,7 @@ from talkbridge.hooks import (
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.registry import ConnectionState
-from tests.support.talk_connector import TalkConnector, make_message
+from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
 class SpyAgent:
@@ -140,14 +140,23 @@ class Editor:
         await self.edits.put((thread_id, message_id, text))
 
 
-async def test_an_edited_message_edits_the_reply_it_got(tmp_path: Path) -> None:
+async def _answered_then_edited(
+    tmp_path: Path, editor: Any, first: str, edited: str
+) -> tuple[Bridge, TalkConnector, NormalizedMessage, Sent]:
+    """A bridge whose connection edits with `editor`: `first` is answered, then edited."""
     bridge, conns = await _bridge(tmp_path)
     conn = conns["test"]
-    editor = conn.features["edit"] = Editor()
-    msg = make_message("helo", thread_id="chat-1")
+    conn.features["edit"] = editor
+    msg = make_message(first, thread_id="chat-1")
     await conn.inject(msg)
     (sent,) = await conn.wait_sent(1)
-    await conn.inject(make_message("hello", thread_id="chat-1", edit_of=msg.id))
+    await conn.inject(make_message(edited, thread_id="chat-1", edit_of=msg.id))
+    return bridge, conn, msg, sent
+
+
+async def test_an_edited_message_edits_the_reply_it_got(tmp_path: Path) -> None:
+    editor = Editor()
+    bridge, conn, _, sent = await _answered_then_edited(tmp_path, editor, "helo", "hello")
     edit = await asyncio.wait_for(editor.edits.get(), 10)
     assert edit == ("chat-1", sent.ids[0], "hello")
     assert len(conn.sent) == 1  # edited in place, not answered again
@@ -168,13 +177,8 @@ class RefusingEditor:
 async def test_an_edit_the_platform_refuses_is_answered_as_a_new_reply_that_later_edits_find(
     tmp_path: Path,
 ) -> None:
-    bridge, conns = await _bridge(tmp_path)
-    conn = conns["test"]
-    editor = conn.features["edit"] = RefusingEditor()
-    msg = make_message("short", thread_id="chat-1")
-    await conn.inject(msg)
-    (first,) = await conn.wait_sent(1)
-    await conn.inject(make_message("much longer", thread_id="chat-1", edit_of=msg.id))
+    editor = RefusingEditor()
+    bridge, conn, msg, first = await _answered_then_edited(tmp_path, editor, "short", "much longer")
     _, second = await conn.wait_sent(2)  # not lost with a traceback
     assert second.message.text == "much longer" and second.message.reply_to == msg.id
     await conn.inject(make_message("again", thread_id="chat-1", edit_of=msg.id, message_id="e2"))

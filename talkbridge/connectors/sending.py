@@ -9,6 +9,19 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def keep_latest(cache: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
+    """Put `key` last in `cache` and forget the least recently put keys beyond `limit`: state
+    kept for a retry that may never come costs nothing for long."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)
 
 
 class PartialSends:
@@ -35,10 +48,7 @@ class PartialSends:
         for index in range(done, count):
             sent.extend(await step(index))
             if key:  # a retry after a failure mid-way resumes after this step
-                self._done[key] = (index + 1, list(sent))
-                self._done.move_to_end(key)
-                while len(self._done) > self.limit:
-                    self._done.popitem(last=False)
+                keep_latest(self._done, key, (index + 1, list(sent)), self.limit)
         if key:
             self._done.pop(key, None)
         return sent

@@ -286,6 +286,8 @@ class _PipelineWriter:
         self._queue: asyncio.Queue[_Op | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._retries: dict[asyncio.TimerHandle, list[_Op]] = {}
+        self._requeued = 0
+        """Writes put back in the queue to be sent again, not yet through or given up."""
         self.failing: str | None = None
         """Why the last batch could not reach Redis, until one does again (for `/healthz`)."""
 
@@ -339,9 +341,13 @@ class _PipelineWriter:
         try:
             results = await self._send(ops)
             self.failing = None
-            resent = sum(1 for op in ops if op.tries)
-            if resent:
-                log.info("%d store writes to %s went through when sent again", resent, self._where)
+            if self._requeued:  # only while writes sent again are under way: not per batch
+                resent = sum(1 for op in ops if op.tries)
+                self._requeued -= resent
+                if resent:
+                    log.info(
+                        "%d store writes to %s went through when sent again", resent, self._where
+                    )
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:
                 # The server lost its script cache (restart, SCRIPT FLUSH): load and re-run
@@ -355,6 +361,8 @@ class _PipelineWriter:
             err.__cause__ = exc
             self.failing = str(err)
             results = [err] * len(ops)
+            if self._requeued:  # those sent again are out of the queue once more
+                self._requeued -= sum(1 for op in ops if op.tries)
             again = [op for op in ops if op.future is None and op.tries < NOWAIT_RETRIES]
             if again:  # nobody waits to hear it failed: sent again once Redis answers
                 self._retry_later(again, exc)
@@ -391,6 +399,7 @@ class _PipelineWriter:
         for timer in [t for t, waiting in self._retries.items() if waiting is ops]:
             del self._retries[timer]
         if self._task is not None:
+            self._requeued += len(ops)
             for op in ops:
                 self._queue.put_nowait(op)
 

@@ -39,6 +39,7 @@ from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.errors import smtp_errors
 from talkbridge.connectors.email.imap import ImapSession
 from talkbridge.connectors.email.safety import ReplyLimiter
+from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -352,9 +353,7 @@ class EmailConnector(BaseConnector):
                 ", ".join(later),
             )
             return
-        self._deferred[key] = (mail, message_id, later)
-        while len(self._deferred) > _DEFERRED_LIMIT:
-            self._deferred.popitem(last=False)
+        keep_latest(self._deferred, key, (mail, message_id, later), _DEFERRED_LIMIT)
         raise TransientError(
             f"SMTP server {self._smtp_where} deferred the reply for {', '.join(later)} "
             "(the other recipients have it)"

@@ -319,9 +319,15 @@ class SlackConnector(BaseConnector):
         """Display names of `user_ids`, looked up together; after `wait` seconds the ids of
         lookups still under way stand in for their names (the lookups finish in the background
         and fill the cache)."""
+        names: dict[str, str] = {}
         lookups: dict[str, asyncio.Future[str | None]] = {}
         fresh: list[asyncio.Future[str | None]] = []
         for uid in user_ids:
+            cached = self._cached_user(uid)
+            if cached is not None:  # most senders: no task, no wait
+                if cached[0] is not None:
+                    names[uid] = cached[0].name
+                continue
             lookup = self._lookups.get(uid)
             if lookup is None:  # a lookup already under way was slow once: not waited again
                 lookup = self._lookups[uid] = asyncio.ensure_future(self._name(uid))
@@ -331,7 +337,6 @@ class SlackConnector(BaseConnector):
         awaited = fresh if wait is not None else list(lookups.values())
         if awaited:
             await asyncio.wait(awaited, timeout=wait)
-        names: dict[str, str] = {}
         for uid, lookup in lookups.items():
             if not lookup.done():
                 if lookup in fresh:
@@ -454,11 +459,18 @@ class SlackConnector(BaseConnector):
                 found.append(decoded)
         return found[-limit:]
 
-    async def user(self, user_id: str) -> DirectoryEntry | None:
+    def _cached_user(self, user_id: str) -> tuple[DirectoryEntry | None] | None:
+        """`(entry,)` while `users.info`'s answer is fresh (the entry None: no such user)."""
         cached = self._users.get(user_id)
+        if cached is not None and time.monotonic() - cached[0] < self.config.user_cache_seconds:
+            return (cached[1],)
+        return None
+
+    async def user(self, user_id: str) -> DirectoryEntry | None:
+        cached = self._cached_user(user_id)
+        if cached is not None:
+            return cached[0]
         now = time.monotonic()
-        if cached is not None and now - cached[0] < self.config.user_cache_seconds:
-            return cached[1]
         try:
             info = await self.call("users.info", user=user_id)
         except NotFoundError:
