@@ -1,8 +1,9 @@
-"""Two rules every connector applies where talkbridge meets the platform.
+"""Three rules every connector applies where talkbridge meets the platform.
 
 A caller's bad input (an id that is not ours, a malformed button) is a `PermanentError`:
 retrying cannot help. And no secret leaves in an error message: SDKs quote URLs and requests
-that may hold a token, so every message built from an SDK's words is scrubbed first.
+that may hold a token, so every message built from an SDK's words is scrubbed first. And a
+payload of the wrong shape is refused like any unreadable one, not crashed on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ def permanent(parse: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return parse(*args, **kwargs)
     except ValueError as exc:
         raise PermanentError(str(exc)) from None
+
+
+def readable(decode: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`decode(*args, **kwargs)` of a platform payload. A field of an unexpected shape meets
+    the codec as an AttributeError, TypeError or KeyError: raised again as the ValueError a
+    codec raises for a payload it refuses, so one except clause skips both."""
+    try:
+        return decode(*args, **kwargs)
+    except (AttributeError, TypeError, KeyError) as exc:
+        raise ValueError(f"malformed payload ({type(exc).__name__}: {exc})") from None
 
 
 def scrub(text: str, *secrets: str | None) -> str:

@@ -26,7 +26,7 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
-from talkbridge.connectors.boundary import permanent, scrub
+from talkbridge.connectors.boundary import permanent, readable, scrub
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
     SLACK_TEXT_LIMIT,
@@ -293,10 +293,9 @@ class SlackConnector(BaseConnector):
         if payload.get("type") == "event_callback" and payload.get("team_id") and not self.team:
             self.team = str(payload["team_id"])
         names = await self._names(users_to_resolve(payload), wait=NAME_WAIT)
-        try:
-            result = decode(payload, connection_id=self.connection_id, me=self.me, users=names)
-        except (AttributeError, TypeError, KeyError) as exc:  # a field of an unexpected type
-            raise ValueError(f"malformed event ({type(exc).__name__}: {exc})") from None
+        result = readable(
+            decode, payload, connection_id=self.connection_id, me=self.me, users=names
+        )
         if result is None:
             return
         if isinstance(result, Deletion):

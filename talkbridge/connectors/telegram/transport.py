@@ -43,7 +43,7 @@ from aiohttp import web
 
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
-from talkbridge.connectors.boundary import permanent
+from talkbridge.connectors.boundary import permanent, readable
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.telegram.codec import (
     ALLOWED_UPDATES,
@@ -204,10 +204,11 @@ class TelegramConnector(BaseConnector):
         if uid in self._recent:
             return uid
         try:
-            message = decode_update(data, connection_id=self.connection_id, bot_id=self.bot_id)
-        except (ValueError, AttributeError, TypeError, KeyError) as exc:
-            # One poison update (a field of an unexpected shape) must not stall the connection.
-            self._log.error("skipping update %s that cannot be read: %r", uid, exc)
+            message = readable(
+                decode_update, data, connection_id=self.connection_id, bot_id=self.bot_id
+            )
+        except ValueError as exc:  # one poison update must not stall the connection
+            self._log.error("skipping update %s that cannot be read: %s", uid, exc)
             message = None
         if message is not None:
             query = data.get("callback_query")
