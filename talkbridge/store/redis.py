@@ -29,6 +29,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from talkbridge.backoff import Backoff
 from talkbridge.errors import StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import _redis_lua as lua
@@ -267,7 +268,7 @@ class _Op:
 
 
 NOWAIT_RETRIES = 8
-"""Sends of a write nobody waits for while Redis is unreachable (about 90 s with backoff):
+"""Sends of a write nobody waits for while Redis is unreachable (45 to 90 s, jittered):
 such a write (a reply's sent record, an inbound message's completion) lost means a turn run
 or a reply sent twice."""
 
@@ -384,7 +385,7 @@ class _PipelineWriter:
         tries = max(op.tries for op in ops) + 1
         for op in ops:
             op.tries = tries
-        delay = min(30.0, 0.5 * 2 ** (tries - 1))
+        delay = Backoff(base=0.5, cap=30.0, attempts=tries - 1).next()
         log.warning(
             "%d store writes to %s failed (%s); sending them again in %.1f s",
             len(ops),
