@@ -46,6 +46,44 @@ def body_of(lines: list[Any], uid: int) -> bytes | None:
     return None
 
 
+class _GreetingProtocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
+    """Keeps a greeting aioimaplib refuses (`* BYE`, or another protocol's banner). aioimaplib
+    raises it in a task nobody awaits: the session would wait out its timeout, and the log get
+    a stray traceback, instead of failing at once with what the server said."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, conn_lost_cb: Any) -> None:
+        super().__init__(loop, conn_lost_cb)
+        self.refused_greeting: asyncio.Future[str] = loop.create_future()
+
+    async def welcome(self, command: bytes) -> None:
+        try:
+            await super().welcome(command)
+        except aioimaplib.Error:
+            if not self.refused_greeting.done():
+                self.refused_greeting.set_result(command.decode(errors="replace").strip())
+
+
+class _Client(aioimaplib.IMAP4):  # type: ignore[misc]
+    """aioimaplib's client on `_GreetingProtocol` (its `IMAP4_SSL` overrides the same method)."""
+
+    protocol: _GreetingProtocol
+
+    def create_client(
+        self,
+        host: str,
+        port: int,
+        loop: asyncio.AbstractEventLoop | None,
+        conn_lost_cb: Any = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        running = loop if loop is not None else asyncio.get_running_loop()
+        protocol = _GreetingProtocol(running, conn_lost_cb)
+        self.protocol = protocol
+        self._client_task = running.create_task(
+            running.create_connection(lambda: protocol, host, port, ssl=ssl_context)
+        )
+
+
 class ImapSession:
     def __init__(self, config: ImapConfig, timeout: float) -> None:
         self.config = config
@@ -65,14 +103,14 @@ class ImapSession:
         config = self.config
         context = ssl.create_default_context() if config.security != "none" else None
         with imap_errors(self.where, self._password):
-            self.client = aioimaplib.IMAP4(
+            self.client = client = _Client(
                 host=config.host,
                 port=config.effective_port,
                 timeout=self.timeout,
                 conn_lost_cb=lambda exc: self._lost.set(),
                 ssl_context=context if config.security == "ssl" else None,
             )
-            await self.guard(self.client.wait_hello_from_server())
+            await self._greeted(client)
             if config.security == "starttls":
                 await self._starttls(context)
             response = await self.guard(self.client.login(config.username, self._password))
@@ -98,6 +136,32 @@ class ImapSession:
                 self.uidnext = int(m.group(1))
             if m := _EXISTS.match(line_b):
                 self.exists = int(m.group(1))
+
+    async def _greeted(self, client: _Client) -> None:
+        """Wait for the server's greeting; fail at once on one that is not IMAP's `OK`."""
+        hello = asyncio.ensure_future(client.wait_hello_from_server())
+        refused = client.protocol.refused_greeting
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait({hello, refused, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not hello.done():
+                hello.cancel()
+        # Checked first: a server that says BYE and hangs up has its greeting read before the
+        # loss is noticed (aioimaplib handles the line before the connection is closed).
+        if refused.done():
+            raise greeting_error(self.where, refused.result())
+        if not hello.done():
+            raise TransientError(f"the IMAP server {self.where} closed the connection")
+        try:
+            hello.result()
+        except TimeoutError:
+            hint = " (a TLS port, such as 993, needs security: ssl)"
+            raise TransientError(
+                f"IMAP server {self.where} sent no greeting within {self.timeout:g} s"
+                + (hint if self.config.security != "ssl" else "")
+            ) from None
 
     async def _starttls(self, context: ssl.SSLContext | None) -> None:
         # aioimaplib lists STARTTLS but has no helper: ask, then upgrade the transport in place.
@@ -231,6 +295,16 @@ def mailbox_name(folder: str) -> str:
             wide.append(ch)
     shift()
     return "".join(out)
+
+
+def greeting_error(where: str, greeting: str) -> TransientError | PermanentError:
+    """What to raise for a greeting that is not `* OK`/`* PREAUTH`: a `* BYE` is the server
+    turning connections away for now (RFC 3501, 7.1.5); anything else is not an IMAP server."""
+    shown = greeting[:200]
+    if greeting.upper().startswith("* BYE"):
+        return TransientError(f"IMAP server {where} turned the connection away: {shown}")
+    hint = " (is the port right? IMAP is 143, or 993 with security: ssl)"
+    return PermanentError(f"{where} is not an IMAP server: it greeted with {shown!r}{hint}")
 
 
 def _text(lines: list[Any]) -> str:

@@ -253,3 +253,37 @@ async def test_an_imap_login_refused_for_now_is_retried_not_a_wrong_password(
         with pytest.raises(TransientError, match=r"cannot log in for now: \[UNAVAILABLE\]"):
             await connector.check()
     await connector.close()
+
+
+@pytest.mark.parametrize(
+    ("greeting", "error", "says"),
+    [
+        # A server at its connection limit says BYE and hangs up: try again later.
+        (b"* BYE Too many connections\r\n", TransientError, "turned the connection away: \\* BYE"),
+        # The SMTP port by mistake: a banner that stays open. Said at once, not after a timeout.
+        (b"220 mail.example.org ESMTP\r\n", PermanentError, "not an IMAP server: it greeted"),
+    ],
+)
+async def test_a_greeting_that_is_not_imaps_ok_fails_at_once_naming_it(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    greeting: bytes,
+    error: type[Exception],
+    says: str,
+) -> None:
+    async def server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(greeting)
+        await writer.drain()
+        if not greeting.startswith(b"* BYE"):
+            await reader.read()  # open until the client gives up
+        writer.close()
+
+    listener = await asyncio.start_server(server, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    imap = {"host": "127.0.0.1", "port": port, "security": "none", "username": "help"}
+    connector = make_connector(imap={**imap, "password": "x"}, timeout=60)
+    async with listener:
+        with pytest.raises(error, match=says):
+            await asyncio.wait_for(connector.check(), 30)  # well inside the 60 s timeout
+    await connector.close()
