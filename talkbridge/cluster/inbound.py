@@ -33,7 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.lease import Lease, Membership
+from talkbridge.cluster.lease import SURE_OF_LEASE, Lease, Membership
 from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.config import ClusterConfig
@@ -205,7 +205,7 @@ class InboundBus:
                     continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                if loop.time() - shard.renewed_at <= self._config.lease_ttl * 0.8:
+                if loop.time() - shard.renewed_at <= self._config.lease_ttl * SURE_OF_LEASE:
                     log.info("shard %d: renewal failed (%s); retrying", shard.number, exc)
                     continue
             log.warning("shard %d: lease lost; no longer reading it", shard.number)
@@ -290,9 +290,19 @@ class InboundBus:
 
     async def _read_loop(self) -> None:
         reading = Outage("reading the inbound bus", log)
+        loop = asyncio.get_running_loop()
         while self._reading:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
-            streams: dict[Any, Any] = {s.stream: ">" for s in self._held.values() if s.active}
+            # Only shards whose lease outlasts this read for sure. After a pause (a stopped
+            # process, a Redis outage) renewals have not run yet; another node may hold the
+            # shard by now, and entries read here would wait for the straggler sweep and be
+            # answered out of order. They are left to whoever holds the shard.
+            renewed_since = loop.time() + self.block_ms / 1000 - self._ttl * SURE_OF_LEASE
+            streams: dict[Any, Any] = {
+                s.stream: ">"
+                for s in self._held.values()
+                if s.active and s.renewed_at >= renewed_since
+            }
             if not streams:
                 self._wake.clear()
                 self._cycles.bump()

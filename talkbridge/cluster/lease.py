@@ -22,6 +22,10 @@ from talkbridge.cluster import scripts
 
 log = logging.getLogger("talkbridge.cluster")
 
+SURE_OF_LEASE = 0.8
+"""The part of a lease's TTL after its last renewal in which it is surely still this node's (the
+rest covers the renewal's round trip); past it, another node may hold it."""
+
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -90,7 +94,7 @@ class Lease:
                 renewed_at = loop.time()
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                if loop.time() - renewed_at > self.ttl * 0.8:
+                if loop.time() - renewed_at > self.ttl * SURE_OF_LEASE:
                     log.warning("lease %s lost: cannot renew it: %s", self.key, exc)
                     return
                 log.info("lease %s: renewal failed (%s); retrying", self.key, exc)

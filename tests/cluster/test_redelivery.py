@@ -115,3 +115,42 @@ async def test_a_redelivered_message_is_not_answered_a_second_time(cluster: Clus
     assert [m.id for m in seen_by_b] == ["m1"]
     total = connector(a).sent + connector(b).sent
     assert [s.message.text for s in total] == ["only once"]
+
+
+async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_new_holder(
+    store: RedisStore,
+) -> None:
+    # As after a pause of node a (a stopped process, a long GC, a Redis outage): its leases
+    # ran out and b took the shards, but a's reader has not heard yet. Entries a read now
+    # would wait for b's straggler sweep (claim_idle) and be answered out of order.
+    a, b = Node(store, CONFIG, "a"), Node(store, CONFIG, "b")
+    taken: dict[str, list[str]] = {"a": [], "b": []}
+
+    def taker(name: str) -> object:
+        async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
+            taken[name].append(message.id)
+            await ack()  # type: ignore[operator]
+
+        return take
+
+    a.inbound.set_handler(taker("a"))  # type: ignore[arg-type]
+    b.inbound.set_handler(taker("b"))  # type: ignore[arg-type]
+    await a.start()
+    await a.inbound.start()
+    balancer = a.inbound._balancer
+    assert balancer is not None and a.inbound.held == [0, 1, 2, 3]
+    balancer.cancel()  # no more renewals; a's reader goes on
+    try:
+        await b.start()
+        await b.inbound.start()
+        await wait_until(lambda: b.inbound.held == [0, 1, 2, 3])  # a's leases ran out
+        messages = [
+            make_message(f"{i}", thread_id=f"t{i % 4}", message_id=f"m{i}") for i in range(12)
+        ]
+        for message in messages:
+            assert await b.inbound.publish(message, record_history=True)
+        await wait_until(lambda: len(taken["b"]) == len(messages), timeout=4)  # < claim_idle
+        assert taken["a"] == [] and sorted(taken["b"]) == sorted(m.id for m in messages)
+    finally:
+        await b.stop()
+        await a.stop()
