@@ -139,13 +139,18 @@ class InboundBus:
         self._reader = asyncio.create_task(self._read_loop(), name="cluster:inbound")
 
     async def stop_reading(self) -> None:
-        """Stop taking entries (what was read still runs); leases are still renewed."""
+        """Stop taking entries; what was read still runs. Each shard is handed back once what
+        was read of it is done, so other nodes take over its new entries while this one drains
+        the rest (rather than when the whole node stops)."""
         self._reading = False
         reader, self._reader = self._reader, None
         if reader is not None:
             await cancel_and_wait(reader)
-        for shard in self._held.values():
-            shard.active = False
+        for shard in list(self._held.values()):
+            if not shard.releasing:
+                self._release(shard, reading=False)
+        with contextlib.suppress(RedisError, OSError):  # the others then share every shard
+            await self._membership.leave()
 
     async def stop(self) -> None:
         """Stop everything and hand every shard back at once (after `stop_reading` + drain)."""
@@ -177,10 +182,11 @@ class InboundBus:
                 balancing.failed(exc)
 
     async def _balance(self) -> None:
+        if not self._reading:  # draining: not counted among the nodes that share the shards
+            await self._renew()
+            return
         live = await self._membership.beat()
         await self._renew()
-        if not self._reading:
-            return
         target = math.ceil(self._config.shards / live)
         mine = [s for s in self._held.values() if not s.releasing]
         if len(mine) > target:
@@ -250,15 +256,17 @@ class InboundBus:
     def _ttl(self) -> float:
         return self._config.lease_ttl
 
-    def _release(self, shard: _Shard) -> None:
+    def _release(self, shard: _Shard, *, reading: bool = True) -> None:
         """Let go of a shard another node should have: stop reading it, finish what was read
-        of it, then release the lease so the other node need not wait for it to run out."""
+        of it, then release the lease so the other node need not wait for it to run out.
+        `reading`: the reader still runs (one of its reads may include the shard)."""
         shard.releasing = True
         shard.active = False
         seen = self._cycles.count
 
         async def release() -> None:
-            await self._cycles.wait_past(seen)  # no read that might include it is outstanding
+            if reading:  # no read that might include it is outstanding
+                await self._cycles.wait_past(seen)
             while shard.inflight:
                 shard.idle.clear()
                 await shard.idle.wait()

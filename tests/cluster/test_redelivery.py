@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -152,5 +152,56 @@ async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_ne
         await wait_until(lambda: len(taken["b"]) == len(messages), timeout=4)  # < claim_idle
         assert taken["a"] == [] and sorted(taken["b"]) == sorted(m.id for m in messages)
     finally:
+        await b.stop()
+        await a.stop()
+
+
+async def test_a_stopping_node_hands_back_each_shard_once_its_own_work_there_is_done(
+    store: RedisStore,
+) -> None:
+    # A rolling restart: node a drains a long turn on one shard; the other shards' new
+    # messages are answered by b meanwhile instead of waiting for a's whole drain.
+    a, b = Node(store, CONFIG, "a"), Node(store, CONFIG, "b")
+    gate = asyncio.Event()
+    taken_b: list[str] = []
+
+    working: set[asyncio.Task[None]] = set()
+
+    async def work(ack: Callable[[], Awaitable[None]]) -> None:
+        await gate.wait()
+        await ack()
+
+    async def take_a(
+        message: NormalizedMessage, recovered: bool, ack: Callable[[], Awaitable[None]]
+    ) -> None:  # queues the turn and returns, as the router does
+        working.add(asyncio.create_task(work(ack)))
+
+    async def take_b(message: NormalizedMessage, recovered: bool, ack: object) -> None:
+        taken_b.append(message.id)
+        await ack()  # type: ignore[operator]
+
+    a.inbound.set_handler(take_a)  # type: ignore[arg-type]
+    b.inbound.set_handler(take_b)  # type: ignore[arg-type]
+    await a.start()
+    await a.inbound.start()
+    threads = {a.inbound.shard_of(f"test\x1ft{i}"): f"t{i}" for i in range(40)}
+    assert sorted(threads) == [0, 1, 2, 3]
+    busy = 0
+    try:
+        assert await a.inbound.publish(make_message(thread_id=threads[busy]), record_history=True)
+        await wait_until(lambda: bool(a.inbound._held[busy].inflight))
+        await a.inbound.stop_reading()
+        await b.start()
+        await b.inbound.start()
+        await wait_until(lambda: b.inbound.held == [1, 2, 3], timeout=4)  # before a's drain
+        others = [make_message(thread_id=threads[n], message_id=f"x{n}") for n in (1, 2, 3)]
+        for message in others:
+            assert await b.inbound.publish(message, record_history=True)
+        await wait_until(lambda: sorted(taken_b) == ["x1", "x2", "x3"])
+        assert busy not in b.inbound.held  # a still works there
+        gate.set()
+        await wait_until(lambda: b.inbound.held == [0, 1, 2, 3])  # handed back once done
+    finally:
+        gate.set()
         await b.stop()
         await a.stop()
