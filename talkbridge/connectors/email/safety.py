@@ -69,6 +69,9 @@ def skip_reason(msg: EmailMessage, *, address: str, message_id: str) -> str | No
     return None
 
 
+SWEEP_FROM = 1024
+
+
 class ReplyLimiter:
     """At most `limit` replies per thread within `window` seconds (the clock is passed in)."""
 
@@ -76,6 +79,9 @@ class ReplyLimiter:
         self.limit = limit
         self.window = window
         self._sent: dict[str, deque[float]] = {}
+        self._sweep_at = SWEEP_FROM
+        """Threads tracked at which those whose window is over are forgotten (a bridge answers
+        many threads once; without this, each would stay here for good)."""
 
     def allowed(self, thread_id: str, now: float) -> bool:
         times = self._sent.get(thread_id)
@@ -90,3 +96,12 @@ class ReplyLimiter:
 
     def record(self, thread_id: str, now: float) -> None:
         self._sent.setdefault(thread_id, deque()).append(now)
+        if len(self._sent) >= self._sweep_at:
+            for done in [t for t, times in self._sent.items() if now - times[-1] >= self.window]:
+                del self._sent[done]
+            self._sweep_at = max(SWEEP_FROM, 2 * len(self._sent))  # amortized: O(1) a reply
+
+    @property
+    def threads(self) -> int:
+        """Threads whose replies are still counted."""
+        return len(self._sent)

@@ -291,3 +291,12 @@ def test_a_mail_with_no_address_to_answer_is_skipped_before_any_turn() -> None:
     bare = b"From: Ada ada@example.org\r\nMessage-ID: <b@x.org>\r\n\r\nhi\r\n"  # no <...>
     msg = decode_mail(bare, connection_id="h", address=ADDRESS, received_at=NOW)
     assert msg is not None and msg.channel_user_id == "ada@example.org"
+
+
+def test_the_reply_limiter_forgets_threads_whose_window_is_over() -> None:
+    limiter = ReplyLimiter(limit=2, window=60)
+    for n in range(5000):  # one reply each to many threads, a second apart
+        limiter.record(f"t{n}", float(n))
+    assert limiter.threads <= 2 * 60 + 1024  # not 5000: only recent threads are kept
+    limiter.record("t4999", 4999.5)
+    assert not limiter.allowed("t4999", 4999.6)  # a recent thread's count is intact
