@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
+from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import NotFoundError, StoreError, TransientError
 from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
@@ -46,8 +48,8 @@ from talkbridge.webchat.protocol import (
     message_frame,
     parse_frame,
 )
-from talkbridge.webchat.routes import HttpRoutes, cookie_token
-from talkbridge.webchat.sessions import Sessions, split_thread, token_hash
+from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
+from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
 from talkbridge.webchat.socket_writes import write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 
 CONNECTION_ID = "webchat"
 USER_DISPLAY_NAME = "Webchat user"
+MAX_UNPUBLISHED = 4096
+"""Stored messages whose hand-over failed, remembered for the resend that publishes them."""
 
 
 class _Bucket:
@@ -78,12 +82,12 @@ class _Bucket:
         return (1.0 - self._level) / self._rate
 
 
-def _rate_limited(data: str | bytes, wait: float) -> dict[str, Any]:
+def _rate_limited(data: str | bytes, wait: float, max_bytes: int) -> dict[str, Any]:
     """The error for a frame dropped by the rate limit, naming that frame where it can."""
     seconds = math.ceil(wait * 100) / 100
     ids: dict[str, str] = {}
-    if isinstance(data, str) and len(data) <= 4096:  # a send's ids, without parsing a novel
-        with suppress(ValueError):
+    if isinstance(data, str) and len(data) <= max_bytes:  # which frame to send again
+        with suppress(ValueError, RecursionError):
             ids = frame_ids(json.loads(data))
     return error_frame(
         "rate_limited",
@@ -132,6 +136,9 @@ class WebchatConnector(BaseConnector):
         self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
+        self._unpublished: OrderedDict[str, tuple[Conversation | None]] = OrderedDict()
+        """Messages stored whose hand-over to the router failed, so no tab was sent them yet:
+        the resend that hands them over publishes them (with the title they gave)."""
         self._streams = DeltaCoalescer(self._publish_delta, DELTA_WINDOW)
         self.port: int | None = None
         """The bound port once `ready` is set (useful with `port: 0`)."""
@@ -247,6 +254,16 @@ class WebchatConnector(BaseConnector):
             return None
         token = frame.token
         if token is None and ws.request is not None:
+            foreign = foreign_origin(ws.request.headers)
+            if foreign is not None:
+                await _refuse(
+                    ws,
+                    "unauthorized",
+                    f"the token cookie is only for this server's own page, not for {foreign}: "
+                    "give the token in the auth frame",
+                    frame.ref,
+                )
+                return None
             token = cookie_token(ws.request.headers)
         if not token:
             await _refuse(
@@ -293,7 +310,7 @@ class WebchatConnector(BaseConnector):
         async for data in ws:
             wait = bucket.take()
             if wait:
-                await ws.send(dumps(_rate_limited(data, wait)))
+                await ws.send(dumps(_rate_limited(data, wait, self.config.max_frame_bytes)))
                 continue
             frame: ClientFrame | None = None
             try:
@@ -325,7 +342,12 @@ class WebchatConnector(BaseConnector):
         elif isinstance(frame, HistoryFrame):
             await self._on_history(ws, session_id, frame)
         elif isinstance(frame, NewConversationFrame):
-            conv = await self._sessions.new_conversation(session_id, frame.title or "")
+            try:
+                conv = await self._sessions.new_conversation(session_id, frame.title or "")
+            except FrameError as exc:
+                if frame.ref is not None:  # which request it answers
+                    exc.fields.setdefault("ref", frame.ref)
+                raise
             out: dict[str, Any] = {
                 "type": "conversation",
                 "conversation": conv.as_frame(session_id),
@@ -348,7 +370,6 @@ class WebchatConnector(BaseConnector):
                 "bad_frame",
                 "thread_id must be '<session_id>.<conversation_id>' as given in ready",
                 ref=ref,
-                thread_id=thread_id[:200],
             )
         if parts[0] != session_id:
             raise FrameError(
@@ -395,15 +416,23 @@ class WebchatConnector(BaseConnector):
             if entry is None:  # sent before: hand it over again (the router drops it if it
                 # has it, and takes it if the bridge stopped before handing it over)
                 recorded = await self._recorded(seq, native_id, thread_id)
-                if recorded is None or await self._deliver_turn(
+                if recorded is not None and not await self._deliver_turn(
                     ws, self._inbound(recorded, thread_id, session_id)
                 ):
-                    broadcast((ws,), dumps({**ack, "seq": seq, "duplicate": True}))
-                return
-            renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
-            if not await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id)):
-                return
-            ack_text = dumps({**ack, "seq": seq, "duplicate": False})
+                    return
+                ack_text = dumps({**ack, "seq": seq, "duplicate": True})
+                held_back = self._unpublished.pop(native_id, None)
+                if recorded is None or held_back is None:
+                    broadcast((ws,), ack_text)
+                    return
+                # Its first try failed: the session's other tabs have not seen it yet.
+                entry, renamed = recorded, held_back[0]
+            else:
+                renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
+                if not await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id)):
+                    keep_latest(self._unpublished, native_id, (renamed,), MAX_UNPUBLISHED)
+                    return
+                ack_text = dumps({**ack, "seq": seq, "duplicate": False})
             # Written without waiting, like every frame `_publish` writes: the turn is the
             # router's already, whether or not this socket is still open.
             await self._publish(session_id, message_frame(thread_id, entry), then=(ws, ack_text))
@@ -458,12 +487,16 @@ class WebchatConnector(BaseConnector):
         await self._own_thread(session_id, frame.thread_id, frame.ref)
         cap = self.config.history_limit
         limit = min(frame.limit or cap, cap)
+        forward = frame.after_seq > 0
         entries = await self.context.store.history(
             _thread_key(frame.thread_id),
-            limit=limit,
+            limit=limit + 1 if forward else limit,  # one more: whether newer ones remain
             after_seq=frame.after_seq,
             before_seq=frame.before_seq or 0,
         )
+        more = forward and len(entries) > limit
+        if more:
+            entries = entries[:limit]
         out: dict[str, Any] = {
             "type": "history",
             "thread_id": frame.thread_id,
@@ -471,7 +504,7 @@ class WebchatConnector(BaseConnector):
             "messages": [message_frame(frame.thread_id, e) for e in entries],
             # `more`: newer entries remain, ask again after the last seq; `earlier`: older
             # entries exist than the first one returned (ask with `before_seq` = its seq).
-            "more": frame.after_seq > 0 and len(entries) >= limit,
+            "more": more,
             "earlier": bool(entries) and entries[0].seq > 1,
         }
         if frame.before_seq is not None:

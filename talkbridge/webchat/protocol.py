@@ -47,6 +47,9 @@ CLOSE_FORBIDDEN = 4403
 REF_MAX = 64
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 THREAD_ID_MAX = 200
+_CLIENT_ID = re.compile(CLIENT_ID_PATTERN[1:-1])
+_THREAD_ID = re.compile(r"[0-9a-f]{32}\.[0-9a-f]{12}")
+"""A webchat thread id's shape (`<session_id>.<conversation_id>`, as `ready` gives them)."""
 _Ref = Annotated[str, StringConstraints(max_length=REF_MAX)]
 ClientId = Annotated[str, StringConstraints(pattern=CLIENT_ID_PATTERN)]
 ThreadId = Annotated[str, StringConstraints(min_length=3, max_length=THREAD_ID_MAX)]
@@ -155,6 +158,13 @@ def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
     if not isinstance(raw, dict):
         raise FrameError("bad_frame", "a frame must be a JSON object with a 'type'")
     ids = frame_ids(raw)
+    if ("\\ud" in data or "\\uD" in data) and not _encodable(raw):
+        raise FrameError(
+            "bad_frame",
+            "the frame holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+            "pair), which is not text",
+            **ids,
+        )
     kind = raw.get("type")
     if kind not in CLIENT_FRAME_TYPES:
         known = ", ".join(CLIENT_FRAME_TYPES)
@@ -183,13 +193,29 @@ def frame_ids(raw: object) -> dict[str, str]:
         return {}
     ids: dict[str, str] = {}
     ref, client_id, thread_id = raw.get("ref"), raw.get("client_id"), raw.get("thread_id")
-    if isinstance(ref, str) and len(ref) <= REF_MAX:
+    if isinstance(ref, str) and len(ref) <= REF_MAX and _encodable(ref):
         ids["ref"] = ref
-    if isinstance(client_id, str) and re.match(CLIENT_ID_PATTERN, client_id):
+    if isinstance(client_id, str) and _CLIENT_ID.fullmatch(client_id):
         ids["client_id"] = client_id
-    if isinstance(thread_id, str) and len(thread_id) <= THREAD_ID_MAX:
+    if isinstance(thread_id, str) and _THREAD_ID.fullmatch(thread_id):
         ids["thread_id"] = thread_id
     return ids
+
+
+def _encodable(value: object) -> bool:
+    """Whether every string in `value` can be sent as UTF-8 (JSON's `\\ud800` escape makes a
+    string that cannot: echoing it would fail the socket's write)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_encodable(v) for v in value)
+    return True
 
 
 def _describe(kind: str, exc: ValidationError) -> str:

@@ -76,6 +76,31 @@ def cookie_token(headers: Headers) -> str:
     return unquote(jar[name].value) if name in jar else ""
 
 
+def foreign_origin(headers: Headers) -> str | None:
+    """The `Origin` of a browser socket opened by another site's page, else None.
+
+    The token cookie goes with every socket a browser opens to this host, whichever page opens
+    it, and `SameSite` does not tell ports apart: without this, a page on another port of the
+    same host could chat (and read history) as the cookie's holder. A client that sends no
+    `Origin` is not a browser, and holds the cookie only if it was given the token.
+    """
+    origin = headers.get("Origin")
+    if origin is None:
+        return None
+    named = [headers.get("Host", ""), *headers.get("X-Forwarded-Host", "").split(",")]
+    hosts = {h.strip().lower() for h in named if h.strip()}
+    parts = urlsplit(origin)
+    netloc = parts.netloc.lower()
+    try:
+        port = parts.port
+    except ValueError:  # not a port: no page of ours
+        return origin[:200]
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    if netloc in hosts or (port is None and f"{netloc}:{default}" in hosts):
+        return None
+    return origin[:200]
+
+
 def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
     """Constant-time check against every accepted token (no early exit on a match)."""
     given = presented.encode("utf-8")

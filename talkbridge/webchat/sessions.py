@@ -39,7 +39,9 @@ def token_hash(token: str) -> str:
 def split_thread(thread_id: str) -> tuple[str, str] | None:
     """`(session_id, conversation_id)` of a well-formed webchat thread id, else None."""
     session_id, dot, conversation_id = thread_id.partition(".")
-    if not dot or not _SESSION_ID.match(session_id) or not _CONVERSATION_ID.match(conversation_id):
+    if not dot or not _SESSION_ID.fullmatch(session_id):
+        return None
+    if not _CONVERSATION_ID.fullmatch(conversation_id):
         return None
     return session_id, conversation_id
 

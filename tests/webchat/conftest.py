@@ -128,7 +128,8 @@ async def start_webchat(sqlite_store: SqliteStore) -> AsyncIterator[StartWebchat
 
     async def start(**overrides: Any) -> Webchat:
         tokens = overrides.pop("static_tokens", [TOKEN_A, TOKEN_B])
-        config = WebchatConfig(host="127.0.0.1", port=0, max_frame_bytes=4096, **overrides)
+        overrides.setdefault("max_frame_bytes", 4096)
+        config = WebchatConfig(host="127.0.0.1", port=0, **overrides)
         health: dict[str, Any] = {"webchat": {"state": "up", "error": None}}
         context = ConnectorContext(sqlite_store, logging.getLogger("test.webchat"))
         connector = WebchatConnector(config, context, tokens, lambda: health)

@@ -118,6 +118,37 @@ async def test_the_page_socket_logs_in_with_the_links_cookie(webchat: Webchat) -
         assert error["code"] == "unauthorized" and "no token" in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("origin", "accepted"),
+    [
+        ("http://127.0.0.1:{port}", True),  # the page itself
+        ("http://127.0.0.1:{other}", False),  # another port of the host: same site to cookies
+        ("http://evil.example", False),
+        ("null", False),  # a sandboxed frame or a file
+        ("http://127.0.0.1:x", False),
+    ],
+)
+async def test_the_cookie_logs_in_only_a_socket_of_the_servers_own_page(
+    webchat: Webchat, origin: str, accepted: bool
+) -> None:
+    headers = {
+        "Cookie": f"talkbridge_token_{webchat.port}={quote(TOKEN_A)}",
+        "Origin": origin.format(port=webchat.port, other=webchat.port + 1),
+    }
+    async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "auth", "ref": "a"}))
+        reply = json.loads(await ws.recv())
+        if accepted:
+            assert reply["type"] == "ready"
+        else:
+            assert reply["code"] == "unauthorized" and reply["ref"] == "a"
+            assert "only for this server's own page" in reply["message"]
+    # Another site's page that was given the token may use it: the token is the credential.
+    async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": TOKEN_A}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+
+
 async def test_methods_other_than_get_and_head_are_405(webchat: Webchat) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.head(f"{webchat.http}/healthz") as resp:

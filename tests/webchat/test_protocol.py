@@ -69,6 +69,8 @@ def test_error_frames_carry_the_ref_of_the_bad_frame() -> None:
         "G" * 32 + ".000000000000",
         "0" * 32 + ".00000000000g",
         "0" * 32 + ".000000000000.x",
+        "0" * 32 + ".000000000000\n",  # `$` alone would let a trailing newline through
+        "0" * 32 + "\n.000000000000",
     ],
 )
 def test_split_thread_rejects_malformed_ids(thread_id: str) -> None:

@@ -149,6 +149,11 @@ async def test_history_pages_say_when_more_remain(start_webchat: StartWebchat) -
     page = await client.expect("history", ref="b")
     assert [m["seq"] for m in page["messages"]] == [1] and page["earlier"] is False
 
+    # A page that is exactly full with nothing newer says so: no extra round trip.
+    await client.send({"type": "history", "thread_id": client.thread_id, "after_seq": 4})
+    page = await client.expect("history")
+    assert [m["seq"] for m in page["messages"]] == [5, 6, 7] and page["more"] is False
+
 
 async def test_seqs_that_no_store_holds_are_a_bad_frame_not_a_crash(webchat: Webchat) -> None:
     client = await webchat.authed()
@@ -458,11 +463,23 @@ async def test_a_message_the_router_cannot_take_is_not_acked_and_its_resend_is(
         f for f in client.inbox if f["type"] in ("ack", "message") and f.get("role") != "assistant"
     ]
 
+    other_tab = await webchat.authed(session_id=client.session_id)
     await client.send(send)  # the page's resend, same client id
     ack = await client.expect("ack")
     assert ack["client_id"] == "m1" and ack["duplicate"] is True and ack["seq"] == 1
     assert (await client.expect("message", role="assistant"))["text"] == "echo: hi"
     assert len(webchat.echo.turns) == 1
+    # The session's other tab never got the message from the failed try: it gets it now,
+    # with the title it gave the conversation.
+    mine = await other_tab.expect("message", role="user")
+    assert mine["client_id"] == "m1" and mine["seq"] == 1 and mine["text"] == "hi"
+    assert (await other_tab.expect("conversation"))["conversation"]["title"] == "hi"
+    # A later resend (the message is published) is an ack again, nothing more.
+    await client.send(send)
+    assert (await client.expect("ack"))["duplicate"] is True
+    await other_tab.send({"type": "ping", "ref": "q"})
+    await other_tab.expect("pong", ref="q")
+    assert [f for f in other_tab.inbox if f.get("client_id") == "m1"] == []  # not again
 
 
 async def test_a_frame_the_server_fails_on_gets_an_error_naming_it_and_when_to_send_again(
@@ -541,3 +558,55 @@ async def test_a_tab_joining_here_is_caught_up_on_a_reply_streaming_on_another_n
     assert [f for f in client.inbox if f.get("from_start")] == []
     await client.expect("pong", ref="p")
     assert [f for f in client.inbox if f.get("from_start")] == []
+
+
+@pytest.mark.parametrize("authed", [False, True])
+async def test_a_lone_surrogate_is_a_bad_frame_and_the_socket_lives(
+    webchat: Webchat, authed: bool
+) -> None:
+    # JSON's "\\ud800" escape decodes to a string that is not text: echoed in an error, it
+    # used to break the socket's write (closed with 1006, a traceback in the log).
+    if not authed:
+        stranger = await webchat.client()
+        await stranger.send('{"type":"auth","token":"' + TOKEN_A + '","ref":"\\ud800"}')
+        refused = await stranger.recv()
+        assert refused["code"] == "unauthorized" and "surrogate" in refused["message"]
+        assert "ref" not in refused
+        return
+    client = await webchat.authed()
+    await client.send('{"type":"ping","ref":"\\ud800"}')
+    error = await client.expect("error")
+    assert error["code"] == "bad_frame" and "surrogate" in error["message"]
+    assert "ref" not in error
+    ids = f'"thread_id":"{client.thread_id}","client_id":"s1"'
+    await client.send('{"type":"send",' + ids + ',"text":"a\\udc00"}')
+    error = await client.expect("error")
+    assert error["code"] == "bad_frame" and error["client_id"] == "s1"
+    frames = await client.turn("still usable 😀", "s2")  # a proper pair is fine
+    assert frames[-1]["text"] == "echo: still usable 😀"
+
+
+async def test_the_conversation_limit_error_carries_the_ref(
+    webchat: Webchat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from talkbridge.webchat import sessions
+
+    monkeypatch.setattr(sessions, "MAX_CONVERSATIONS", 1)
+    client = await webchat.authed()
+    await client.send({"type": "new_conversation", "ref": "over"})
+    error = await client.expect("error", ref="over")
+    assert error["code"] == "too_large" and "at most 1 conversations" in error["message"]
+
+
+async def test_a_long_frame_dropped_by_the_rate_limit_is_still_named(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(max_frame_bytes=16384)
+    chat.connector.frame_rate = 0.01
+    chat.connector.frame_burst = 0
+    client = await chat.authed()
+    send = {"type": "send", "thread_id": client.thread_id, "client_id": "long", "text": "x" * 5000}
+    await client.send(send)
+    error = await client.expect("error")
+    assert error["code"] == "rate_limited" and error["client_id"] == "long"
+    assert error["thread_id"] == client.thread_id
