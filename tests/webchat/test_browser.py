@@ -274,6 +274,61 @@ async def test_losing_the_network_shows_and_what_was_typed_goes_out_once_it_is_b
     assert len(webchat.echo.turns) == 1
 
 
+async def test_what_a_closed_tab_typed_offline_is_sent_by_the_tab_still_open(
+    webchat: Webchat, context: Any
+) -> None:
+    # Tabs share the stored outbox: the tab that reconnects must not wipe another's message.
+    typing_tab = await open_chat(context, webchat)
+    other_tab = await open_chat(context, webchat)
+    await context.set_offline(True)
+    for page in (typing_tab, other_tab):
+        await expect(page.locator("#status")).to_have_attribute("data-state", "offline")
+    await say(typing_tab, "typed in the closed tab")
+    await expect(other_tab.locator(".msg.pending .bubble")).to_have_text(
+        ["typed in the closed tab"]
+    )
+    await typing_tab.close()
+    await say(other_tab, "typed in the open tab")
+    await context.set_offline(False)
+    bubbles = other_tab.locator(".msg:not(.pending) .bubble")
+    await expect(bubbles).to_have_count(4)
+    shown = await bubbles.all_inner_texts()
+    mine = ["typed in the closed tab", "typed in the open tab"]
+    assert sorted(shown) == sorted([*mine, *(f"echo: {t}" for t in mine)])
+    assert all(shown.index(t) < shown.index(f"echo: {t}") for t in mine)
+    assert [m.text for m in webchat.echo.turns] == [
+        "typed in the closed tab",
+        "typed in the open tab",
+    ]
+
+
+async def test_resuming_many_threads_past_the_rate_limit_loses_none(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    conversations = page.locator(".conversation-list .conversation")
+    for n in range(5):
+        if n:
+            await page.get_by_role("button", name="New conversation", exact=True).click()
+            await expect(conversations).to_have_count(n + 1)
+        await say(page, f"topic {n}")
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text([f"echo: topic {n}"])
+    threads = {m.text: m.thread_id for m in webchat.echo.turns}
+    # The resume after a reconnect asks for every thread at once: more than the burst allows.
+    webchat.connector.frame_burst = 2
+    webchat.connector.frame_rate = 4.0
+    await webchat.connector.close_sockets()
+    for n in range(5):
+        text = f"said while away {n}"
+        await webchat.connector.send(OutboundMessage(thread_id=threads[f"topic {n}"], text=text))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    for n in range(5):
+        await conversations.filter(has_text=f"topic {n}").click()
+        await expect(page.locator(".msg .bubble")).to_have_text(
+            [f"topic {n}", f"echo: topic {n}", f"said while away {n}"]
+        )
+
+
 async def test_a_connection_that_stops_answering_is_dropped_and_made_again(
     webchat: Webchat, context: Any
 ) -> None:

@@ -104,9 +104,33 @@ function loadOutbox() {
     return [];
   }
 }
-function saveOutbox() {
-  storageSet(KEY.outbox, state.outbox.length ? JSON.stringify(state.outbox) : null);
+function writeOutbox(items) {
+  storageSet(KEY.outbox, items.length ? JSON.stringify(items) : null);
 }
+// Every tab of the browser shares the stored outbox: each change is read-modify-write of the
+// stored list, never a copy of this tab's own, so a tab that reconnects later does not wipe
+// what another tab (perhaps closed since) is still waiting to send.
+function addToOutbox(item) {
+  state.outbox.push(item);
+  writeOutbox([...loadOutbox().filter((m) => m.client_id !== item.client_id), item]);
+}
+function dropFromOutbox(unwanted) {
+  const before = state.outbox.length;
+  state.outbox = state.outbox.filter((m) => !unwanted(m));
+  const stored = loadOutbox();
+  const kept = stored.filter((m) => !unwanted(m));
+  if (kept.length !== stored.length) writeOutbox(kept);
+  return before !== state.outbox.length;
+}
+// Another tab added or sent something: take its outbox over, and send what is new here too
+// (the client id makes a second copy harmless), in case that tab is gone before it can.
+window.addEventListener("storage", (event) => {
+  if (event.key !== KEY.outbox) return;
+  const mine = new Set(state.outbox.map((m) => m.client_id));
+  state.outbox = loadOutbox();
+  for (const item of state.outbox) if (!mine.has(item.client_id)) transmit(item);
+  renderThread({ keep: true });
+});
 
 function randomId() {
   const bytes = new Uint8Array(16);
@@ -146,6 +170,31 @@ function send(frame) {
     state.ws.send(JSON.stringify(frame));
     return true;
   }
+  return false;
+}
+
+// History requests under way by ref: one the rate limit dropped (a page resuming many threads
+// at once after a reconnect) is asked again when the server says, not lost.
+const historyAsked = new Map();
+let historyRefs = 0;
+function askHistory(frame) {
+  historyRefs += 1;
+  const ref = `h${historyRefs}`;
+  historyAsked.set(ref, frame);
+  return send({ ...frame, ref });
+}
+function askHistoryAgain(frame) {
+  const asked = frame.ref && historyAsked.get(frame.ref);
+  if (!asked) return false;
+  if (frame.code === "rate_limited") {
+    const wait = Math.max(0.1, Number(frame.retry_after) || 1) * 1000;
+    const ws = state.ws;
+    setTimeout(() => {
+      if (state.ws === ws && historyAsked.has(frame.ref)) send({ ...asked, ref: frame.ref });
+    }, wait);
+    return true;
+  }
+  historyAsked.delete(frame.ref);
   return false;
 }
 
@@ -265,7 +314,7 @@ function resetSession() {
   state.conversations = [];
   state.threads.clear();
   state.outbox = [];
-  saveOutbox();
+  writeOutbox([]);
   storageSet(KEY.session, null);
   storageSet(KEY.active, null);
 }
@@ -298,6 +347,7 @@ function handle(frame) {
 }
 
 function onReady(frame) {
+  historyAsked.clear(); // asked on the previous socket: asked again below
   if (state.sessionId && state.sessionId !== frame.session_id) resetSession();
   state.sessionId = frame.session_id;
   storageSet(KEY.session, frame.session_id);
@@ -306,8 +356,9 @@ function onReady(frame) {
   if (frame.limits) state.limits = frame.limits;
   state.conversations = frame.conversations || [];
   const known = new Set(state.conversations.map((c) => c.thread_id));
-  state.outbox = state.outbox.filter((m) => known.has(m.thread_id));
-  saveOutbox();
+  // Taken from storage again: another tab may have added to it while this one was away.
+  state.outbox = loadOutbox();
+  dropFromOutbox((m) => !known.has(m.thread_id));
   if (!known.has(state.active)) state.active = newest()?.thread_id ?? null;
   // Replies that were streaming when the connection dropped: the history answer brings each
   // one still under way from its start, and a reply cut off by a restart never ends otherwise.
@@ -318,7 +369,7 @@ function onReady(frame) {
   // Resume every thread we already show, from the last seq we hold without a gap.
   for (const [threadId, t] of state.threads) {
     if (t.loaded && known.has(threadId)) {
-      send({ type: "history", thread_id: threadId, after_seq: resumeSeq(t) });
+      askHistory({ type: "history", thread_id: threadId, after_seq: resumeSeq(t) });
     }
   }
   if (state.active) switchTo(state.active);
@@ -330,8 +381,7 @@ function onReady(frame) {
 function onAck(frame) {
   const item = state.outbox.find((m) => m.client_id === frame.client_id);
   if (!item) return;
-  state.outbox = state.outbox.filter((m) => m !== item);
-  saveOutbox();
+  dropFromOutbox((m) => m.client_id === item.client_id);
   const t = thread(frame.thread_id);
   if (!t.messages.has(frame.seq)) {
     // Acknowledged without its message frame (a resend of one this page never saw stored):
@@ -348,12 +398,7 @@ function onMessage(frame) {
   const t = thread(frame.thread_id);
   let changed = false;
   if (frame.client_id) {
-    const before = state.outbox.length;
-    state.outbox = state.outbox.filter((m) => m.client_id !== frame.client_id);
-    if (before !== state.outbox.length) {
-      saveOutbox();
-      changed = true;
-    }
+    if (dropFromOutbox((m) => m.client_id === frame.client_id)) changed = true;
   }
   if (frame.stream_id && t.streams.size) {
     t.streams.clear(); // the streamed reply is here; any other stream left was cut off
@@ -401,6 +446,7 @@ function hideTyping() {
 }
 
 function onHistory(frame) {
+  if (frame.ref) historyAsked.delete(frame.ref);
   const t = thread(frame.thread_id);
   const messages = frame.messages || [];
   const back = frame.before_seq !== undefined;
@@ -410,14 +456,15 @@ function onHistory(frame) {
     t.loadingEarlier = false;
   }
   t.loaded = true;
+  const stored = new Set();
   for (const m of messages) {
     if (!t.messages.has(m.seq)) t.messages.set(m.seq, m);
     if (m.stream_id) t.streams.delete(m.stream_id);
-    if (m.client_id) state.outbox = state.outbox.filter((o) => o.client_id !== m.client_id);
+    if (m.client_id) stored.add(m.client_id);
   }
-  saveOutbox();
+  dropFromOutbox((m) => stored.has(m.client_id));
   if (frame.more && messages.length) {
-    send({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
+    askHistory({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
   }
   if (frame.thread_id === state.active) renderThread(back ? { keep: true } : { follow: true });
 }
@@ -426,7 +473,7 @@ function loadEarlier() {
   const t = thread(state.active);
   const first = Math.min(...t.messages.keys());
   if (t.loadingEarlier || !Number.isFinite(first)) return;
-  t.loadingEarlier = send({
+  t.loadingEarlier = askHistory({
     type: "history",
     thread_id: state.active,
     before_seq: first,
@@ -457,6 +504,7 @@ function capitalize(text) {
 
 function onError(frame) {
   if (frame.code === "unauthorized") state.refusal = frame.message;
+  if (askHistoryAgain(frame)) return;
   if (frame.client_id) {
     const item = state.outbox.find((m) => m.client_id === frame.client_id);
     if (frame.code === "rate_limited" || frame.code === "internal") {
@@ -466,8 +514,7 @@ function onError(frame) {
       return;
     }
     if (item) {
-      state.outbox = state.outbox.filter((m) => m !== item);
-      saveOutbox();
+      dropFromOutbox((m) => m.client_id === item.client_id);
       state.failed.push({ ...item, reason: frame.message });
       if (item.thread_id === state.active) renderThread();
     }
@@ -497,8 +544,7 @@ function submit() {
     );
     return;
   }
-  state.outbox.push(item);
-  saveOutbox();
+  addToOutbox(item);
   ui.input.value = "";
   autosize();
   transmit(item);
@@ -534,7 +580,7 @@ function switchTo(threadId) {
   ui.title.textContent = conv ? titleOf(conv) : "Conversation";
   renderConversations();
   renderThread({ follow: true });
-  if (!t.loaded && state.ready) send({ type: "history", thread_id: threadId, after_seq: 0 });
+  if (!t.loaded && state.ready) askHistory({ type: "history", thread_id: threadId, after_seq: 0 });
 }
 
 // ---- rendering ------------------------------------------------------------------------------
