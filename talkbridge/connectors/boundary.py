@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from talkbridge.errors import PermanentError
+from talkbridge.errors import PermanentError, TransientError
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -33,6 +33,17 @@ def readable(decode: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return decode(*args, **kwargs)
     except (AttributeError, TypeError, KeyError) as exc:
         raise ValueError(f"malformed payload ({type(exc).__name__}: {exc})") from None
+
+
+def not_the_api(platform: str, exc: UnicodeDecodeError | KeyError) -> TransientError:
+    """An answer the SDK could not read (bytes that are not UTF-8, JSON without a field every
+    answer has): most likely `api_base` points at something that is not the platform's API."""
+    what = (
+        "a body that is not UTF-8 text"
+        if isinstance(exc, UnicodeDecodeError)
+        else f"a payload without the field {exc}"
+    )
+    return TransientError(f"{platform} answered with {what}: is api_base its API?")
 
 
 def scrub(text: str, *secrets: str | None) -> str:

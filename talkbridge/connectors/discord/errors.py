@@ -9,7 +9,7 @@ from typing import Literal, NoReturn
 
 import aiohttp
 
-from talkbridge.connectors.boundary import scrub
+from talkbridge.connectors.boundary import not_the_api, scrub
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.errors import (
     ConnectorError,
@@ -67,6 +67,8 @@ def translate(
             wait = _retry_after(exc)
             return RateLimitedError(f"Discord: {message}", retry_after=wait, scope="connection")
         return PermanentError(f"Discord: {message}")
+    if isinstance(exc, UnicodeDecodeError | KeyError):
+        return not_the_api("Discord", exc)
     if isinstance(exc, discord.GatewayNotFound):
         return TransientError("the Discord gateway could not be found")
     if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
@@ -83,7 +85,14 @@ def _retry_after(exc: discord.HTTPException) -> float:
         return 60.0
 
 
-_HANDLED = (discord.DiscordException, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_HANDLED = (
+    discord.DiscordException,
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    OSError,
+    UnicodeDecodeError,
+    KeyError,  # a payload without a field every answer has
+)
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError, SlackRequestError
 
-from talkbridge.connectors.boundary import scrub
+from talkbridge.connectors.boundary import not_the_api, scrub
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -107,6 +107,8 @@ def translate(exc: BaseException, secrets: Iterable[str], *, method: str = "") -
         if code:
             return PermanentError(f"{where}Slack refused the call: {code}")
         return TransientError(f"{where}Slack answered HTTP {status} without a usable body")
+    if isinstance(exc, UnicodeDecodeError):
+        return not_the_api(f"{where}Slack", exc)
     if isinstance(exc, SlackRequestError):
         return TransientError(f"{where}{scrub(str(exc), *secrets)}")
     if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
@@ -119,4 +121,4 @@ def translate(exc: BaseException, secrets: Iterable[str], *, method: str = "") -
     return PermanentError(f"{where}{type(exc).__name__}: {scrub(str(exc), *secrets)}")
 
 
-HANDLED = (SlackClientError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+HANDLED = (SlackClientError, aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError)

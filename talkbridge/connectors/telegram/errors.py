@@ -76,6 +76,8 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
                 f"the Bot API answered something that is not JSON (a proxy's error page?): {page}"
             )
         return TransientError(f"the Bot API's answer did not fit aiogram's models: {exc.message}")
+    if isinstance(exc, UnicodeDecodeError):
+        return boundary.not_the_api("the Bot API", exc)
     if isinstance(exc, aiohttp.ClientResponseError):
         if exc.status == 404:
             return NotFoundError(f"Telegram answered 404 for {exc.request_info.method} request")
@@ -87,7 +89,7 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     return PermanentError(f"{type(exc).__name__}: {message}")
 
 
-_HANDLED = (tg.AiogramError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+_HANDLED = (tg.AiogramError, aiohttp.ClientError, asyncio.TimeoutError, OSError, UnicodeDecodeError)
 
 
 @contextmanager
