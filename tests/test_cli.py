@@ -173,6 +173,12 @@ def test_store_urls_are_shown_without_credentials() -> None:
     assert public_url("redis://:pw@127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert public_url("rediss://user:p#?w@cache.example:6380") == "rediss://cache.example:6380"
     assert public_url("sqlite:////data/talkbridge.db") == "sqlite:////data/talkbridge.db"
+    assert (
+        public_url("redis://127.0.0.1:6379/0?password=pw&socket_timeout=5&ssl_password=pw2")
+        == "redis://127.0.0.1:6379/0?password=***&socket_timeout=5&ssl_password=***"
+    )
+    assert public_url("redis://cache?Token=t#x") == "redis://cache?Token=***#x"
+    assert public_url("sqlite:///x.db?key=k") == "sqlite:///x.db?key=***"
 
 
 async def test_check_tries_the_store_and_never_shows_its_password(tmp_path: Path) -> None:
