@@ -39,11 +39,22 @@ class Secrets:
     """Every secret value the config holds, so any text can be scrubbed of them."""
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        self._values: set[str] = {v for v in values if len(v) >= 4}
+        self._values: set[str] = set()
+        for value in values:
+            self.add(value)
 
     def add(self, value: str) -> None:
-        if len(value) >= 4:
-            self._values.add(value)
+        """`value`, and the forms a library may log it in: escaped in a quoted string (IMAP's
+        `LOGIN user "pa\\"ss"`, JSON) and inside a `repr()` of a str or bytes (backslashes
+        doubled), which aioimaplib's own masking of LOGIN misses."""
+        if len(value) < 4:
+            return
+        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        for form in (value, quoted):
+            self._values.add(form)
+            self._values.add(form.replace("\\", "\\\\"))  # a repr() doubles each backslash
+            self._values.add(repr(form)[1:-1])
+            self._values.add(repr(form.encode())[2:-1])
 
     def redact(self, text: str) -> str:
         for value in sorted(self._values, key=len, reverse=True):

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from talkbridge.config import STORE_KEYS, load_config, parse_config
+from talkbridge.config import STORE_KEYS, Secrets, load_config, parse_config
 from talkbridge.errors import ConfigError
 
 
@@ -26,6 +26,25 @@ def test_env_references_are_substituted_and_redacted(monkeypatch: pytest.MonkeyP
     assert conn.token.get_secret_value() == "123456:SECRET-TOKEN"  # type: ignore[attr-defined]
     assert "SECRET" not in repr(config)
     assert secrets.redact("failed for 123456:SECRET-TOKEN!") == "failed for ***!"
+
+
+def test_a_secret_is_redacted_in_its_escaped_forms_too() -> None:
+    # aioimaplib logs the LOGIN command as bytes: the password quoted (IMAP escapes `"` and
+    # `\\`), then repr() doubles each backslash; its own masking misses that form.
+    password = 'SEKRIT"imap\\pw'
+    secrets = Secrets([password])
+    quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+    login = f'LOGIN help "{quoted}"'
+    for line in (
+        f"Sending : {login.encode()!r}",
+        f"Sending : {login!r}",
+        login,
+        f"password={password!r}",
+        f"{password.encode()!r}",
+        password,
+    ):
+        assert "SEKRIT" not in secrets.redact(line), line
+    assert secrets.redact(f"Sending : {login.encode()!r}") == "Sending : b'LOGIN help \"***\"'"
 
 
 def test_missing_env_var_is_named() -> None:
