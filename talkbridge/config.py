@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -60,7 +61,30 @@ class Secrets:
         for value in sorted(self._values, key=len, reverse=True):
             if value in text:
                 text = text.replace(value, "***")
-        return text
+        return _URL_USERINFO.sub(r"\1***@", text)
+
+
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+"""The `user:password@` of a URL (an `api_base` through an authenticating proxy, quoted by an
+HTTP client's error): a credential written in the file itself, which `Secrets` does not hold."""
+
+
+def http_base_url(value: str, example: str) -> str:
+    """An `api_base` check shared by the channels: an http(s) URL with a host and a valid port,
+    so a typo is a config error rather than a failure at the first request. The value is never
+    quoted: it may hold a proxy's `user:password@`."""
+    wrong = f"must be an http:// or https:// URL such as {example}"
+    try:
+        url = urlsplit(value)
+    except ValueError:  # `http://[::1`
+        raise ValueError(wrong) from None
+    if url.scheme.lower() not in ("http", "https") or not url.hostname:
+        raise ValueError(wrong)
+    try:
+        url.port  # noqa: B018 - reading it checks it (0-65535)
+    except ValueError:
+        raise ValueError(f"{wrong}: its port is not a port number (1-65535)") from None
+    return value
 
 
 class _Model(BaseModel):

@@ -47,6 +47,15 @@ def test_a_secret_is_redacted_in_its_escaped_forms_too() -> None:
     assert secrets.redact(f"Sending : {login.encode()!r}") == "Sending : b'LOGIN help \"***\"'"
 
 
+def test_the_credentials_of_a_url_are_redacted_though_not_a_known_secret() -> None:
+    # an api_base through an authenticating proxy, quoted by the HTTP client's error
+    error = "NonHttpUrlClientError: htp://proxyuser:SEKRIT@127.0.0.1:18925/bot***/getMe"
+    assert (
+        Secrets().redact(error) == "NonHttpUrlClientError: htp://***@127.0.0.1:18925/bot***/getMe"
+    )
+    assert Secrets().redact("write to me@example.com") == "write to me@example.com"
+
+
 def test_missing_env_var_is_named() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.token: environment variable NOPE_X"):
         parse_config({"connections": [{"id": "b", "channel": "telegram", "token": "${NOPE_X}"}]})
