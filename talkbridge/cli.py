@@ -71,9 +71,10 @@ class _Console:
 _console = _Console()
 
 
-_TOKEN_FIELD = re.compile(r"""(["']?(?:token|ticket)["']?\s*[:=]\s*["']?)[^"'\s,}&]+""")
-"""A token given in a frame or a query (a webchat auth frame in websockets' debug log), or
-a Socket Mode URL's ticket (in slack-sdk's debug log of `apps.connections.open`): not
+_TOKEN_FIELD = re.compile(r"""(["']?(?:\w*token\w*|ticket)["']?\s*[:=]\s*["']?)[^"'\s,;}&]+""")
+"""A token given in a frame, a query or a cookie (a webchat auth frame, or the
+`talkbridge_token_<port>=` cookie, in websockets' debug log of a request), or a Socket Mode
+URL's ticket (in slack-sdk's debug log of `apps.connections.open`): not
 one the config holds (a wrong one, a user's JWT), so `Secrets` cannot know it, yet it may be
 a real credential mistyped."""
 

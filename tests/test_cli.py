@@ -482,6 +482,12 @@ def test_tokens_a_client_presents_never_reach_the_log() -> None:
     )
     assert _RedactingFilter(Secrets()).filter(record)
     assert "8f1c-a2" not in record.getMessage() and "ticket=***&app_id=A1" in record.getMessage()
+    cookie = "talkbridge_token_18937=SEKRIT-wrong-one; theme=dark"
+    record = logging.LogRecord(
+        "websockets.server", logging.DEBUG, __file__, 1, "< %s: %s", ("Cookie", cookie), None
+    )
+    assert _RedactingFilter(Secrets()).filter(record)
+    assert record.getMessage() == "< Cookie: talkbridge_token_18937=***; theme=dark"
 
 
 async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_path: Path) -> None:
