@@ -336,6 +336,26 @@ _BROKEN = {
         {},
         "agents.definitions.mine.target: cannot load nomod.x:Y",
     ),
+    "an agent module that raises at import": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": 'raise RuntimeError("x")\n'},
+        "agents.definitions.a.target: cannot load boom:A: RuntimeError: x",
+    ),
+    "an agent module with a syntax error": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "class A(:\n"},
+        "agents.definitions.a.target: cannot load boom:A: SyntaxError: ",
+    ),
+    "an agent target that is not callable": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "A = 5\n"},
+        "agents.definitions.a.target: boom:A is not a class or a function that makes the agent",
+    ),
+    "an agent class whose __init__ raises": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "class A:\n    def __init__(self):\n        raise ValueError('no key')\n"},
+        "agents.definitions.a.target: building boom:A failed: ValueError: no key",
+    ),
     "a store nobody supports": (
         "store: postgres://x\n",
         {},
