@@ -449,6 +449,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+_MAX_INT = 2**63 - 1
+"""The largest integer the stores keep (SQLite's INTEGER): a larger id is no id at all."""
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number 1 or more (a `--limit`, a dead letter's id), so `-5` or
+    an id past any store's range is a usage error, not a traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= _MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {_MAX_INT}")
+    return value
+
+
 def _config_path(text: str) -> str:
     """argparse type: `--config ''` says so, rather than failing to read the folder `.`."""
     if not text.strip():
@@ -542,10 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     dead_list = dead_sub.add_parser("list", help="events whose handler gave up after retries")
     config_arg(dead_list)
     dead_list.add_argument("--app", help="only this app id")
-    dead_list.add_argument("--limit", type=int, default=1000)
+    dead_list.add_argument("--limit", type=_positive_int, default=1000)
     replay = dead_sub.add_parser("replay", help="queue dead letters again, attempts reset")
     config_arg(replay)
-    replay.add_argument("ids", nargs="*", type=int, metavar="ID", help="ids from `list`")
+    replay.add_argument("ids", nargs="*", type=_positive_int, metavar="ID", help="ids from `list`")
     replay.add_argument("--all", action="store_true", help="every dead letter")
     replay.add_argument("--app", help="only this app id")
     return parser

@@ -240,6 +240,15 @@ async def test_a_log_level_that_does_not_exist_is_a_usage_error(tmp_path: Path) 
     assert build_parser().parse_args(["run", "--log-level", "WARNING"]).log_level == "warning"
 
 
+async def test_a_dead_letter_limit_or_id_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (("list", "--limit", "-5"), ("list", "--limit", "x"), ("replay", "9" * 23)):
+        code, _, err = await finish(await talkbridge("hooks", "dead-letters", *args, cwd=tmp_path))
+        assert code == 2 and "Traceback" not in err, err
+        assert f"{args[-1]!r} is not a whole number from 1 to" in err
+    parsed = build_parser().parse_args(["hooks", "dead-letters", "replay", "7", "12"])
+    assert parsed.ids == [7, 12]
+
+
 async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
     (tmp_path / "talkbridge.yaml").write_text(
         "connections:\n  - id: bot\n    channel: telegram\n    token: '1:x'\n    enabled: false\n"
