@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
-"""A second Ctrl-C while stopping: the shell's code for "ended by SIGINT"."""
+"""Ctrl-C during `check`, `pair`, `hooks` or `init`, or a second one while `run` stops: the
+shell's code for "ended by SIGINT"."""
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -581,7 +582,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _console.err(f"talkbridge: {exc}")
         return EXIT_RUNTIME
     except KeyboardInterrupt:
-        return EXIT_OK
+        if args.command == "run":  # Ctrl-C before `run` handles it itself: nothing started yet
+            return EXIT_OK
+        _console.err(f"talkbridge {args.command}: interrupted")
+        return EXIT_INTERRUPTED
     except Exception:  # a bug: its traceback, still without the secrets
         _console.err(f"talkbridge: internal error:\n{traceback.format_exc().rstrip()}")
         return EXIT_RUNTIME

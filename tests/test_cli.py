@@ -249,6 +249,29 @@ async def test_a_dead_letter_limit_or_id_out_of_range_is_a_usage_error(tmp_path:
     assert parsed.ids == [7, 12]
 
 
+async def test_ctrl_c_during_check_exits_130_saying_so(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    reached = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()  # the check is under way: it waits for an answer that never comes
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "talkbridge.yaml").write_text(f"store: redis://127.0.0.1:{port}/0\n")
+    try:
+        process = await talkbridge("check", "--timeout", "50", cwd=tmp_path)
+        await asyncio.wait_for(reached.wait(), 30)
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+    finally:
+        server.close()
+    assert code == 130, err
+    assert err == "talkbridge check: interrupted\n"
+
+
 async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
     (tmp_path / "talkbridge.yaml").write_text(
         "connections:\n  - id: bot\n    channel: telegram\n    token: '1:x'\n    enabled: false\n"
