@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -148,6 +149,13 @@ async def _run(args: argparse.Namespace) -> int:
         last_error = bridge.registry.health("webchat").last_error
         return await _give_up(bridge, f"the webchat did not start: {last_error}")
     freeze_startup_objects()
+    host = config.webchat.host
+    if not _loopback(host):
+        where = f"every interface ({host})" if host in ("0.0.0.0", "::") else host
+        _console.err(
+            f"talkbridge: warning: the webchat is served as plain HTTP on {where}, so its "
+            "token travels in the clear: put a TLS reverse proxy in front (see deploy/README.md)"
+        )
     _say_running(bridge, config)
     print(url, flush=True)  # the one secret printed on purpose: the operator opens this link
     _console.out("Press Ctrl-C to stop.")
@@ -184,6 +192,16 @@ def _say_running(bridge: Bridge, config: BridgeConfig) -> None:
         f"talkbridge is running (store: {public_url(config.store)}; "
         f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:"
     )
+
+
+def _loopback(host: str) -> bool:
+    """Whether only this machine reaches `host` (127.0.0.1, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whoever resolves it
+        return False
 
 
 def _stop_now() -> None:

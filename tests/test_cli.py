@@ -61,6 +61,29 @@ async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Pat
     assert (tmp_path / "talkbridge.db").exists()  # the embedded default store
 
 
+async def test_run_on_every_ipv6_interface_prints_a_link_that_works_and_warns(
+    tmp_path: Path,
+) -> None:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        require(False, "no IPv6 loopback here")
+    process = await talkbridge("run", "--host", "::", "--port", "0", cwd=tmp_path)
+    url = await _url_of(process)
+    assert url.startswith("http://[::1]:"), url  # `::` is IPv6 only: 127.0.0.1 finds nobody
+    base, token = url.split("?token=")
+    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+    process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == 0, err
+    assert (
+        "talkbridge: warning: the webchat is served as plain HTTP on every interface (::), so "
+        "its token travels in the clear: put a TLS reverse proxy in front" in err
+    )
+
+
 async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
