@@ -157,7 +157,7 @@ async def _run(args: argparse.Namespace) -> int:
             "token travels in the clear: put a TLS reverse proxy in front (see deploy/README.md)"
         )
     _say_running(bridge, config)
-    print(url, flush=True)  # the one secret printed on purpose: the operator opens this link
+    print(url + _token_hint(url, config.webchat), flush=True)  # the one secret printed on purpose
     _console.out("Press Ctrl-C to stop.")
     await stop.wait()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -192,6 +192,18 @@ def _say_running(bridge: Bridge, config: BridgeConfig) -> None:
         f"talkbridge is running (store: {public_url(config.store)}; "
         f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:"
     )
+
+
+def _token_hint(url: str, webchat: WebchatConfig) -> str:
+    """What to add to a link that holds no token: the config's tokens (or its issuer's) log in,
+    and are never printed."""
+    if "?token=" in url:
+        return ""
+    if webchat.tokens:
+        return "?token=<one of webchat.tokens>"
+    if webchat.issuer is not None:
+        return "?token=<a token signed with webchat.issuer.secret>"
+    return ""
 
 
 def _loopback(host: str) -> bool:

@@ -84,6 +84,19 @@ async def test_run_on_every_ipv6_interface_prints_a_link_that_works_and_warns(
     )
 
 
+async def test_run_with_configured_tokens_says_to_add_one_and_never_prints_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "talkbridge.yaml").write_text('webchat: {tokens: ["my-own-webchat-token"]}\n')
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    url = await _url_of(process)
+    assert url.endswith("/?token=<one of webchat.tokens>"), url
+    process.send_signal(signal.SIGINT)
+    code, out, err = await finish(process)
+    assert code == 0, err
+    assert "my-own-webchat-token" not in url + out + err
+
+
 async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
