@@ -306,10 +306,9 @@ class BridgeConfig(_Model):
     def _unique_ids(cls, value: tuple[ConnectionConfig, ...]) -> tuple[ConnectionConfig, ...]:
         seen: set[str] = set()
         for conn in value:
-            if conn.id in seen:
-                raise ValueError(f"connection id {conn.id!r} is used twice")
-            if conn.id == "webchat":
-                raise ValueError("connection id 'webchat' is reserved for the bundled webchat")
+            problem = _id_clash(conn.id, seen)
+            if problem is not None:
+                raise ValueError(problem)
             seen.add(conn.id)
         return value
 
@@ -318,6 +317,15 @@ class BridgeConfig(_Model):
 
     def hook_folders(self) -> list[Path]:
         return [(self.base_dir / h).resolve() for h in self.hooks]
+
+
+def _id_clash(connection_id: str, taken: Iterable[str]) -> str | None:
+    """Why `connection_id` cannot be used beside the ids already `taken`, if it cannot."""
+    if connection_id == "webchat":
+        return "connection id 'webchat' is reserved for the bundled webchat"
+    if connection_id in taken:
+        return f"connection id {connection_id!r} is used twice"
+    return None
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -477,15 +485,21 @@ def parse_config(
             continue
         channel = raw.get("channel")
         if not isinstance(channel, str) or channel not in known_channels():
+            problem = "required" if channel is None else f"unknown channel {channel!r}"
             problems.append(
-                f"{where}.channel: unknown channel {channel!r}; "
-                f"known channels: {', '.join(sorted(known_channels()))}"
+                f"{where}.channel: {problem}; known channels: {', '.join(sorted(known_channels()))}"
             )
             continue
         try:
-            connections.append(connection_model(channel).model_validate(raw))
+            connection = connection_model(channel).model_validate(raw)
         except ValidationError as exc:
             problems.extend(format_errors(exc, where))
+            continue
+        clash = _id_clash(connection.id, (c.id for c in connections))
+        if clash is not None:  # named here, where the index is known
+            problems.append(f"{where}.id: {clash}")
+            continue
+        connections.append(connection)
     try:
         config = BridgeConfig.model_validate(
             {**data, "connections": connections, "base_dir": base_dir or Path(".")}

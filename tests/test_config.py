@@ -86,7 +86,7 @@ def test_errors_name_the_key_path_and_never_the_value(monkeypatch: pytest.Monkey
 def test_unknown_channel_and_duplicate_ids() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.channel: unknown channel 'icq'"):
         parse_config({"connections": [{"id": "a", "channel": "icq"}]})
-    with pytest.raises(ConfigError, match="used twice"):
+    with pytest.raises(ConfigError, match=r"connections\[1\]\.id: connection id 'a' is used twice"):
         parse_config(
             {
                 "connections": [
@@ -95,6 +95,15 @@ def test_unknown_channel_and_duplicate_ids() -> None:
                 ]
             }
         )
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.id: connection id 'webchat' is res"):
+        parse_config({"connections": [{"id": "webchat", "channel": "telegram", "token": "1:x"}]})
+
+
+def test_a_missing_channel_is_required_not_unknown() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"connections": [{"id": "a", "token": "1:x"}]})
+    assert "connections[0].channel: required; known channels: " in str(caught.value)
+    assert "None" not in str(caught.value)
 
 
 def test_bad_yaml_names_line(tmp_path: Path) -> None:
