@@ -441,16 +441,17 @@ def _init(args: argparse.Namespace) -> int:
         _console.err(f"talkbridge init: {target} is a file, not a folder")
         return EXIT_USAGE
     try:
-        written = write_starter(target, force=args.force)
-    except FileExistsError as exc:
-        _console.err(f"talkbridge init: {exc} already exists (use --force to overwrite)")
-        return EXIT_USAGE
+        written, kept = write_starter(target, force=args.force)
     except OSError as exc:
         where = exc.filename or target
         _console.err(f"talkbridge init: cannot write {where}: {exc.strerror or exc}")
         return EXIT_RUNTIME
     for path in written:
         _console.out(f"wrote {path}")
+    for path in kept:
+        _console.err(f"talkbridge init: {path} already exists: kept (use --force to overwrite)")
+    if not written:
+        return EXIT_USAGE
     move = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
     _console.out(f"next: {move}{_this_command()} run --config talkbridge.yaml")
     return EXIT_OK

@@ -128,6 +128,17 @@ async def test_init_writes_a_starter_whose_hook_acts_on_messages(tmp_path: Path)
     assert (tmp_path / "hooks/channel-message/keyword-router/hook.py").exists()
     again, _, err = await finish(await talkbridge("init", cwd=tmp_path))
     assert again == 2 and "already exists" in err
+    hook = Path("hooks/channel-message/keyword-router")
+    for name in ("talkbridge.yaml", hook / "hook.py", hook / "hook.yaml"):
+        assert f"talkbridge init: {name} already exists: kept" in err  # each one, not the first
+    (tmp_path / "talkbridge.yaml").unlink()
+    (tmp_path / hook / "hook.py").write_text("# mine\n")
+    code, out, err = await finish(await talkbridge("init", cwd=tmp_path))
+    assert code == 0 and "wrote talkbridge.yaml" in out and "next:" in out  # what was missing
+    assert f"{hook / 'hook.py'} already exists: kept" in err and "talkbridge.yaml" not in err
+    assert (tmp_path / hook / "hook.py").read_text() == "# mine\n"
+    code, out, _ = await finish(await talkbridge("init", "--force", cwd=tmp_path))
+    assert code == 0 and f"wrote {hook / 'hook.py'}" in out  # --force overwrites, as before
 
     config, secrets = load_config(tmp_path / "talkbridge.yaml")
     bridge = Bridge(config, secrets, with_webchat=False)
