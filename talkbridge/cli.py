@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
-"""A second Ctrl-C while stopping: the shell's code for "ended by SIGINT"."""
+"""Ctrl-C during `check`, `pair`, `hooks` or `init`, or a second one while `run` stops: the
+shell's code for "ended by SIGINT"."""
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -71,9 +73,10 @@ class _Console:
 _console = _Console()
 
 
-_TOKEN_FIELD = re.compile(r"""(["']?(?:token|ticket)["']?\s*[:=]\s*["']?)[^"'\s,}&]+""")
-"""A token given in a frame or a query (a webchat auth frame in websockets' debug log), or
-a Socket Mode URL's ticket (in slack-sdk's debug log of `apps.connections.open`): not
+_TOKEN_FIELD = re.compile(r"""(["']?(?:\w*token\w*|ticket)["']?\s*[:=]\s*["']?)[^"'\s,;}&]+""")
+"""A token given in a frame, a query or a cookie (a webchat auth frame, or the
+`talkbridge_token_<port>=` cookie, in websockets' debug log of a request), or a Socket Mode
+URL's ticket (in slack-sdk's debug log of `apps.connections.open`): not
 one the config holds (a wrong one, a user's JWT), so `Secrets` cannot know it, yet it may be
 a real credential mistyped."""
 
@@ -146,8 +149,15 @@ async def _run(args: argparse.Namespace) -> int:
         last_error = bridge.registry.health("webchat").last_error
         return await _give_up(bridge, f"the webchat did not start: {last_error}")
     freeze_startup_objects()
+    host = config.webchat.host
+    if not _loopback(host):
+        where = f"every interface ({host})" if host in ("0.0.0.0", "::") else host
+        _console.err(
+            f"talkbridge: warning: the webchat is served as plain HTTP on {where}, so its "
+            "token travels in the clear: put a TLS reverse proxy in front (see deploy/README.md)"
+        )
     _say_running(bridge, config)
-    print(url, flush=True)  # the one secret printed on purpose: the operator opens this link
+    print(url + _token_hint(url, config.webchat), flush=True)  # the one secret printed on purpose
     _console.out("Press Ctrl-C to stop.")
     await stop.wait()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -182,6 +192,28 @@ def _say_running(bridge: Bridge, config: BridgeConfig) -> None:
         f"talkbridge is running (store: {public_url(config.store)}; "
         f"connections: {', '.join(ids) or 'webchat only'}). Open the webchat:"
     )
+
+
+def _token_hint(url: str, webchat: WebchatConfig) -> str:
+    """What to add to a link that holds no token: the config's tokens (or its issuer's) log in,
+    and are never printed."""
+    if "?token=" in url:
+        return ""
+    if webchat.tokens:
+        return "?token=<one of webchat.tokens>"
+    if webchat.issuer is not None:
+        return "?token=<a token signed with webchat.issuer.secret>"
+    return ""
+
+
+def _loopback(host: str) -> bool:
+    """Whether only this machine reaches `host` (127.0.0.1, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whoever resolves it
+        return False
 
 
 def _stop_now() -> None:
@@ -409,16 +441,17 @@ def _init(args: argparse.Namespace) -> int:
         _console.err(f"talkbridge init: {target} is a file, not a folder")
         return EXIT_USAGE
     try:
-        written = write_starter(target, force=args.force)
-    except FileExistsError as exc:
-        _console.err(f"talkbridge init: {exc} already exists (use --force to overwrite)")
-        return EXIT_USAGE
+        written, kept = write_starter(target, force=args.force)
     except OSError as exc:
         where = exc.filename or target
         _console.err(f"talkbridge init: cannot write {where}: {exc.strerror or exc}")
         return EXIT_RUNTIME
     for path in written:
         _console.out(f"wrote {path}")
+    for path in kept:
+        _console.err(f"talkbridge init: {path} already exists: kept (use --force to overwrite)")
+    if not written:
+        return EXIT_USAGE
     move = "" if target.resolve() == Path.cwd().resolve() else f"cd {target} && "
     _console.out(f"next: {move}{_this_command()} run --config talkbridge.yaml")
     return EXIT_OK
@@ -445,6 +478,22 @@ def _seconds(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+_MAX_INT = 2**63 - 1
+"""The largest integer the stores keep (SQLite's INTEGER): a larger id is no id at all."""
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number 1 or more (a `--limit`, a dead letter's id), so `-5` or
+    an id past any store's range is a usage error, not a traceback."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= _MAX_INT:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to {_MAX_INT}")
     return value
 
 
@@ -541,10 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
     dead_list = dead_sub.add_parser("list", help="events whose handler gave up after retries")
     config_arg(dead_list)
     dead_list.add_argument("--app", help="only this app id")
-    dead_list.add_argument("--limit", type=int, default=1000)
+    dead_list.add_argument("--limit", type=_positive_int, default=1000)
     replay = dead_sub.add_parser("replay", help="queue dead letters again, attempts reset")
     config_arg(replay)
-    replay.add_argument("ids", nargs="*", type=int, metavar="ID", help="ids from `list`")
+    replay.add_argument("ids", nargs="*", type=_positive_int, metavar="ID", help="ids from `list`")
     replay.add_argument("--all", action="store_true", help="every dead letter")
     replay.add_argument("--app", help="only this app id")
     return parser
@@ -564,7 +613,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _console.err(f"talkbridge: {exc}")
         return EXIT_RUNTIME
     except KeyboardInterrupt:
-        return EXIT_OK
+        if args.command == "run":  # Ctrl-C before `run` handles it itself: nothing started yet
+            return EXIT_OK
+        _console.err(f"talkbridge {args.command}: interrupted")
+        return EXIT_INTERRUPTED
     except Exception:  # a bug: its traceback, still without the secrets
         _console.err(f"talkbridge: internal error:\n{traceback.format_exc().rstrip()}")
         return EXIT_RUNTIME

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -39,17 +40,51 @@ class Secrets:
     """Every secret value the config holds, so any text can be scrubbed of them."""
 
     def __init__(self, values: Iterable[str] = ()) -> None:
-        self._values: set[str] = {v for v in values if len(v) >= 4}
+        self._values: set[str] = set()
+        for value in values:
+            self.add(value)
 
     def add(self, value: str) -> None:
-        if len(value) >= 4:
-            self._values.add(value)
+        """`value`, and the forms a library may log it in: escaped in a quoted string (IMAP's
+        `LOGIN user "pa\\"ss"`, JSON) and inside a `repr()` of a str or bytes (backslashes
+        doubled), which aioimaplib's own masking of LOGIN misses."""
+        if len(value) < 4:
+            return
+        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        for form in (value, quoted):
+            self._values.add(form)
+            self._values.add(form.replace("\\", "\\\\"))  # a repr() doubles each backslash
+            self._values.add(repr(form)[1:-1])
+            self._values.add(repr(form.encode())[2:-1])
 
     def redact(self, text: str) -> str:
         for value in sorted(self._values, key=len, reverse=True):
             if value in text:
                 text = text.replace(value, "***")
-        return text
+        return _URL_USERINFO.sub(r"\1***@", text)
+
+
+_URL_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"<>]+@")
+"""The `user:password@` of a URL (an `api_base` through an authenticating proxy, quoted by an
+HTTP client's error): a credential written in the file itself, which `Secrets` does not hold."""
+
+
+def http_base_url(value: str, example: str) -> str:
+    """An `api_base` check shared by the channels: an http(s) URL with a host and a valid port,
+    so a typo is a config error rather than a failure at the first request. The value is never
+    quoted: it may hold a proxy's `user:password@`."""
+    wrong = f"must be an http:// or https:// URL such as {example}"
+    try:
+        url = urlsplit(value)
+    except ValueError:  # `http://[::1`
+        raise ValueError(wrong) from None
+    if url.scheme.lower() not in ("http", "https") or not url.hostname:
+        raise ValueError(wrong)
+    try:
+        url.port  # noqa: B018 - reading it checks it (0-65535)
+    except ValueError:
+        raise ValueError(f"{wrong}: its port is not a port number (1-65535)") from None
+    return value
 
 
 class _Model(BaseModel):
@@ -271,10 +306,9 @@ class BridgeConfig(_Model):
     def _unique_ids(cls, value: tuple[ConnectionConfig, ...]) -> tuple[ConnectionConfig, ...]:
         seen: set[str] = set()
         for conn in value:
-            if conn.id in seen:
-                raise ValueError(f"connection id {conn.id!r} is used twice")
-            if conn.id == "webchat":
-                raise ValueError("connection id 'webchat' is reserved for the bundled webchat")
+            problem = _id_clash(conn.id, seen)
+            if problem is not None:
+                raise ValueError(problem)
             seen.add(conn.id)
         return value
 
@@ -283,6 +317,15 @@ class BridgeConfig(_Model):
 
     def hook_folders(self) -> list[Path]:
         return [(self.base_dir / h).resolve() for h in self.hooks]
+
+
+def _id_clash(connection_id: str, taken: Iterable[str]) -> str | None:
+    """Why `connection_id` cannot be used beside the ids already `taken`, if it cannot."""
+    if connection_id == "webchat":
+        return "connection id 'webchat' is reserved for the bundled webchat"
+    if connection_id in taken:
+        return f"connection id {connection_id!r} is used twice"
+    return None
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -442,15 +485,21 @@ def parse_config(
             continue
         channel = raw.get("channel")
         if not isinstance(channel, str) or channel not in known_channels():
+            problem = "required" if channel is None else f"unknown channel {channel!r}"
             problems.append(
-                f"{where}.channel: unknown channel {channel!r}; "
-                f"known channels: {', '.join(sorted(known_channels()))}"
+                f"{where}.channel: {problem}; known channels: {', '.join(sorted(known_channels()))}"
             )
             continue
         try:
-            connections.append(connection_model(channel).model_validate(raw))
+            connection = connection_model(channel).model_validate(raw)
         except ValidationError as exc:
             problems.extend(format_errors(exc, where))
+            continue
+        clash = _id_clash(connection.id, (c.id for c in connections))
+        if clash is not None:  # named here, where the index is known
+            problems.append(f"{where}.id: {clash}")
+            continue
+        connections.append(connection)
     try:
         config = BridgeConfig.model_validate(
             {**data, "connections": connections, "base_dir": base_dir or Path(".")}

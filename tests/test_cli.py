@@ -61,6 +61,42 @@ async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Pat
     assert (tmp_path / "talkbridge.db").exists()  # the embedded default store
 
 
+async def test_run_on_every_ipv6_interface_prints_a_link_that_works_and_warns(
+    tmp_path: Path,
+) -> None:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        require(False, "no IPv6 loopback here")
+    process = await talkbridge("run", "--host", "::", "--port", "0", cwd=tmp_path)
+    url = await _url_of(process)
+    assert url.startswith("http://[::1]:"), url  # `::` is IPv6 only: 127.0.0.1 finds nobody
+    base, token = url.split("?token=")
+    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+    process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == 0, err
+    assert (
+        "talkbridge: warning: the webchat is served as plain HTTP on every interface (::), so "
+        "its token travels in the clear: put a TLS reverse proxy in front" in err
+    )
+
+
+async def test_run_with_configured_tokens_says_to_add_one_and_never_prints_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "talkbridge.yaml").write_text('webchat: {tokens: ["my-own-webchat-token"]}\n')
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    url = await _url_of(process)
+    assert url.endswith("/?token=<one of webchat.tokens>"), url
+    process.send_signal(signal.SIGINT)
+    code, out, err = await finish(process)
+    assert code == 0, err
+    assert "my-own-webchat-token" not in url + out + err
+
+
 async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]
@@ -92,6 +128,17 @@ async def test_init_writes_a_starter_whose_hook_acts_on_messages(tmp_path: Path)
     assert (tmp_path / "hooks/channel-message/keyword-router/hook.py").exists()
     again, _, err = await finish(await talkbridge("init", cwd=tmp_path))
     assert again == 2 and "already exists" in err
+    hook = Path("hooks/channel-message/keyword-router")
+    for name in ("talkbridge.yaml", hook / "hook.py", hook / "hook.yaml"):
+        assert f"talkbridge init: {name} already exists: kept" in err  # each one, not the first
+    (tmp_path / "talkbridge.yaml").unlink()
+    (tmp_path / hook / "hook.py").write_text("# mine\n")
+    code, out, err = await finish(await talkbridge("init", cwd=tmp_path))
+    assert code == 0 and "wrote talkbridge.yaml" in out and "next:" in out  # what was missing
+    assert f"{hook / 'hook.py'} already exists: kept" in err and "talkbridge.yaml" not in err
+    assert (tmp_path / hook / "hook.py").read_text() == "# mine\n"
+    code, out, _ = await finish(await talkbridge("init", "--force", cwd=tmp_path))
+    assert code == 0 and f"wrote {hook / 'hook.py'}" in out  # --force overwrites, as before
 
     config, secrets = load_config(tmp_path / "talkbridge.yaml")
     bridge = Bridge(config, secrets, with_webchat=False)
@@ -173,6 +220,12 @@ def test_store_urls_are_shown_without_credentials() -> None:
     assert public_url("redis://:pw@127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert public_url("rediss://user:p#?w@cache.example:6380") == "rediss://cache.example:6380"
     assert public_url("sqlite:////data/talkbridge.db") == "sqlite:////data/talkbridge.db"
+    assert (
+        public_url("redis://127.0.0.1:6379/0?password=pw&socket_timeout=5&ssl_password=pw2")
+        == "redis://127.0.0.1:6379/0?password=***&socket_timeout=5&ssl_password=***"
+    )
+    assert public_url("redis://cache?Token=t#x") == "redis://cache?Token=***#x"
+    assert public_url("sqlite:///x.db?key=k") == "sqlite:///x.db?key=***"
 
 
 async def test_check_tries_the_store_and_never_shows_its_password(tmp_path: Path) -> None:
@@ -232,6 +285,38 @@ async def test_a_log_level_that_does_not_exist_is_a_usage_error(tmp_path: Path) 
         assert "'bogus' is not a log level" in err
         assert "debug, info, warning, error, critical" in err
     assert build_parser().parse_args(["run", "--log-level", "WARNING"]).log_level == "warning"
+
+
+async def test_a_dead_letter_limit_or_id_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
+    for args in (("list", "--limit", "-5"), ("list", "--limit", "x"), ("replay", "9" * 23)):
+        code, _, err = await finish(await talkbridge("hooks", "dead-letters", *args, cwd=tmp_path))
+        assert code == 2 and "Traceback" not in err, err
+        assert f"{args[-1]!r} is not a whole number from 1 to" in err
+    parsed = build_parser().parse_args(["hooks", "dead-letters", "replay", "7", "12"])
+    assert parsed.ids == [7, 12]
+
+
+async def test_ctrl_c_during_check_exits_130_saying_so(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    reached = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()  # the check is under way: it waits for an answer that never comes
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    (tmp_path / "talkbridge.yaml").write_text(f"store: redis://127.0.0.1:{port}/0\n")
+    try:
+        process = await talkbridge("check", "--timeout", "50", cwd=tmp_path)
+        await asyncio.wait_for(reached.wait(), 30)
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+    finally:
+        server.close()
+    assert code == 130, err
+    assert err == "talkbridge check: interrupted\n"
 
 
 async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
@@ -329,6 +414,26 @@ _BROKEN = {
         'agents: {definitions: {mine: {kind: python, target: "nomod.x:Y"}}}\n',
         {},
         "agents.definitions.mine.target: cannot load nomod.x:Y",
+    ),
+    "an agent module that raises at import": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": 'raise RuntimeError("x")\n'},
+        "agents.definitions.a.target: cannot load boom:A: RuntimeError: x",
+    ),
+    "an agent module with a syntax error": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "class A(:\n"},
+        "agents.definitions.a.target: cannot load boom:A: SyntaxError: ",
+    ),
+    "an agent target that is not callable": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "A = 5\n"},
+        "agents.definitions.a.target: boom:A is not a class or a function that makes the agent",
+    ),
+    "an agent class whose __init__ raises": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "class A:\n    def __init__(self):\n        raise ValueError('no key')\n"},
+        "agents.definitions.a.target: building boom:A failed: ValueError: no key",
     ),
     "a store nobody supports": (
         "store: postgres://x\n",
@@ -476,6 +581,12 @@ def test_tokens_a_client_presents_never_reach_the_log() -> None:
     )
     assert _RedactingFilter(Secrets()).filter(record)
     assert "8f1c-a2" not in record.getMessage() and "ticket=***&app_id=A1" in record.getMessage()
+    cookie = "talkbridge_token_18937=SEKRIT-wrong-one; theme=dark"
+    record = logging.LogRecord(
+        "websockets.server", logging.DEBUG, __file__, 1, "< %s: %s", ("Cookie", cookie), None
+    )
+    assert _RedactingFilter(Secrets()).filter(record)
+    assert record.getMessage() == "< Cookie: talkbridge_token_18937=***; theme=dark"
 
 
 async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from talkbridge.config import STORE_KEYS, load_config, parse_config
+from talkbridge.config import STORE_KEYS, Secrets, load_config, parse_config
 from talkbridge.errors import ConfigError
 
 
@@ -26,6 +26,34 @@ def test_env_references_are_substituted_and_redacted(monkeypatch: pytest.MonkeyP
     assert conn.token.get_secret_value() == "123456:SECRET-TOKEN"  # type: ignore[attr-defined]
     assert "SECRET" not in repr(config)
     assert secrets.redact("failed for 123456:SECRET-TOKEN!") == "failed for ***!"
+
+
+def test_a_secret_is_redacted_in_its_escaped_forms_too() -> None:
+    # aioimaplib logs the LOGIN command as bytes: the password quoted (IMAP escapes `"` and
+    # `\\`), then repr() doubles each backslash; its own masking misses that form.
+    password = 'SEKRIT"imap\\pw'
+    secrets = Secrets([password])
+    quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+    login = f'LOGIN help "{quoted}"'
+    for line in (
+        f"Sending : {login.encode()!r}",
+        f"Sending : {login!r}",
+        login,
+        f"password={password!r}",
+        f"{password.encode()!r}",
+        password,
+    ):
+        assert "SEKRIT" not in secrets.redact(line), line
+    assert secrets.redact(f"Sending : {login.encode()!r}") == "Sending : b'LOGIN help \"***\"'"
+
+
+def test_the_credentials_of_a_url_are_redacted_though_not_a_known_secret() -> None:
+    # an api_base through an authenticating proxy, quoted by the HTTP client's error
+    error = "NonHttpUrlClientError: htp://proxyuser:SEKRIT@127.0.0.1:18925/bot***/getMe"
+    assert (
+        Secrets().redact(error) == "NonHttpUrlClientError: htp://***@127.0.0.1:18925/bot***/getMe"
+    )
+    assert Secrets().redact("write to me@example.com") == "write to me@example.com"
 
 
 def test_missing_env_var_is_named() -> None:
@@ -58,7 +86,7 @@ def test_errors_name_the_key_path_and_never_the_value(monkeypatch: pytest.Monkey
 def test_unknown_channel_and_duplicate_ids() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.channel: unknown channel 'icq'"):
         parse_config({"connections": [{"id": "a", "channel": "icq"}]})
-    with pytest.raises(ConfigError, match="used twice"):
+    with pytest.raises(ConfigError, match=r"connections\[1\]\.id: connection id 'a' is used twice"):
         parse_config(
             {
                 "connections": [
@@ -67,6 +95,15 @@ def test_unknown_channel_and_duplicate_ids() -> None:
                 ]
             }
         )
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.id: connection id 'webchat' is res"):
+        parse_config({"connections": [{"id": "webchat", "channel": "telegram", "token": "1:x"}]})
+
+
+def test_a_missing_channel_is_required_not_unknown() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"connections": [{"id": "a", "token": "1:x"}]})
+    assert "connections[0].channel: required; known channels: " in str(caught.value)
+    assert "None" not in str(caught.value)
 
 
 def test_bad_yaml_names_line(tmp_path: Path) -> None:

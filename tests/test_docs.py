@@ -61,3 +61,23 @@ def test_the_reference_lists_every_key_of_each_channel(channel: str) -> None:
         and f"`{key}." not in section
     ]
     assert missing == [], f"docs/configuration.md, channel {channel}: undocumented {missing}"
+
+
+def test_the_readme_starts_from_a_clone_and_shows_what_run_prints() -> None:
+    readme = (ROOT / "README.md").read_text()
+    before_first_command = readme.split("```sh", 1)[0]
+    assert "git clone" in before_first_command and "`cd talkbridge`" in before_first_command
+    shown = readme.split("`talkbridge run` prints the address", 1)[1].split("```\n", 2)[1]
+    assert shown.splitlines()[-1] == "Press Ctrl-C to stop."  # the third line `run` prints
+    assert '_console.out("Press Ctrl-C to stop.")' in (ROOT / "talkbridge" / "cli.py").read_text()
+
+
+def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials() -> None:
+    readme = (ROOT / "README.md").read_text()
+    starter = (TEMPLATE / "talkbridge.yaml").read_text()
+    section = readme.split("## 1. Configure a connection", 1)[1].split("\n## ", 1)[0]
+    section = " ".join(section.split())  # as read, whatever the line breaks
+    assert "replace the line `connections: []`" in section
+    assert "\nconnections: []\n" in starter
+    assert "a token written in the file itself works too" in section
+    assert "never the file" not in starter and "a token written here\n# works too" in starter

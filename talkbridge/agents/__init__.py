@@ -44,7 +44,20 @@ def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None 
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"{where}.target: cannot load {spec.target}: {exc}") from None
-        agent = factory()
+        except Exception as exc:  # the module's own code failed (or did not compile)
+            raise ConfigError(
+                f"{where}.target: cannot load {spec.target}: {_one_line(exc)}"
+            ) from None
+        if not callable(factory):
+            raise ConfigError(
+                f"{where}.target: {spec.target} is not a class or a function that makes the agent"
+            )
+        try:
+            agent = factory()
+        except Exception as exc:
+            raise ConfigError(
+                f"{where}.target: building {spec.target} failed: {_one_line(exc)}"
+            ) from None
         if not isinstance(agent, Agent):
             raise ConfigError(
                 f"{where}.target: {spec.target} is not an agent (it needs `name` and `stream(ctx)`)"
@@ -64,6 +77,11 @@ def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None 
             history=spec.history,
         )
     raise ConfigError(f"{where}.kind: {spec.kind!r} agents are not available in this version")
+
+
+def _one_line(exc: Exception) -> str:
+    """`RuntimeError: why`, on one line whatever the message holds."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 __all__ = [

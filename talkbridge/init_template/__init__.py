@@ -19,17 +19,17 @@ def _walk(node: Traversable, prefix: Path) -> list[tuple[Path, Traversable]]:
     return found
 
 
-def write_starter(target: Path, *, force: bool = False) -> list[Path]:
-    """Copy the template into `target`; refuses to overwrite unless `force`."""
+def write_starter(target: Path, *, force: bool = False) -> tuple[list[Path], list[Path]]:
+    """Copy the template into `target`: the files written, and those kept because they exist
+    already (none with `force`, which overwrites them)."""
     entries = _walk(files(__package__).joinpath("files"), Path())
-    if not force:
-        for relative, _ in entries:
-            if (target / relative).exists():
-                raise FileExistsError(str(target / relative))
-    written = []
+    written, kept = [], []
     for relative, source in sorted(entries, key=lambda e: str(e[0])):
         path = target / relative
+        if path.exists() and not force:
+            kept.append(path)
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(source.read_bytes())
         written.append(path)
-    return written
+    return written, kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,15 +39,30 @@ __all__ = [
 _SQLITE_FORMS = "sqlite:///relative.db, sqlite:////absolute/path.db or sqlite:///:memory:"
 
 
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|key|token|auth|cred", re.IGNORECASE)
+"""Query parameters whose value is a credential: redis-py passes `?password=` (and
+`ssl_password`, `ssl_keyfile`...) on to the connection, and an encrypted SQLite build reads
+`?key=`."""
+
+
 def public_url(url: str) -> str:
-    """`url` without its user and password (`redis://:pw@host/0` -> `redis://host/0`): the form
-    of a store URL that may be printed or logged. The authority ends at the first `/`, so a
-    password holding `?` or `#` is dropped too."""
+    """`url` without its user and password (`redis://:pw@host/0` -> `redis://host/0`) and with
+    the value of every password-like query parameter masked (`?password=***`): the form of a
+    store URL that may be printed or logged. The authority ends at the first `/`, so a password
+    holding `?` or `#` is dropped too."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
     authority, slash, path = rest.partition("/")
-    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
+    where, question, query = f"{authority.rpartition('@')[2]}{slash}{path}".partition("?")
+    query, hash_, fragment = query.partition("#")
+    params = [_masked_param(param) for param in re.split(r"([&;])", query)]
+    return f"{scheme}{sep}{where}{question}{''.join(params)}{hash_}{fragment}"
+
+
+def _masked_param(param: str) -> str:
+    name, equals, value = param.partition("=")
+    return f"{name}=***" if equals and value and _SECRET_PARAM.search(name) else param
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -72,9 +88,13 @@ def _sqlite_store(url: str, *, short_lived: bool) -> Store:
         )
     path = rest[1:]
     if not path or path.endswith("/"):
-        raise ConfigError(f"store URL {url!r} names no database file; write it as {_SQLITE_FORMS}")
+        raise ConfigError(
+            f"store URL {public_url(url)!r} names no database file; write it as {_SQLITE_FORMS}"
+        )
     if "?" in path or "#" in path:
-        raise ConfigError(f"store URL {url!r}: query parameters are not supported for sqlite")
+        raise ConfigError(
+            f"store URL {public_url(url)!r}: query parameters are not supported for sqlite"
+        )
     return SqliteStore(path, writer="thread" if short_lived else None)
 
 
@@ -107,11 +127,20 @@ def open_store(url: str, *, prefix: str = "talkbridge", short_lived: bool = Fals
 def _check_redis_url(url: str) -> None:
     """What redis-py would only stumble on later (a traceback at start, or database 0 taken in
     silence for `/abc`), named now; never quoting the URL, which may hold a password."""
-    parts = urlsplit(url)
+    from redis.asyncio.connection import parse_url
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # `[::1:6379`: "Invalid IPv6 URL"
+        raise ConfigError(f"store: the redis URL is not valid: {exc}") from None
     try:
         parts.port  # noqa: B018 - reading it checks it (0-65535)
     except ValueError:
         raise ConfigError("store: the redis URL's port is not a port number (1-65535)") from None
+    try:
+        parse_url(url)  # its query parameters (`?socket_timeout=abc`), as the client reads them
+    except ValueError as exc:  # its words name the parameter, never a value
+        raise ConfigError(f"store: the redis URL is not valid: {exc}") from None
     database = parts.path.strip("/")
     if database and not database.isdigit():
         raise ConfigError(

@@ -291,6 +291,8 @@ async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back(
     [
         ("redis://:s3cret@127.0.0.1:99999/0", "port is not a port number"),
         ("redis://:s3cret@127.0.0.1:6379/abc", "is the database number"),
+        ("redis://:s3cret@[::1:6379/0", "redis URL is not valid: Invalid IPv6 URL"),
+        ("redis://:s3cret@127.0.0.1/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
     ],
 )
 def test_a_redis_url_redis_py_would_stumble_on_is_a_config_error(url: str, reason: str) -> None:

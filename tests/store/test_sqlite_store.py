@@ -284,6 +284,7 @@ def test_a_short_lived_store_writes_from_a_thread() -> None:
         ("sqlite://host/x.db", "has a host part"),
         ("sqlite:///", "names no database file"),
         ("sqlite:///x.db?mode=ro", "query parameters are not supported"),
+        ("sqlite:///x.db?key=s3cret", "query parameters are not supported"),
     ],
 )
 def test_open_store_rejects_other_urls(url: str, message: str) -> None:

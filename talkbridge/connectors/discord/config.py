@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from talkbridge.config import ConnectionConfig
+from talkbridge.config import ConnectionConfig, http_base_url
 
 if TYPE_CHECKING:
     from talkbridge.message import NormalizedMessage
@@ -62,10 +62,11 @@ class DiscordConfig(ConnectionConfig):
     def _url(cls, value: str | None, info: Any) -> str | None:
         if value is None:
             return None
-        schemes = ("http://", "https://") if info.field_name == "api_base" else ("ws://", "wss://")
-        if not value.startswith(schemes):
-            raise ValueError(f"must start with {' or '.join(schemes)}")
-        return value.rstrip("/") if info.field_name == "api_base" else value
+        if info.field_name == "api_base":
+            return http_base_url(value, "https://discord.com/api/v10").rstrip("/")
+        if not value.startswith(("ws://", "wss://")):
+            raise ValueError("must start with ws:// or wss://")
+        return value
 
     def trusted_roles(self) -> tuple[str, ...]:
         """Entries of `trusted` that are not user ids (snowflakes) are role names."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from talkbridge.config import ConnectionConfig, ListenHost, ListenPort
+from talkbridge.config import ConnectionConfig, ListenHost, ListenPort, http_base_url
 
 DEFAULT_API_BASE = "https://slack.com/api/"
 
@@ -58,8 +58,7 @@ class SlackConfig(ConnectionConfig):
     @field_validator("api_base")
     @classmethod
     def _trailing_slash(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL such as https://slack.com/api/")
+        value = http_base_url(value, "https://slack.com/api/")
         return value if value.endswith("/") else value + "/"
 
     @model_validator(mode="after")

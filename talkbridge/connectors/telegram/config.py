@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from talkbridge.config import ConnectionConfig, ListenHost, ListenPort
+from talkbridge.config import ConnectionConfig, ListenHost, ListenPort, http_base_url
 
 _TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 
@@ -50,6 +50,11 @@ class TelegramConfig(ConnectionConfig):
                 "digits, _ or -)"
             )
         return value
+
+    @field_validator("api_base")
+    @classmethod
+    def _api_base_url(cls, value: str | None) -> str | None:
+        return None if value is None else http_base_url(value, "http://127.0.0.1:8081")
 
     @model_validator(mode="before")
     @classmethod

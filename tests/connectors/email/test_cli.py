@@ -52,3 +52,31 @@ async def test_check_reports_imap_and_smtp_for_each_mailbox(
     text = out.decode() + err.decode()
     for secret in (USERS["help"], SMTP_USERS["help"], "wrong-smtp-secret"):
         assert secret not in text
+
+
+async def test_an_imap_password_with_quotes_and_backslashes_stays_out_of_the_debug_log(
+    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
+) -> None:
+    password = 'SEKRIT"imap\\pw'  # aioimaplib logs LOGIN with it quoted, then as bytes repr
+    dovecot.set_password("help", password)
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\nwebchat: {{port: 0}}\nconnections:"
+        + entry(dovecot, smtp, "helpdesk", "help", SMTP_USERS["help"]),
+        encoding="utf-8",
+    )
+    process = await talkbridge(
+        "run", "--config", str(config), "--log-level", "debug", env={"IMAP_PASSWORD": password}
+    )
+    assert process.stderr is not None
+    seen: list[str] = []
+    try:
+        while not any("Sending" in line and " LOGIN " in line for line in seen):  # aioimaplib's
+            line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
+            assert line, "talkbridge run ended before logging in:\n" + "".join(seen)
+            seen.append(line)
+    finally:
+        process.terminate()
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    text = "".join(seen) + out.decode() + err.decode()
+    assert "SEKRIT" not in text

@@ -51,6 +51,24 @@ def test_bad_values_are_named_without_echoing_secrets() -> None:
         parse_config(connection(polling=True))
 
 
+@pytest.mark.parametrize(
+    ("api_base", "reason"),
+    [
+        ("ftp://x", "must be an http:// or https:// URL"),
+        ("htp://proxyuser:SEKRIT@127.0.0.1:18925", "must be an http:// or https:// URL"),
+        ("http://proxyuser:SEKRIT@127.0.0.1:99999", "port is not a port number"),
+        ("http://", "must be an http:// or https:// URL"),
+    ],
+)
+def test_a_bad_api_base_is_a_config_error_without_its_credentials(
+    api_base: str, reason: str
+) -> None:
+    # as for Slack and Discord: named at load (exit 2), not a failed request at check or run
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.api_base: .*" + reason) as caught:
+        parse_config(connection(api_base=api_base))
+    assert "SEKRIT" not in str(caught.value)
+
+
 def test_config_and_codec_import_without_aiogram() -> None:
     code = (
         "import sys, talkbridge.connectors.telegram.config, talkbridge.connectors.telegram.codec;"
