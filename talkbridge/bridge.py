@@ -290,8 +290,6 @@ class Bridge:
             await self.store.set_state(_TOKEN_KEY, self.webchat_token)  # replaces the old link
             self.new_webchat_token = False
         url: str = self.webchat.url(self.webchat_token)
-        if self.config.webchat.host == "::":  # an IPv6-only socket: 127.0.0.1 finds nobody
-            url = url.replace("http://127.0.0.1:", "http://[::1]:", 1)
         return url
 
     # -- the message path -----------------------------------------------------------------------

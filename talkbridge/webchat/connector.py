@@ -155,8 +155,10 @@ class WebchatConnector(BaseConnector):
     def url(self, token: str | None = None) -> str:
         """The address to open in a browser; with `token`, the full link that logs straight in."""
         host = self.config.host
-        if host in ("", "0.0.0.0", "::"):
+        if host in ("", "0.0.0.0"):
             host = "127.0.0.1"
+        elif host == "::":  # an IPv6-only socket: 127.0.0.1 would find nobody
+            host = "::1"
         if ":" in host:
             host = f"[{host}]"
         port = self.port if self.port is not None else self.config.port
