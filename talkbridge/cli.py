@@ -17,9 +17,9 @@ import shutil
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -599,13 +599,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
+    """Run `command`; a Ctrl-C is a KeyboardInterrupt even when the code it cut short made
+    something else of the cancellation (a client library that retries, or reports a failure)."""
+    task = asyncio.current_task()
+    assert task is not None
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        code = await command
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    if interrupted:
+        raise KeyboardInterrupt
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "init":
             return _init(args)
-        runner = {"run": _run, "check": _check, "pair": _pair, "hooks": _hooks}[args.command]
-        return asyncio.run(runner(args))
+        if args.command == "run":  # handles Ctrl-C itself: finishes the replies under way
+            return asyncio.run(_run(args))
+        runner = {"check": _check, "pair": _pair, "hooks": _hooks}[args.command]
+        return asyncio.run(_interruptible(runner(args)))
     except ConfigError as exc:  # a hook folder that cannot be loaded is one too
         _console.err(f"talkbridge: {exc}")
         return EXIT_USAGE
