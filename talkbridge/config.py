@@ -33,7 +33,11 @@ from pydantic_core import ErrorDetails
 from talkbridge.errors import ConfigError
 
 _CONNECTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""`${NAME}`, or `$${NAME}`: the text `${NAME}` itself (in a prompt, say)."""
+PLAIN_KEYS = frozenset({"host", "port", "id", "channel", "folder", "mode", "security"})
+"""Keys whose `${NAME}` values are not secrets: an error about them shows the value (which
+port is in use), and the value is not blanked out of every other line either."""
 
 
 class Secrets:
@@ -351,14 +355,17 @@ def _substitute(
     if isinstance(value, str):
 
         def env(match: re.Match[str]) -> str:
-            name = match.group(1)
+            escaped, name = match.groups()
+            if escaped:
+                return "${" + name + "}"
             if name not in os.environ:
                 problem = f"{path}: environment variable {name} is not set"
                 if unset is None:
                     raise ConfigError(problem)
                 unset.append(problem)
                 return ""
-            secrets.add(os.environ[name])
+            if path.rpartition(".")[2] not in PLAIN_KEYS:
+                secrets.add(os.environ[name])
             return os.environ[name]
 
         return _ENV_REF.sub(env, value)

@@ -28,6 +28,38 @@ def test_env_references_are_substituted_and_redacted(monkeypatch: pytest.MonkeyP
     assert secrets.redact("failed for 123456:SECRET-TOKEN!") == "failed for ***!"
 
 
+def test_env_values_of_plain_keys_stay_readable_and_dollar_dollar_is_literal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CHAT_HOST", "127.0.0.1")
+    monkeypatch.setenv("CHAT_PORT", "18937")
+    monkeypatch.setenv("IMAP_PW", "hunter2-long")
+    config, secrets = parse_config(
+        {
+            "webchat": {"host": "${CHAT_HOST}", "port": "${CHAT_PORT}"},
+            "agents": {
+                "definitions": {"p": {"kind": "echo", "system_prompt": "Say $${NAME} as is"}}
+            },
+            "connections": [
+                {
+                    "id": "mail",
+                    "channel": "email",
+                    "address": "help@example.com",
+                    "imap": {"host": "${CHAT_HOST}", "username": "help", "password": "${IMAP_PW}"},
+                    "smtp": {"host": "localhost", "username": "help", "password": "${IMAP_PW}"},
+                }
+            ],
+        }
+    )
+    # An error about the port can say which one; the password is still kept out.
+    line = "webchat cannot listen on 127.0.0.1:18937; IMAP login hunter2-long refused"
+    assert (
+        secrets.redact(line) == "webchat cannot listen on 127.0.0.1:18937; IMAP login *** refused"
+    )
+    assert config.webchat.port == 18937
+    assert config.agents.definitions["p"].system_prompt == "Say ${NAME} as is"
+
+
 def test_a_secret_is_redacted_in_its_escaped_forms_too() -> None:
     # aioimaplib logs the LOGIN command as bytes: the password quoted (IMAP escapes `"` and
     # `\\`), then repr() doubles each backslash; its own masking misses that form.
