@@ -132,8 +132,14 @@ async def _run(args: argparse.Namespace) -> int:
     check_agent_roles(bridge)  # a config error (exit 2) before anything opens
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:  # a second one while starting (or stopping) stops at once
+        if stop.is_set():
+            _stop_now()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         await bridge.start()
     except OSError as exc:
@@ -149,6 +155,10 @@ async def _run(args: argparse.Namespace) -> int:
         last_error = bridge.registry.health("webchat").last_error
         return await _give_up(bridge, f"the webchat did not start: {last_error}")
     freeze_startup_objects()
+    if stop.is_set():  # Ctrl-C while starting: not "running", stopping
+        _console.err("talkbridge: stopping: interrupted while starting")
+        await bridge.stop()
+        return EXIT_OK
     host = config.webchat.host
     if not _loopback(host):
         where = f"every interface ({host})" if host in ("0.0.0.0", "::") else host
@@ -160,8 +170,6 @@ async def _run(args: argparse.Namespace) -> int:
     print(url + _token_hint(url, config.webchat), flush=True)  # the one secret printed on purpose
     _console.out("Press Ctrl-C to stop.")
     await stop.wait()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _stop_now)
     later = "by another node or at the next start" if bridge.node_id else "at the next start"
     _console.err(
         "talkbridge: stopping: finishing the replies under way (up to 10 s; Ctrl-C again stops "

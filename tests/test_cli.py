@@ -544,6 +544,45 @@ async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
     assert "stopped at once, without waiting for the replies under way" in err
 
 
+async def test_ctrl_c_while_starting_stops_and_a_second_one_stops_at_once(
+    tmp_path: Path,
+) -> None:
+    # A start that holds the loop (a slow import: aiogram's takes seconds on a small VM).
+    reached = asyncio.Event()
+
+    async def started(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()
+        writer.close()
+
+    server = await asyncio.start_server(started, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    hook = tmp_path / "hooks" / "slow"
+    hook.mkdir(parents=True)
+    (hook / "hook.yaml").write_text("kind: channel-message\nname: slow\n")
+    (hook / "hook.py").write_text(
+        "import socket, time\n"
+        f"socket.create_connection(('127.0.0.1', {port})).close()\n"
+        "time.sleep(4)  # the Ctrl-Cs arrive meanwhile\n"
+        "class Hook:\n    async def on_message(self, msg):\n        return None\n"
+        "def create_hook(deps):\n    return Hook()\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text("hooks: [hooks/slow]\n")
+    try:
+        process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+        await asyncio.wait_for(reached.wait(), 30)
+        process.send_signal(signal.SIGINT)  # taken: the start is not cut at an odd place...
+        # Two signals sent back to back may reach the process as one (the kernel keeps one
+        # pending SIGINT): the second comes a moment later, as a person's would. Nothing in
+        # the blocked process can say it got the first.
+        await asyncio.sleep(0.5)
+        process.send_signal(signal.SIGINT)  # ...unless the operator insists
+        code, out, err = await finish(process)
+    finally:
+        server.close()
+    assert code == 130, err
+    assert "stopped at once" in err and "Open the webchat" not in out
+
+
 async def test_pair_approve_twice_and_pair_list_without_a_store(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
     assert code == 0 and "no pending pairings" in out and "does not exist yet" in err
