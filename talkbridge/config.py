@@ -114,13 +114,20 @@ class ConnectionConfig(_Model):
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
     enabled: bool = True
 
-    def _no_handles(self, what: str) -> None:
-        """For channels whose `trusted` holds ids: a `@name` there would never match anyone."""
+    def _no_handles(self, what: str, id_chars: str) -> None:
+        """For channels whose `trusted` holds ids: a `@name`, or any entry with a character
+        no id of the channel has (`id_chars`, besides the pattern's `*?[]!`), would never
+        match anyone."""
         handles = [t for t in self.trusted if t.startswith("@")]
         if handles:
             raise ValueError(
                 f"trusted holds {what}, not @names ({', '.join(handles)} would never match)"
             )
+        shape = re.compile(f"[{id_chars}*?\\[\\]!]+")
+        odd = [t for t in self.trusted if not shape.fullmatch(t)]
+        if odd:
+            shown = ", ".join(repr(t) for t in odd)
+            raise ValueError(f"trusted holds {what}: {shown} would never match")
 
     @field_validator("trusted", mode="before")
     @classmethod
@@ -128,6 +135,13 @@ class ConnectionConfig(_Model):
         """Telegram and Discord ids are numbers, and YAML reads `[123456789]` as one."""
         if isinstance(value, list | tuple):
             return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("trusted")
+    @classmethod
+    def _no_empty_entry(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not entry.strip() for entry in value):
+            raise ValueError("an empty entry would never match (an unset ${VARIABLE}?)")
         return value
 
     def trusts(self, channel_user_id: str) -> bool:

@@ -63,7 +63,7 @@ class SlackConfig(ConnectionConfig):
 
     @model_validator(mode="after")
     def _trusted_ids(self) -> SlackConfig:
-        self._no_handles("Slack user ids (U012ABCDEF: a profile's 'Copy member ID')")
+        self._no_handles("Slack user ids (U012ABCDEF: a profile's 'Copy member ID')", "A-Z0-9")
         return self
 
     @model_validator(mode="after")

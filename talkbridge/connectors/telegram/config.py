@@ -68,7 +68,7 @@ class TelegramConfig(ConnectionConfig):
 
     @model_validator(mode="after")
     def _trusted_ids(self) -> TelegramConfig:
-        self._no_handles("numeric Telegram user ids (a username can change hands)")
+        self._no_handles("numeric Telegram user ids (a username can change hands)", "0-9-")
         return self
 
     @model_validator(mode="after")

@@ -110,3 +110,15 @@ def test_a_username_in_trusted_is_refused_since_it_would_never_match() -> None:
         ConfigError, match=r"numeric Telegram user ids .*\(@bob would never match\)"
     ):
         parse_config(connection(trusted=["42", "@bob"]))
+
+
+@pytest.mark.parametrize("entry", ["bob_user", "bob", "42 ", ""])
+def test_a_trusted_entry_no_numeric_id_can_match_is_refused(entry: str) -> None:
+    with pytest.raises(ConfigError, match="would never match"):
+        parse_config(connection(trusted=["42", entry]))
+
+
+def test_trusted_ids_and_patterns_of_numbers_are_accepted() -> None:
+    config, _ = parse_config(connection(trusted=[42, "-100*", "12?4", "[1-3]*"]))
+    [conn] = config.connections
+    assert conn.trusts("-1001234") and conn.trusts("1234") and not conn.trusts("5")
