@@ -32,6 +32,7 @@ from talkbridge.connectors.base import (
     Transport,
 )
 from talkbridge.errors import (
+    ConfigError,
     ConnectorError,
     PermanentError,
     UnauthorizedError,
@@ -171,12 +172,20 @@ class ConnectionRegistry:
             self._on_attach(connector)
 
     def build(self, config: BridgeConfig, context: ConnectorContext) -> None:
-        """Create a connector for every enabled connection; imports only the SDKs in use."""
-        for conn in config.connections:
+        """Create a connector for every enabled connection; imports only the SDKs in use.
+        Every connection whose connector cannot be loaded is named, not just the first."""
+        missing: list[str] = []
+        for index, conn in enumerate(config.connections):
             if not conn.enabled:
                 continue
-            factory = load_factory(conn.channel)
+            try:
+                factory = load_factory(conn.channel)
+            except ConfigError as exc:
+                missing.append(f"connections[{index}] ({conn.id}): {exc}")
+                continue
             self.add(factory(conn, context), conn)
+        if missing:
+            raise ConfigError("\n".join(missing))
 
     # -- lookups --------------------------------------------------------------------------------
 

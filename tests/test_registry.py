@@ -121,6 +121,30 @@ def test_sdk_is_imported_only_when_its_channel_is_configured() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_every_connection_whose_sdk_is_missing_is_named_not_just_the_first() -> None:
+    probe = (
+        "import sys\n"
+        "sys.modules['aiogram'] = None; sys.modules['slack_sdk'] = None  # as if not installed\n"
+        "from talkbridge.config import parse_config\n"
+        "from talkbridge.bridge import Bridge\n"
+        "from talkbridge.errors import ConfigError\n"
+        "from talkbridge.preflight import validate_startup\n"
+        "config, _ = parse_config({'store': 'sqlite:///:memory:', 'connections': [\n"
+        "    {'id': 'tg', 'channel': 'telegram', 'token': '1:x'},\n"
+        "    {'id': 'sl', 'channel': 'slack', 'bot_token': 'xoxb-1', 'app_token': 'xapp-1'}]})\n"
+        "try:\n"
+        "    validate_startup(Bridge(config, with_webchat=False))\n"
+        "except ConfigError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2, out.stdout
+    assert lines[0].startswith("connections[0] (tg): the telegram connector cannot be loaded")
+    assert "pip install 'talkbridge[telegram]'" in lines[0]
+    assert lines[1].startswith("connections[1] (sl): the slack connector cannot be loaded")
+
+
 class ReportingTransport(TalkConnector):
     """Reports trouble the way a transport retrying inside its `run` does, then recovers."""
 
