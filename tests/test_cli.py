@@ -547,35 +547,40 @@ async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
 async def test_ctrl_c_while_starting_stops_and_a_second_one_stops_at_once(
     tmp_path: Path,
 ) -> None:
-    # A start that holds the loop (a slow import: aiogram's takes seconds on a small VM).
-    reached = asyncio.Event()
+    # A start that holds the loop (a slow import: aiogram's takes seconds on a small VM): the
+    # hook's import blocks on a socket this test holds, and says when it has read each byte.
+    connected: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
 
-    async def started(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        reached.set()
-        writer.close()
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put((reader, writer))
 
-    server = await asyncio.start_server(started, "127.0.0.1", 0)
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     hook = tmp_path / "hooks" / "slow"
     hook.mkdir(parents=True)
     (hook / "hook.yaml").write_text("kind: channel-message\nname: slow\n")
     (hook / "hook.py").write_text(
-        "import socket, time\n"
-        f"socket.create_connection(('127.0.0.1', {port})).close()\n"
-        "time.sleep(4)  # the Ctrl-Cs arrive meanwhile\n"
+        "import socket\n"
+        f"held = socket.create_connection(('127.0.0.1', {port}))\n"
+        "while held.recv(1):  # until the test lets go; each byte is acknowledged\n"
+        "    held.sendall(b'k')\n"
         "class Hook:\n    async def on_message(self, msg):\n        return None\n"
         "def create_hook(deps):\n    return Hook()\n"
     )
     (tmp_path / "talkbridge.yaml").write_text("hooks: [hooks/slow]\n")
     try:
         process = await talkbridge("run", "--port", "0", cwd=tmp_path)
-        await asyncio.wait_for(reached.wait(), 30)
+        reader, writer = await asyncio.wait_for(connected.get(), 30)
         process.send_signal(signal.SIGINT)  # taken: the start is not cut at an odd place...
         # Two signals sent back to back may reach the process as one (the kernel keeps one
-        # pending SIGINT): the second comes a moment later, as a person's would. Nothing in
-        # the blocked process can say it got the first.
-        await asyncio.sleep(0.5)
+        # pending SIGINT). A signal is delivered at the latest when the blocked read returns,
+        # so once the hook has read a byte sent after the first, the second is a signal of
+        # its own.
+        writer.write(b"x")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(1), 30) == b"k"
         process.send_signal(signal.SIGINT)  # ...unless the operator insists
+        writer.close()  # the start goes on, and meets both
         code, out, err = await finish(process)
     finally:
         server.close()
