@@ -45,6 +45,9 @@ class Secrets:
 
     def __init__(self, values: Iterable[str] = ()) -> None:
         self._values: set[str] = set()
+        self._longest_first: list[str] = []
+        """`_values` in the order `redact` replaces them, kept as they are added: redact runs
+        on every log line, adding happens while the config loads."""
         for value in values:
             self.add(value)
 
@@ -60,9 +63,10 @@ class Secrets:
             self._values.add(form.replace("\\", "\\\\"))  # a repr() doubles each backslash
             self._values.add(repr(form)[1:-1])
             self._values.add(repr(form.encode())[2:-1])
+        self._longest_first = sorted(self._values, key=len, reverse=True)
 
     def redact(self, text: str) -> str:
-        for value in sorted(self._values, key=len, reverse=True):
+        for value in self._longest_first:
             if value in text:
                 text = text.replace(value, "***")
         return _URL_USERINFO.sub(r"\1***@", text)

@@ -136,9 +136,9 @@ class WebchatConnector(BaseConnector):
         self._fanout: WebchatFanout | None = None
         self._sessions = Sessions(context.store)
         self._sockets: dict[str, set[ServerConnection]] = {}
-        self._unpublished: OrderedDict[str, tuple[Conversation | None]] = OrderedDict()
+        self._unpublished: OrderedDict[str, Conversation | None] = OrderedDict()
         """Messages stored whose hand-over to the router failed, so no tab was sent them yet:
-        the resend that hands them over publishes them (with the title they gave)."""
+        the resend that hands them over publishes them (with the title they gave, if any)."""
         self._streams = DeltaCoalescer(self._publish_delta, DELTA_WINDOW)
         self.port: int | None = None
         """The bound port once `ready` is set (useful with `port: 0`)."""
@@ -423,16 +423,16 @@ class WebchatConnector(BaseConnector):
                 ):
                     return
                 ack_text = dumps({**ack, "seq": seq, "duplicate": True})
-                held_back = self._unpublished.pop(native_id, None)
-                if recorded is None or held_back is None:
+                published = native_id not in self._unpublished
+                renamed = self._unpublished.pop(native_id, None)
+                if recorded is None or published:
                     broadcast((ws,), ack_text)
                     return
-                # Its first try failed: the session's other tabs have not seen it yet.
-                entry, renamed = recorded, held_back[0]
+                entry = recorded  # its first try failed: the other tabs have not seen it yet
             else:
                 renamed = await self._sessions.title_from(session_id, conv_id, frame.text)
                 if not await self._deliver_turn(ws, self._inbound(entry, thread_id, session_id)):
-                    keep_latest(self._unpublished, native_id, (renamed,), MAX_UNPUBLISHED)
+                    keep_latest(self._unpublished, native_id, renamed, MAX_UNPUBLISHED)
                     return
                 ack_text = dumps({**ack, "seq": seq, "duplicate": False})
             # Written without waiting, like every frame `_publish` writes: the turn is the
