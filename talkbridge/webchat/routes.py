@@ -89,12 +89,12 @@ def foreign_origin(headers: Headers) -> str | None:
         return None
     named = [headers.get("Host", ""), *headers.get("X-Forwarded-Host", "").split(",")]
     hosts = {h.strip().lower() for h in named if h.strip()}
-    parts = urlsplit(origin)
-    netloc = parts.netloc.lower()
     try:
+        parts = urlsplit(origin)
         port = parts.port
-    except ValueError:  # not a port: no page of ours
+    except ValueError:  # `http://[::1`, or not a port: no page of ours
         return origin[:200]
+    netloc = parts.netloc.lower()
     default = {"http": 80, "https": 443}.get(parts.scheme)
     if netloc in hosts or (port is None and f"{netloc}:{default}" in hosts):
         return None

@@ -126,6 +126,7 @@ async def test_the_page_socket_logs_in_with_the_links_cookie(webchat: Webchat) -
         ("http://evil.example", False),
         ("null", False),  # a sandboxed frame or a file
         ("http://127.0.0.1:x", False),
+        ("http://[::1", False),  # not a URL at all
     ],
 )
 async def test_the_cookie_logs_in_only_a_socket_of_the_servers_own_page(
