@@ -89,9 +89,25 @@ class EmailConfig(ConnectionConfig):
 
     @field_validator("trusted")
     @classmethod
-    def _lowercase_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        # Sender ids are lower-cased addresses, so patterns must be too (`*@Example.com`).
-        return tuple(pattern.strip().lower() for pattern in value)
+    def _address_patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Sender ids are lower-cased addresses, so patterns must be too (`*@Example.com`).
+
+        `@example.com` is the usual way to write a whole domain, so it means `*@example.com`;
+        an entry with no `@` and no wildcard (`example.com`, `alice`) could never match an
+        address, and is refused rather than trusting nobody in silence.
+        """
+        patterns = []
+        for entry in value:
+            pattern = entry.strip().lower()
+            if pattern.startswith("@"):
+                pattern = "*" + pattern
+            elif "@" not in pattern and not any(c in pattern for c in "*?["):
+                raise ValueError(
+                    f"trusted holds addresses or patterns: {entry!r} would never match "
+                    f"(an address is name@domain; a whole domain is *@{pattern or 'example.com'})"
+                )
+            patterns.append(pattern)
+        return tuple(patterns)
 
     def trusts_message(self, message: Any) -> bool:
         raw = message.raw_event if isinstance(message.raw_event, dict) else {}

@@ -135,6 +135,31 @@ def test_a_mail_is_trusted_only_when_everyone_it_answers_to_is(
     assert config.trusts_message(msg) is trusted
 
 
+def _email_config(trusted: list[str]) -> EmailConfig:
+    return EmailConfig.model_validate(
+        {
+            "id": "h",
+            "address": ADDRESS,
+            "imap": {"host": "imap.example.com", "username": "h", "password": "p"},
+            "smtp": {"host": "smtp.example.com"},
+            "trusted": trusted,
+        }
+    )
+
+
+def test_an_at_domain_entry_trusts_that_whole_domain() -> None:
+    config = _email_config(["@Example.org"])
+    assert config.trusts("alice@example.org")
+    assert not config.trusts("alice@example.org.attacker.test")
+    assert not config.trusts("alice@other.org")
+
+
+@pytest.mark.parametrize("entry", ["example.org", "alice"])
+def test_a_trusted_entry_that_is_no_address_nor_pattern_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError, match=rf"{entry!r} would never match .*\*@"):
+        _email_config(["alice@example.org", entry])
+
+
 def test_our_own_message_ids_and_address_are_never_answered() -> None:
     mid = new_message_id(ADDRESS)
     assert is_own_message_id(mid, ADDRESS)
