@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
+from talkbridge.config import Secrets
 from talkbridge.errors import PermanentError, TransientError
 
 P = ParamSpec("P")
@@ -47,10 +48,8 @@ def not_the_api(platform: str, exc: UnicodeDecodeError | KeyError) -> TransientE
 
 
 def scrub(text: str, *secrets: str | None) -> str:
-    """`text` with each secret replaced by `***`, longest first.
-
-    Secrets under three characters are left alone: they would blank out ordinary words.
+    """`text` with each of a connector's secrets replaced by `***`, in every form `Secrets`
+    knows (escaped, inside a repr) and with any URL's `user:password@` masked: the one
+    redaction the log lines also get, so an SDK's words are never scrubbed less than a log.
     """
-    for secret in sorted((s for s in secrets if s and len(s) >= 3), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    return Secrets(s for s in secrets if s).redact(text)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from talkbridge.connectors.boundary import scrub
 from tests.support.cli import finish, talkbridge
 
 
@@ -53,3 +54,12 @@ async def test_an_answer_that_is_not_utf8_is_named_not_a_decode_error(
     assert set(lines) == {"tg", "sl", "dc"}, out
     for line in lines.values():
         assert "answered with a body that is not UTF-8 text: is api_base its API?" in line
+
+
+def test_an_sdk_message_is_scrubbed_of_a_secret_in_every_form_a_log_line_is() -> None:
+    secret = 'pa"ss\\word'
+    quoted = 'LOGIN bot "pa\\"ss\\\\word"'  # how an IMAP or JSON library quotes it
+    said = f"{quoted}; {secret!r}; GET http://bot:hunter22@proxy.test/api failed"
+    assert scrub(said, secret, None) == (
+        """LOGIN bot "***"; '***'; GET http://***@proxy.test/api failed"""
+    )
