@@ -369,29 +369,59 @@ async def _pair(args: argparse.Namespace) -> int:
         pairings = [] if store is None else await store.pairings(include_approved=args.all)
         if not pairings:
             _console.out("no pairings" if args.all else "no pending pairings")
+            return EXIT_OK
+        rows = [("CODE", "STATE", "CONNECTION", "SENDER", "NAME", "SINCE (UTC)")]
         for p in pairings:
             state = "approved" if p.approved else "pending"
-            _console.out(
-                f"{p.code}  {state:<8}  {p.connection_id}  {p.channel_user_id}  "
-                f"{p.display_name}  {p.created_at:%Y-%m-%d %H:%M}"
+            rows.append(
+                (
+                    p.code,
+                    state,
+                    p.connection_id,
+                    _shown(p.channel_user_id),
+                    _shown(p.display_name),
+                    f"{p.created_at:%Y-%m-%d %H:%M}",
+                )
             )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+            _console.out("  ".join([*cells, row[-1]]))
         return EXIT_OK
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A sender's name or id as the platform gave it, safe to print: it is the untrusted
+    sender's own text, and a newline or a terminal escape in it must not rewrite the
+    operator's screen (a forged row, a hidden one)."""
+    safe = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return safe if len(safe) <= limit else safe[: limit - 1] + "…"
 
 
 async def _approve(store: Store | None, code: str) -> int:
     wanted = _code_key(code)
+    if not _PAIRING_CODE.fullmatch(wanted):
+        _console.err(
+            f"{_shown(code, 20)!r} is not a pairing code: a code is 8 letters and digits, "
+            "like ABCD-EFGH (the sentinel's message to the sender gives it)"
+        )
+        return EXIT_USAGE
     known = [] if store is None else await store.pairings(include_approved=True)
     found = next((p for p in known if _code_key(p.code) == wanted), None)
     if store is None or found is None:
         _console.err(f"no pending pairing with code {code!r}")
         return EXIT_RUNTIME
-    who = f"{found.display_name or found.channel_user_id} ({found.channel_user_id})"
+    who = f"{_shown(found.display_name or found.channel_user_id)} ({_shown(found.channel_user_id)})"
     if found.approved:
         _console.out(f"already approved: {who} on {found.connection_id} is trusted")
         return EXIT_OK
     await store.approve_pairing(found.code)
     _console.out(f"approved: {who} on {found.connection_id} is now trusted")
     return EXIT_OK
+
+
+_PAIRING_CODE = re.compile("[a-z0-9]{8}")
+"""A code as `_code_key` leaves it (codes are made by `sentinel.new_pairing_code`)."""
 
 
 def _code_key(code: str) -> str:

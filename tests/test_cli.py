@@ -177,6 +177,32 @@ async def test_missing_config_file_and_unknown_command(tmp_path: Path) -> None:
     assert code == 2 and "invalid choice" in err
 
 
+async def test_pair_list_is_a_table_where_a_senders_own_name_cannot_forge_a_row(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    forged = "Eve\nWXYZ-2345  approved  support  1  Admin\x1b[2K"
+    await store.create_pairing(Pairing("ABCD-EFGH", "support", "4242", forged, utcnow(), False))
+    await store.create_pairing(Pairing("JKLM-NPQR", "tg", "77", "Grace", utcnow(), False))
+    await store.close()
+    code, out, _ = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3, out  # the header and one line per pairing
+    assert lines[0].split() == ["CODE", "STATE", "CONNECTION", "SENDER", "NAME", "SINCE", "(UTC)"]
+    assert "\x1b" not in out and lines[1].startswith("ABCD-EFGH  pending ")
+    assert "Eve?WXYZ-2345" in lines[1]
+    assert lines[2].index("77") == lines[1].index("4242")  # columns line up
+
+
+async def test_pair_approve_of_something_that_is_no_code_says_what_a_code_looks_like(
+    tmp_path: Path,
+) -> None:
+    code, out, err = await finish(await talkbridge("pair", "approve", "A" * 300, cwd=tmp_path))
+    assert code == 2 and "is not a pairing code" in err and "ABCD-EFGH" in err
+    assert "A" * 30 not in err + out
+
+
 async def test_pair_list_and_approve(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "talkbridge.db")
     await store.open()
