@@ -81,6 +81,16 @@ one the config holds (a wrong one, a user's JWT), so `Secrets` cannot know it, y
 a real credential mistyped."""
 
 
+_TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters but newline and tab: a log line quotes senders' own text (a name, a
+subject), and an escape sequence in it must not recolour, move or erase the operator's
+terminal, nor a carriage return overwrite the line it is on."""
+
+
+def _visible(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]
+
+
 class _RedactingFilter(logging.Filter):
     """Last line of defence: no configured secret, and no token a client presented, reaches a
     log line."""
@@ -92,9 +102,11 @@ class _RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         redacted = _TOKEN_FIELD.sub(r"\1***", self._secrets.redact(message))
+        redacted = _TERMINAL_CONTROL.sub(_visible, redacted)
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = self._secrets.redact(
-                logging.Formatter().formatException(record.exc_info)
+            record.exc_text = _TERMINAL_CONTROL.sub(
+                _visible,
+                self._secrets.redact(logging.Formatter().formatException(record.exc_info)),
             )
         if redacted != message:
             record.msg, record.args = redacted, None
@@ -446,7 +458,7 @@ async def _hooks(args: argparse.Namespace) -> int:
         for d in dead:
             _console.out(
                 f"{d.id}  {d.app_id}  {d.handler}  {d.event_id}  {d.created_at:%Y-%m-%d %H:%M}"
-                f"  attempts={d.attempts}  {d.last_error or ''}"
+                f"  attempts={d.attempts}  {_shown(d.last_error or '', 200)}"
             )
         return EXIT_OK
 

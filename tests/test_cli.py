@@ -663,6 +663,31 @@ def test_tokens_a_client_presents_never_reach_the_log() -> None:
     assert record.getMessage() == "< Cookie: talkbridge_token_18937=***; theme=dark"
 
 
+def test_a_senders_terminal_escapes_reach_the_log_as_visible_text() -> None:
+    from talkbridge.cli import _RedactingFilter
+    from talkbridge.config import Secrets
+
+    subject = "refund\x1b[2K\rINFO all good\x9b"  # erase the line, overwrite it
+    try:
+        raise ValueError(subject)
+    except ValueError:
+        exc_info = sys.exc_info()
+    record = logging.LogRecord(
+        "talkbridge.email",
+        logging.WARNING,
+        __file__,
+        1,
+        "not answering %r:\n%s",
+        (1, subject),
+        exc_info,
+    )
+    assert _RedactingFilter(Secrets()).filter(record)
+    line = logging.Formatter().format(record)
+    assert "\x1b" not in line and "\r" not in line and "\x9b" not in line
+    assert "not answering 1:\nrefund\\x1b[2K\\rINFO all good\\x9b" in line
+    assert "ValueError: refund\\x1b[2K" in line  # the traceback's text too
+
+
 async def test_an_agent_module_next_to_the_config_is_found_from_anywhere(tmp_path: Path) -> None:
     folder = tmp_path / "mybridge"
     folder.mkdir()
