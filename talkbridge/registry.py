@@ -26,6 +26,7 @@ from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
 from talkbridge.connectors import load_factory
 from talkbridge.connectors.base import (
+    CheckWaiting,
     Closable,
     ConnectorContext,
     CredentialCheck,
@@ -385,9 +386,11 @@ class ConnectionRegistry:
                     detail = await connector.check()
                 reports.append(CheckReport(cid, connector.channel, True, detail))
             except TimeoutError:
-                reports.append(
-                    CheckReport(cid, connector.channel, False, f"no answer within {timeout:g}s")
-                )
+                detail = f"no answer within {timeout:g}s"
+                waiting = connector.check_waiting() if isinstance(connector, CheckWaiting) else None
+                if waiting:
+                    detail = f"{waiting} (no other answer within {timeout:g}s)"
+                reports.append(CheckReport(cid, connector.channel, False, self.redact(detail)))
             except Exception as exc:
                 detail = self.redact(describe_error(exc))
                 reports.append(CheckReport(cid, connector.channel, False, detail))

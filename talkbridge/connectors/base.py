@@ -46,6 +46,14 @@ class CredentialCheck(Protocol):
 
 
 @runtime_checkable
+class CheckWaiting(Protocol):
+    def check_waiting(self) -> str | None:
+        """What a `check` cut short by its timeout was waiting for, when the connector knows
+        more than "no answer" (its SDK quietly retrying a server error); None otherwise."""
+        ...
+
+
+@runtime_checkable
 class Closable(Protocol):
     async def close(self) -> None: ...
 

@@ -13,7 +13,8 @@ What it does like Discord:
 - REST: `Authorization: Bot <token>` (401 otherwise), JSON bodies with `Content-Type` exactly
   `application/json`, rate-limit headers on every answer with one bucket per route and major
   parameter (channel), scripted 429s with Discord's body and headers (`Retry-After`,
-  `X-RateLimit-*`, `X-RateLimit-Scope`, `Via`), scripted 5xx and dropped sockets.
+  `X-RateLimit-*`, `X-RateLimit-Scope`, `Via`), scripted 5xx, dropped sockets, and 200s with
+  JSON of any shape (`answer_next`).
 
 Every REST call is recorded (`calls`, `calls_of`, `sent`); `wait_for` awaits a condition on the
 peer's state without sleeping.
@@ -139,6 +140,8 @@ class _Scripted:
     is_global: bool = False
     drop: bool = False
     proxy: bool = False
+    body: Any = None
+    """A scripted 200's JSON, whatever its shape (an error status gets Discord's own body)."""
 
 
 _ROUTES: list[tuple[str, str]] = [
@@ -465,8 +468,19 @@ class DiscordPeer(Waitable):
         channel_id: str | None = None,
         token: str | None = None,
         drop: bool = False,
+        times: int = 1,
     ) -> None:
-        self._scripted.append(_Scripted(method, route, status, channel_id, token, drop=drop))
+        """Answer the next `times` matching calls with `status` (or drop their connection)."""
+        for _ in range(times):
+            self._scripted.append(_Scripted(method, route, status, channel_id, token, drop=drop))
+
+    def answer_next(
+        self, method: str, route: str, body: Any, *, token: str | None = None, times: int = 1
+    ) -> None:
+        """Answer the next `times` matching calls with 200 and `body` as JSON, whatever its
+        shape: what a proxy or a service that is not Discord's API may send."""
+        for _ in range(times):
+            self._scripted.append(_Scripted(method, route, 200, token=token, body=body))
 
     def calls_of(
         self, method: str, route: str, *, answered: int | None = 200, token: str | None = None
@@ -587,8 +601,12 @@ class DiscordPeer(Waitable):
             request.transport.close()
             raise asyncio.CancelledError  # aiohttp drops the connection without an answer
         call.status = scripted.status
+        if scripted.status == 200:
+            return self._json(200, scripted.body, self._bucket_headers(call.route, major))
         if scripted.status != 429:
-            return self._json(scripted.status, {"message": "500: Internal Server Error", "code": 0})
+            reason = web.Response(status=scripted.status).reason
+            body = {"message": f"{scripted.status}: {reason}", "code": 0}
+            return self._json(scripted.status, body)
         if scripted.proxy:
             return web.Response(
                 status=429,

@@ -1,4 +1,8 @@
-"""discord.py's exceptions -> talkbridge's, at the boundary, with the bot token scrubbed."""
+"""discord.py's exceptions -> talkbridge's, at the boundary, with the bot token scrubbed.
+
+Given the client's `Answers` (see `answers.py`), an error names the request it is about: the
+server error discord.py gave up retrying, or the answer whose JSON it could not read.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Literal, NoReturn
 import aiohttp
 
 from talkbridge.connectors.boundary import not_the_api, scrub
+from talkbridge.connectors.discord.answers import Answers
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.errors import (
     ConnectorError,
@@ -32,7 +37,11 @@ PRIVILEGED_INTENTS = (
 
 
 def translate(
-    exc: BaseException, token: str, *, scope: Literal["connection", "thread"] = "connection"
+    exc: BaseException,
+    token: str,
+    *,
+    scope: Literal["connection", "thread"] = "connection",
+    answers: Answers | None = None,
 ) -> ConnectorError:
     """The talkbridge error for a discord.py / aiohttp failure (returned, not raised)."""
     message = scrub(str(exc), token)
@@ -59,6 +68,9 @@ def translate(
     if isinstance(exc, discord.NotFound):
         return NotFoundError(f"Discord: {message}")
     if isinstance(exc, discord.DiscordServerError):
+        named = answers.describe_server_error() if answers is not None else None
+        if named is not None:
+            return TransientError(named)
         return TransientError(f"Discord server error: {message}")
     if isinstance(exc, discord.HTTPException):
         if exc.status == 401:
@@ -68,12 +80,25 @@ def translate(
             return RateLimitedError(f"Discord: {message}", retry_after=wait, scope="connection")
         return PermanentError(f"Discord: {message}")
     if isinstance(exc, UnicodeDecodeError | KeyError):
-        return not_the_api("Discord", exc)
+        unreadable = answers.unreadable(exc) if answers is not None else None
+        return unreadable or not_the_api("Discord", exc)
     if isinstance(exc, discord.GatewayNotFound):
         return TransientError("the Discord gateway could not be found")
     if isinstance(exc, aiohttp.ClientError | asyncio.TimeoutError | OSError):
         return TransientError(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
     return PermanentError(f"{type(exc).__name__}: {message}")
+
+
+def unreadable_event(exc: Exception, token: str) -> TransientError:
+    """An event from the gateway that discord.py's parser failed on (a field missing or of
+    another type): discord.py's `connect` does not survive it, so the session ends, and the next
+    run identifies afresh: Discord does not send a new session what it sent the old one."""
+    detail = scrub(f"{type(exc).__name__}: {exc}", token)
+    return TransientError(
+        f"discord.py could not read an event from the Discord gateway ({detail}), which ends "
+        "the session: what Discord sends until a new one starts is lost; is gateway_url "
+        "Discord's gateway, and discord.py up to date?"
+    )
 
 
 def _retry_after(exc: discord.HTTPException) -> float:
@@ -95,15 +120,34 @@ _HANDLED = (
 )
 
 
+_SHAPE = (TypeError, ValueError, AttributeError)
+"""What discord.py raises reading JSON of the wrong shape into its models, besides KeyError."""
+
+
 @contextmanager
 def translated(
-    token: str, *, scope: Literal["connection", "thread"] = "connection"
+    token: str,
+    *,
+    scope: Literal["connection", "thread"] = "connection",
+    answers: Answers | None = None,
 ) -> Iterator[None]:
-    """Run a Discord call; what discord.py or aiohttp raises leaves as a talkbridge error."""
+    """Run a Discord call; what discord.py or aiohttp raises leaves as a talkbridge error.
+
+    With `answers` (the client's, for calls made one at a time), an error names its request,
+    and a TypeError, ValueError or AttributeError raised while an answer is being read (none
+    started since) is that answer's wrong shape, not a crash.
+    """
+    if answers is not None:
+        answers.forget()
     try:
         yield
     except _HANDLED as exc:
-        _raise(translate(exc, token, scope=scope))
+        _raise(translate(exc, token, scope=scope, answers=answers))
+    except _SHAPE as exc:
+        unreadable = answers.unreadable(exc) if answers is not None else None
+        if unreadable is None:
+            raise
+        _raise(unreadable)
 
 
 def _raise(error: ConnectorError) -> NoReturn:

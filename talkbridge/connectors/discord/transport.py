@@ -4,7 +4,14 @@ Inbound: the gateway's dispatches are read as Discord's own JSON (`on_socket_raw
 documented debug event) and decoded by the pure codec. They are queued in arrival order and
 handed to subscribers one at a time, so a thread's messages keep their order. discord.py resumes
 a dropped session (the gateway replays what was missed, nothing twice) and re-identifies when the
-resume is refused; the router's inbox drops anything delivered twice anyway.
+resume is refused; the router's inbox drops anything delivered twice anyway. An event discord.py's
+own parser fails on (a field missing or of another type) ends its `connect` instead: the run
+fails with a TransientError saying so, the next run identifies afresh, and what Discord sent
+between the two is lost, as Discord replays nothing to a new session. discord.py offers no way to
+skip one event or to resume from outside `connect`.
+
+Logging in and `check` watch discord.py's REST answers (`answers.py`), so a server error it
+quietly retries, or an answer of the wrong shape, is named with its request.
 
 Outbound: `send` renders and splits at 2,000 characters and posts through discord.py with
 `allowed_mentions` set to none, so an agent can never ping `@everyone`, a role or a user.
@@ -30,6 +37,7 @@ from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
 from talkbridge.connectors.discord import endpoints
+from talkbridge.connectors.discord.answers import Answers
 from talkbridge.connectors.discord.codec import (
     ChannelInfo,
     Names,
@@ -43,7 +51,7 @@ from talkbridge.connectors.discord.codec import (
     render_chunks,
 )
 from talkbridge.connectors.discord.config import DiscordConfig
-from talkbridge.connectors.discord.errors import translated
+from talkbridge.connectors.discord.errors import translated, unreadable_event
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
@@ -124,6 +132,8 @@ class DiscordConnector(BaseConnector):
         self._log = context.logger.getChild(f"discord.{config.id}")
         self._endpoints = endpoints.Endpoints(config.api_base, config.gateway_url)
         self.client: _Client | None = None
+        self._checked: Answers | None = None
+        """What Discord answered the latest `check` (see `check_waiting`)."""
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
         """Gateway events to take in order; None: the run ended, stop after what is ahead."""
         self._status: ConnectionStatus | None = None
@@ -132,9 +142,10 @@ class DiscordConnector(BaseConnector):
             self.provide(name, self)
         self.provide("interactions", self)
 
-    def _new_client(self) -> _Client:
+    def _new_client(self, answers: Answers) -> _Client:
         return _Client(
             self,
+            http_trace=answers.trace(),
             intents=intents_for(self.config),
             enable_debug_events=True,
             guild_ready_timeout=self.config.guild_ready_timeout,
@@ -148,21 +159,28 @@ class DiscordConnector(BaseConnector):
     async def run(self, status: ConnectionStatus) -> None:
         endpoints.acquire(self, self._endpoints)
         self._status = status
-        client = self.client = self._new_client()
+        answers = Answers(self._token)
+        client = self.client = self._new_client(answers)
         consumer: asyncio.Task[None] | None = None
         try:
-            with translated(self._token):
-                await client.login(self._token)
+            # discord.py retries a 5xx to logging in for about 25 s: say so meanwhile.
+            answers.on_server_error = lambda what: status.degraded(f"{what}; retrying")
+            try:
+                with translated(self._token, answers=answers):
+                    await client.login(self._token)
+            finally:
+                answers.on_server_error = None
             consumer = asyncio.create_task(self._consume(), name=f"discord:{self.connection_id}")
             with translated(self._token):
                 try:
                     await client.connect(reconnect=True)
-                except AttributeError as exc:
-                    # discord.py, reconnecting after a gateway that never opened, reads the
-                    # missing socket's sequence: the failure that matters is the one before.
-                    if not isinstance(exc.__context__, Exception):
-                        raise
-                    raise exc.__context__ from None
+                except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                    if isinstance(exc, AttributeError) and isinstance(exc.__context__, Exception):
+                        # discord.py, reconnecting after a gateway that never opened, reads the
+                        # missing socket's sequence: the failure that matters is the one before.
+                        raise exc.__context__ from None
+                    # Raised by discord.py's parser of a gateway event (see `unreadable_event`).
+                    raise unreadable_event(exc, self._token) from None
             if consumer.done():
                 consumer.result()
             raise TransientError("the Discord gateway connection ended")
@@ -200,9 +218,10 @@ class DiscordConnector(BaseConnector):
         """Log in over REST: the bot's name and how many servers it is in."""
         owner = object()
         endpoints.acquire(owner, self._endpoints)
-        client = self._new_client()
+        answers = self._checked = Answers(self._token)
+        client = self._new_client(answers)
         try:
-            with translated(self._token):
+            with translated(self._token, answers=answers):
                 await client.login(self._token)
                 guilds = [guild async for guild in client.fetch_guilds(limit=None)]
                 app = await client.application_info()
@@ -228,6 +247,13 @@ class DiscordConnector(BaseConnector):
         finally:
             await client.close()
             endpoints.release(owner)
+
+    def check_waiting(self) -> str | None:
+        """Why the latest `check` had no result yet: a server error discord.py was retrying."""
+        named = self._checked.describe_server_error() if self._checked is not None else None
+        if named is None:
+            return None
+        return f"{named}; discord.py was still retrying it, and `run` retries until it passes"
 
     async def close(self) -> None:
         if self.client is not None:

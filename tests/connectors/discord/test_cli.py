@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
@@ -53,3 +54,51 @@ connections:
     assert muted.startswith("FAIL") and "the Message Content intent is off" in muted
     text = out.decode() + err.decode()
     assert TOKEN not in text and TOKEN_B not in text
+
+
+async def test_check_names_a_server_error_discord_py_is_retrying_and_an_answer_it_cannot_read(
+    peer: DiscordPeer, tmp_path: Path
+) -> None:
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: failing
+    channel: discord
+    token: ${{DISCORD_TOKEN}}
+    api_base: {peer.base_url}
+    gateway_url: {peer.gateway_url}
+  - id: proxied
+    channel: discord
+    token: ${{OTHER_TOKEN}}
+    api_base: {peer.base_url}
+    gateway_url: {peer.gateway_url}
+""",
+        encoding="utf-8",
+    )
+    # discord.py retries a 500 five times over about 25 s: the check's time runs out first.
+    peer.fail_next("GET", "/users/@me", status=500, token=TOKEN, times=5)
+    peer.answer_next("GET", "/users/@me", [], token=TOKEN_B)
+    env = {"DISCORD_TOKEN": TOKEN, "OTHER_TOKEN": TOKEN_B}
+    process = await talkbridge("check", "--config", str(config), "--timeout", "1.5", env=env)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, err.decode()
+    lines = out.decode().splitlines()
+    [failing] = [line for line in lines if "failing" in line]
+    assert failing.startswith("FAIL")
+    # How many 500s came in the 1.5 s depends on discord.py's backoff: one or two.
+    assert re.search(
+        r"Discord answered GET /users/@me with HTTP 500 Internal Server Error"
+        r"( \(2 times in a row\))?: a server-side error, transient; discord.py was still "
+        r"retrying it, and `run` retries until it passes \(no other answer within 1.5s\)$",
+        failing,
+    ), failing
+    [proxied] = [line for line in lines if "proxied" in line]
+    assert proxied.startswith("FAIL")
+    assert proxied.endswith(
+        "Discord answered GET /users/@me with JSON that is not a user object: is api_base its API?"
+    )
+    text = out.decode() + err.decode()
+    assert TOKEN not in text and TOKEN_B not in text
+    assert "Traceback" not in text and "TypeError" not in text
