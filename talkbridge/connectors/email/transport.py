@@ -174,16 +174,23 @@ class EmailConnector(BaseConnector):
 
     async def _first_catch_up(self, session: ImapSession) -> bool:
         """No cursor (a first start, or the folder's UIDs were reset): answer the recent unread
-        mail (`_backlog`), then put the cursor past all the mail there is (UIDNEXT - 1), so
-        that what was not answered now never is."""
+        mail (`_backlog`), then put the cursor past all the mail there is, so that what was not
+        answered now never is.
+
+        The cursor is stored only at the end: until then a restart is a first start again (the
+        mail handled is `\\Seen` by then), where a cursor stored at a mail handled mid-way
+        would have it answer every mail above that UID, old and read ones alike.
+        """
+        # RFC 3501 requires UIDNEXT in SELECT's answer; a server that leaves it out is asked
+        # for its highest UID, before the search below, so mail landing meanwhile lies beyond.
+        top = session.uidnext - 1
+        if session.uidnext <= 0:
+            top = max(await session.uids("ALL"), default=0)
         uids = await self._backlog(session)
-        last = 0
         for uid in uids:
             await self._handle(session, uid)
-            last = max(last, uid)
-            await self.context.store.set_state(self._cursor_key, f"{session.uidvalidity}:{last}")
         await self.context.store.set_state(
-            self._cursor_key, f"{session.uidvalidity}:{max(last, session.uidnext - 1, 0)}"
+            self._cursor_key, f"{session.uidvalidity}:{max(top, *uids, 0)}"
         )
         return bool(uids)
 

@@ -344,6 +344,26 @@ async def test_backlog_days_0_answers_only_mail_arriving_after_the_start(
     assert sorted(dovecot.flags("help")) == ["", "", "S"]
 
 
+async def test_a_delivery_failing_mid_first_start_does_not_open_old_mail_to_the_restart(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """A cursor stored at the first mail handled made the restart answer every mail above it,
+    the old unread one (and any read one) among them."""
+    dovecot.deliver("help", mail(body="fresh 0"))
+    dovecot.deliver("help", mail(body="old"), received=datetime.now(UTC) - MONTH_AGO)
+    dovecot.deliver("help", mail(body="fresh 1"))
+    inbox = Inbox(fail_on={"fresh 1"})
+    first = await start(inbox=inbox)
+    with pytest.raises(TransientError, match="not accepted"):  # the registry reconnects
+        await asyncio.wait_for(first.task, 15)
+    assert inbox.texts == ["fresh 0"]
+    second = await start(inbox=inbox, wait=True)
+    assert inbox.texts == ["fresh 0", "fresh 1"]
+    dovecot.deliver("help", mail(body="after"))
+    await second.connector.wait_for(lambda: second.connector.handled == 2)
+    assert inbox.texts == ["fresh 0", "fresh 1", "after"]
+
+
 def stand_in_imap(server: ImapStandIn, **overrides: Any) -> dict[str, Any]:
     imap = {"host": "127.0.0.1", "port": server.port, "security": "none", "username": "help"}
     return {"imap": {**imap, "password": "x"}, "poll_interval": 60, **overrides}
@@ -387,3 +407,22 @@ async def test_after_a_uidvalidity_change_old_unread_mail_is_left_alone_too(
         assert again.inbox.texts == ["fresh"]
         assert (old.seen, fresh.seen) == (False, True)
         await again.stop()
+
+
+async def test_a_server_without_uidnext_does_not_have_old_mail_answered_after_a_restart(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """RFC 3501 requires UIDNEXT in SELECT's answer; without it the cursor stayed at 0, and the
+    restart answered every mail in the folder, old unread and read alike."""
+    now = datetime.now(UTC)
+    async with ImapStandIn(uidnext=False) as server:
+        server.add(mail(body="old"), received=now - MONTH_AGO)
+        server.add(mail(body="read"), received=now - timedelta(minutes=5), seen=True)
+        first = await start(wait=True, **stand_in_imap(server))
+        assert first.inbox.texts == []
+        await first.stop()
+        second = await start(wait=True, **stand_in_imap(server, poll_interval=0.05))
+        server.add(mail(body="new"), received=now)
+        await second.inbox.wait_count(1)
+        assert second.inbox.texts == ["new"]
+        await second.stop()
