@@ -26,6 +26,7 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import date, datetime
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from pathlib import Path
@@ -149,10 +150,17 @@ class DovecotPeer:
         self.users[user] = password
         self._write_passwd()
 
-    def deliver(self, user: str, raw: bytes) -> str:
-        """Drop one mail into the user's Maildir `new/`, as a local delivery agent would."""
+    def deliver(self, user: str, raw: bytes, received: datetime | None = None) -> str:
+        """Drop one mail into the user's Maildir `new/`, as a local delivery agent would.
+
+        `received` back-dates it: Dovecot takes a Maildir file's mtime as the mail's INTERNALDATE
+        (an APPEND with a date sets the same), so it reads as if it had arrived then.
+        """
         box = mailbox.Maildir(self.maildir(user), create=False)
         key = box.add(mailbox.MaildirMessage(raw))
+        if received is not None:
+            [path] = self.maildir(user).glob(f"new/{key}*")
+            os.utime(path, (received.timestamp(), received.timestamp()))
         for path in self.maildir(user).rglob("*"):
             os.chown(path, self._uid, self._gid)
         return key
@@ -224,6 +232,149 @@ service imap-login {{
 {capability}""",
             encoding="utf-8",
         )
+
+
+# ---- a minimal IMAP server -------------------------------------------------------------------
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+@dataclass
+class StandInMail:
+    uid: int
+    raw: bytes
+    received: datetime
+    """The INTERNALDATE (timezone-aware)."""
+    seen: bool = False
+
+
+@dataclass
+class ImapStandIn(Waitable):
+    """A minimal IMAP4rev1 server in the test's event loop, for what Dovecot will not do.
+
+    One folder held in memory; LOGIN (any password), SELECT, UID SEARCH (`ALL`, `UNSEEN`,
+    `SINCE d-Mon-yyyy`, `UID n:*`, ANDed), UID FETCH (`INTERNALDATE`, `BODY.PEEK[]`), UID STORE
+    of `\\Seen`, NOOP and LOGOUT; no IDLE, so a connector polls it. `refuse_since = "BAD"` (or
+    `"NO"`) answers every search with SINCE so, as some small servers do; `uidnext=False`
+    leaves UIDNEXT out of SELECT's answer (RFC 3501 requires it; not every server sends it).
+    `commands` records what clients sent, tag left out.
+    """
+
+    mails: list[StandInMail] = field(default_factory=list)
+    refuse_since: str | None = None
+    uidnext: bool = True
+    uidvalidity: int = 7
+    port: int = 0
+    commands: list[str] = field(default_factory=list)
+    _server: asyncio.Server | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, raw: bytes, received: datetime, seen: bool = False) -> StandInMail:
+        uid = max((m.uid for m in self.mails), default=0) + 1
+        self.mails.append(StandInMail(uid, raw, received, seen))
+        return self.mails[-1]
+
+    async def __aenter__(self) -> ImapStandIn:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"* OK [CAPABILITY IMAP4rev1] stand-in ready\r\n")
+        try:
+            while line := await reader.readline():
+                tag, _, command = line.decode().rstrip("\r\n").partition(" ")
+                self.commands.append(command)
+                untagged, status = self._answer(command)
+                writer.write(untagged + f"{tag} {status}\r\n".encode())
+                await writer.drain()
+                self._notify()
+                if command.upper() == "LOGOUT":
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, command: str) -> tuple[bytes, str]:
+        name, _, args = command.partition(" ")
+        name = name.upper()
+        if name == "UID":
+            sub, _, args = args.partition(" ")
+            name = f"UID {sub.upper()}"
+        if name == "CAPABILITY":
+            return b"* CAPABILITY IMAP4rev1\r\n", "OK done"
+        if name in ("LOGIN", "NOOP"):
+            return b"", "OK done"
+        if name == "LOGOUT":
+            return b"* BYE bye\r\n", "OK done"
+        if name == "SELECT":
+            top = max((m.uid for m in self.mails), default=0)
+            lines = f"* {len(self.mails)} EXISTS\r\n* OK [UIDVALIDITY {self.uidvalidity}] ok\r\n"
+            if self.uidnext:
+                lines += f"* OK [UIDNEXT {top + 1}] ok\r\n"
+            return lines.encode(), "OK [READ-WRITE] selected"
+        if name == "UID SEARCH":
+            return self._search(args.split())
+        if name == "UID FETCH":
+            which, _, items = args.partition(" ")
+            return self._fetch(self._uid_set(which), items.upper()), "OK done"
+        if name == "UID STORE":
+            which, _, flags = args.partition(" ")
+            if "\\SEEN" in flags.upper():
+                for mail in self._uid_set(which):
+                    mail.seen = True
+            return b"", "OK done"
+        return b"", "BAD unknown command"
+
+    def _search(self, keys: list[str]) -> tuple[bytes, str]:
+        found = list(self.mails)
+        keys = list(keys)
+        while keys:
+            key = keys.pop(0).upper()
+            if key == "SINCE":
+                if self.refuse_since:
+                    return b"", f"{self.refuse_since} SEARCH key SINCE not supported"
+                day, month, year = keys.pop(0).split("-")
+                since = date(int(year), _MONTHS.index(month.capitalize()) + 1, int(day))
+                found = [m for m in found if m.received.date() >= since]
+            elif key == "UNSEEN":
+                found = [m for m in found if not m.seen]
+            elif key == "UID":
+                wanted = {m.uid for m in self._uid_set(keys.pop(0))}
+                found = [m for m in found if m.uid in wanted]
+            elif key != "ALL":
+                return b"", f"BAD unknown search key {key}"
+        uids = " ".join(str(m.uid) for m in found)
+        return f"* SEARCH {uids}".rstrip().encode() + b"\r\n", "OK done"
+
+    def _uid_set(self, text: str) -> list[StandInMail]:
+        top = max((m.uid for m in self.mails), default=0)
+        wanted: set[int] = set()
+        for part in text.split(","):
+            first, _, last = part.partition(":")
+            low = top if first == "*" else int(first)
+            high = low if not last else (top if last == "*" else int(last))
+            wanted.update(range(min(low, high), max(low, high) + 1))
+        return [m for m in self.mails if m.uid in wanted]
+
+    def _fetch(self, mails: list[StandInMail], items: str) -> bytes:
+        out = b""
+        for mail in mails:
+            seq = self.mails.index(mail) + 1
+            if "INTERNALDATE" in items:
+                when = mail.received
+                stamp = f"{when.day:02d}-{_MONTHS[when.month - 1]}-{when.year} {when:%H:%M:%S %z}"
+                out += f'* {seq} FETCH (UID {mail.uid} INTERNALDATE "{stamp}")\r\n'.encode()
+            if "BODY.PEEK[]" in items:
+                out += f"* {seq} FETCH (UID {mail.uid} BODY[] {{{len(mail.raw)}}}\r\n".encode()
+                out += mail.raw + b")\r\n"
+        return out
 
 
 # ---- TLS -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from email.headerregistry import Address
 from typing import Any, Literal
 
@@ -73,6 +74,27 @@ class EmailConfig(ConnectionConfig):
     """At most `max_replies_per_thread` replies per thread in this many seconds (stops loops)."""
     timeout: float = Field(default=30.0, gt=0)
     """Seconds one IMAP command or SMTP exchange may take."""
+    backlog_days: float | Literal["all"] = 1
+    """How far back the first start of a connection (no cursor yet, or the folder's UIDVALIDITY
+    changed) answers unread mail, in days before the start by the server's receipt time. Older
+    unread mail stays unread for a person and is never answered. `0`: only mail arriving after
+    the start; `all`: every unread mail, however old. One day answers what came in just before
+    a bridge was set up without answering a mailbox's years of unread mail."""
+
+    @field_validator("backlog_days", mode="before")
+    @classmethod
+    def _days_or_all(cls, value: Any) -> float | str:
+        if isinstance(value, str) and value.strip().lower() == "all":
+            return "all"
+        if not isinstance(value, bool):  # YAML's `true` would pass as 1
+            try:
+                days = float(value)
+            except (TypeError, ValueError):
+                pass
+            else:
+                if math.isfinite(days) and days >= 0:
+                    return days
+        raise ValueError("must be a number of days (0 or more), or all")
 
     @field_validator("address")
     @classmethod

@@ -8,11 +8,13 @@ import asyncio
 import base64
 import re
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from aioimaplib import aioimaplib  # type: ignore[import-untyped]
 
+from talkbridge.connectors.email.backlog import parse_internal_date
 from talkbridge.connectors.email.config import ImapConfig
 from talkbridge.connectors.email.errors import imap_errors
 from talkbridge.errors import NotFoundError, PermanentError, TransientError, UnauthorizedError
@@ -23,6 +25,9 @@ _UIDNEXT = re.compile(rb"\[UIDNEXT (\d+)\]")
 _EXISTS = re.compile(rb"^(\d+) EXISTS")
 _FETCH = re.compile(rb"^\d+ FETCH \(")
 _UID = re.compile(rb"\bUID (\d+)")
+_INTERNALDATE = re.compile(rb'\bINTERNALDATE "([^"]*)"')
+_UIDS_PER_FETCH = 500
+"""UIDs asked for in one FETCH: a command line stays well below servers' limits (8 KB+)."""
 
 
 def body_of(lines: list[Any], uid: int) -> bytes | None:
@@ -44,6 +49,36 @@ def body_of(lines: list[Any], uid: int) -> bytes | None:
         if found and int(found.group(1)) == uid and isinstance(literal, bytearray | bytes):
             return bytes(literal)
     return None
+
+
+def internal_dates_of(lines: list[Any]) -> dict[int, datetime]:
+    """UID -> INTERNALDATE from the lines of a `UID FETCH … (INTERNALDATE)` answer; FETCH
+    lines without both (an unsolicited flag update) and unreadable dates are left out."""
+    found: dict[int, datetime] = {}
+    for line in lines:
+        if not isinstance(line, bytes | bytearray) or not _FETCH.match(line):
+            continue
+        uid, internal = _UID.search(line), _INTERNALDATE.search(line)
+        if uid is None or internal is None:
+            continue
+        when = parse_internal_date(internal.group(1).decode(errors="replace"))
+        if when is not None:
+            found[int(uid.group(1))] = when
+    return found
+
+
+def uid_set(uids: Sequence[int]) -> str:
+    """An IMAP sequence set for `uids` with runs as ranges: `[1, 2, 3, 7]` -> `1:3,7`."""
+    parts: list[str] = []
+    ordered = sorted(set(uids))
+    start = 0
+    for index, uid in enumerate(ordered):
+        if index + 1 < len(ordered) and ordered[index + 1] == uid + 1:
+            continue
+        first = ordered[start]
+        parts.append(str(uid) if first == uid else f"{first}:{uid}")
+        start = index + 1
+    return ",".join(parts)
 
 
 class _GreetingProtocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
@@ -222,15 +257,38 @@ class ImapSession:
         return self.client
 
     async def uids(self, criteria: str) -> list[int]:
-        with imap_errors(self.where, self._password):
-            response = await self.guard(self._client().uid_search(criteria, charset=None))
+        response = await self._search(criteria)
         _check(response, f"UID SEARCH {criteria}", self.where)
-        found: list[int] = []
-        for line in response.lines:
-            text = bytes(line).decode(errors="replace")
-            if text and all(part.isdigit() for part in text.split()):
-                found.extend(int(part) for part in text.split())
-        return sorted(set(found))
+        return _found(response.lines)
+
+    async def uids_if_understood(self, criteria: str) -> list[int] | None:
+        """As `uids`, but None when the server refuses the criteria (`BAD` or `NO`): a minimal
+        server or stand-in may not implement every search key (SINCE, say)."""
+        response = await self._search(criteria)
+        if response.result in ("BAD", "NO"):
+            return None
+        _check(response, f"UID SEARCH {criteria}", self.where)
+        return _found(response.lines)
+
+    async def _search(self, criteria: str) -> Any:
+        with imap_errors(self.where, self._password):
+            return await self.guard(self._client().uid_search(criteria, charset=None))
+
+    async def internal_dates(self, uids: Sequence[int]) -> dict[int, datetime]:
+        """UID -> INTERNALDATE (when the server received the mail) of those of `uids` still
+        there; a mail expunged meanwhile, or with a date the server gave unreadably, is absent."""
+        wanted = set(uids)
+        ordered = sorted(wanted)
+        found: dict[int, datetime] = {}
+        for start in range(0, len(ordered), _UIDS_PER_FETCH):
+            chunk = uid_set(ordered[start : start + _UIDS_PER_FETCH])
+            with imap_errors(self.where, self._password):
+                response = await self.guard(
+                    self._client().uid("fetch", chunk, "(UID INTERNALDATE)")
+                )
+            _check(response, f"UID FETCH {chunk} (INTERNALDATE)", self.where)
+            found.update(internal_dates_of(response.lines))
+        return {uid: when for uid, when in found.items() if uid in wanted}
 
     async def fetch(self, uid: int) -> bytes | None:
         """The raw mail with this UID (BODY.PEEK: does not set \\Seen), or None if gone."""
@@ -310,6 +368,16 @@ def greeting_error(where: str, greeting: str) -> TransientError | PermanentError
 def _text(lines: list[Any]) -> str:
     parts = [bytes(line).decode(errors="replace") for line in lines if line]
     return " ".join(parts).strip()
+
+
+def _found(lines: list[Any]) -> list[int]:
+    """The UIDs in the lines of a `UID SEARCH` answer, sorted."""
+    found: list[int] = []
+    for line in lines:
+        text = bytes(line).decode(errors="replace")
+        if text and all(part.isdigit() for part in text.split()):
+            found.extend(int(part) for part in text.split())
+    return sorted(set(found))
 
 
 def _check(response: Any, command: str, where: str) -> None:

@@ -5,7 +5,9 @@ stored, and `\\Seen` set, only after `deliver` returned, i.e. after the router d
 or deduped the message. A restart catches up on everything after the cursor; a crash between
 `deliver` and the cursor re-delivers one mail, which the router drops as a duplicate (the native
 id is the Message-ID). Mail we must not answer (auto-replies, lists, bounces, our own) advances
-the cursor but stays unseen, for a human to look at.
+the cursor but stays unseen, for a human to look at. With no cursor yet (a first start) only the
+unread mail received in the last `backlog_days` is answered (see `backlog`); older unread mail
+stays unread, and the cursor moves past it.
 
 `send` opens one SMTP session per mail and never sleeps or retries: it raises the translated
 error and the router's per-connection queue decides. A per-thread reply limit refuses (and so
@@ -25,6 +27,7 @@ import aiosmtplib
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent
+from talkbridge.connectors.email.backlog import backlog_cutoff, received_since, since_search
 from talkbridge.connectors.email.codec import (
     InboundMail,
     MailContext,
@@ -160,21 +163,72 @@ class EmailConnector(BaseConnector):
                     "dropped by Message-ID)",
                     self.config.imap.folder,
                 )
-            # First start, or UIDs were reset: what is unread is what nobody handled.
-            uids = await session.uids("UNSEEN")
-            last = 0
-        else:
-            last = cursor[1]
-            uids = [u for u in await session.uids(f"UID {last + 1}:*") if u > last]
+            return await self._first_catch_up(session)
+        last = cursor[1]
+        uids = [u for u in await session.uids(f"UID {last + 1}:*") if u > last]
         for uid in uids:
             await self._handle(session, uid)
             last = max(last, uid)
             await self.context.store.set_state(self._cursor_key, f"{session.uidvalidity}:{last}")
-        if cursor is None or cursor[0] != session.uidvalidity:
-            await self.context.store.set_state(
-                self._cursor_key, f"{session.uidvalidity}:{max(last, session.uidnext - 1, 0)}"
-            )
         return bool(uids)
+
+    async def _first_catch_up(self, session: ImapSession) -> bool:
+        """No cursor (a first start, or the folder's UIDs were reset): answer the recent unread
+        mail (`_backlog`), then put the cursor past all the mail there is, so that what was not
+        answered now never is.
+
+        The cursor is stored only at the end: until then a restart is a first start again (the
+        mail handled is `\\Seen` by then), where a cursor stored at a mail handled mid-way
+        would have it answer every mail above that UID, old and read ones alike.
+        """
+        # RFC 3501 requires UIDNEXT in SELECT's answer; a server that leaves it out is asked
+        # for its highest UID, before the search below, so mail landing meanwhile lies beyond.
+        top = session.uidnext - 1
+        if session.uidnext <= 0:
+            top = max(await session.uids("ALL"), default=0)
+        uids = await self._backlog(session)
+        for uid in uids:
+            await self._handle(session, uid)
+        await self.context.store.set_state(
+            self._cursor_key, f"{session.uidvalidity}:{max(top, *uids, 0)}"
+        )
+        return bool(uids)
+
+    async def _backlog(self, session: ImapSession) -> list[int]:
+        """The unread mail a first start answers (or one after UIDs were reset: what is unread
+        is what nobody handled): that received in the last `backlog_days`, oldest first."""
+        unseen = await session.uids("UNSEEN")
+        days = self.config.backlog_days
+        if days == "all" or not unseen:
+            return unseen
+        cutoff = backlog_cutoff(datetime.now(UTC), days)
+        answered: list[int] = []
+        if days > 0:
+            criteria = since_search(cutoff)
+            found = await session.uids_if_understood(criteria)
+            if found is None:
+                self._log.warning(
+                    "%s refused UID SEARCH %s: reading the receipt date of each of the %d "
+                    "unread mails instead",
+                    session.where,
+                    criteria,
+                    len(unseen),
+                )
+                found = unseen
+            dates = await session.internal_dates(found) if found else {}
+            answered = received_since(found, dates, cutoff)
+        left = len(set(unseen) - set(answered))
+        if left:
+            self._log.warning(
+                "first start on %s: left %d unread mail(s) received before %s alone (they stay "
+                "unread and are never answered); backlog_days (now %s) sets how far back a "
+                "first start answers",
+                self.config.imap.folder,
+                left,
+                cutoff.strftime("%Y-%m-%d %H:%M UTC"),
+                f"{days:g}",
+            )
+        return answered
 
     async def _handle(self, session: ImapSession, uid: int) -> None:
         raw = await session.fetch(uid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.errors import NotFoundError, PermanentError, TransientError, UnauthorizedError
 from talkbridge.message import OutboundMessage
 from tests.connectors.email.conftest import Inbox, mail
-from tests.peers.email import DovecotPeer, SmtpPeer
+from tests.peers.email import DovecotPeer, ImapStandIn, SmtpPeer
 
 
 async def test_a_delivered_mail_arrives_and_is_marked_seen_only_after_delivery(
@@ -287,3 +288,141 @@ async def test_a_greeting_that_is_not_imaps_ok_fails_at_once_naming_it(
         with pytest.raises(error, match=says):
             await asyncio.wait_for(connector.check(), 30)  # well inside the 60 s timeout
     await connector.close()
+
+
+# ---- the first start: which unread mail it answers ------------------------------------------
+
+MONTH_AGO = timedelta(days=30)
+
+
+def left_alone(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "left" in r.getMessage()]
+
+
+async def test_a_first_start_answers_recent_unread_mail_only_and_never_the_old_later(
+    dovecot: DovecotPeer, start: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    dovecot.deliver("help", mail(body="old"), received=datetime.now(UTC) - MONTH_AGO)
+    dovecot.deliver("help", mail(body="fresh"))
+    first = await start(wait=True)  # up: the first catch-up is through
+    assert first.inbox.texts == ["fresh"]
+    assert first.connector.handled == 1
+    [line] = left_alone(caplog)
+    assert "left 1 unread mail(s)" in line and "backlog_days (now 1)" in line
+    await first.stop()
+    second = await start(wait=True)
+    dovecot.deliver("help", mail(body="after"))
+    await second.connector.wait_for(lambda: second.connector.handled == 1)
+    assert second.inbox.texts == ["after"]  # the restart did not answer the old mail either
+    assert sorted(dovecot.flags("help")) == ["", "S", "S"]  # the old mail is still unread
+
+
+async def test_backlog_days_all_answers_every_unread_mail_however_old(
+    dovecot: DovecotPeer, start: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    dovecot.deliver("help", mail(body="old"), received=datetime.now(UTC) - MONTH_AGO)
+    dovecot.deliver("help", mail(body="fresh"))
+    running = await start(wait=True, backlog_days="all")
+    assert running.inbox.texts == ["old", "fresh"]
+    assert dovecot.flags("help") == ["S", "S"]
+    assert left_alone(caplog) == []
+
+
+async def test_backlog_days_0_answers_only_mail_arriving_after_the_start(
+    dovecot: DovecotPeer, start: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    dovecot.deliver(
+        "help", mail(body="an hour ago"), received=datetime.now(UTC) - timedelta(hours=1)
+    )
+    dovecot.deliver("help", mail(body="just before"))
+    running = await start(wait=True, backlog_days=0)
+    assert running.inbox.texts == []
+    dovecot.deliver("help", mail(body="after"))
+    await running.connector.wait_for(lambda: running.connector.handled == 1)
+    assert running.inbox.texts == ["after"]
+    assert "left 2 unread mail(s)" in left_alone(caplog)[0]
+    assert sorted(dovecot.flags("help")) == ["", "", "S"]
+
+
+async def test_a_delivery_failing_mid_first_start_does_not_open_old_mail_to_the_restart(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """A cursor stored at the first mail handled made the restart answer every mail above it,
+    the old unread one (and any read one) among them."""
+    dovecot.deliver("help", mail(body="fresh 0"))
+    dovecot.deliver("help", mail(body="old"), received=datetime.now(UTC) - MONTH_AGO)
+    dovecot.deliver("help", mail(body="fresh 1"))
+    inbox = Inbox(fail_on={"fresh 1"})
+    first = await start(inbox=inbox)
+    with pytest.raises(TransientError, match="not accepted"):  # the registry reconnects
+        await asyncio.wait_for(first.task, 15)
+    assert inbox.texts == ["fresh 0"]
+    second = await start(inbox=inbox, wait=True)
+    assert inbox.texts == ["fresh 0", "fresh 1"]
+    dovecot.deliver("help", mail(body="after"))
+    await second.connector.wait_for(lambda: second.connector.handled == 2)
+    assert inbox.texts == ["fresh 0", "fresh 1", "after"]
+
+
+def stand_in_imap(server: ImapStandIn, **overrides: Any) -> dict[str, Any]:
+    imap = {"host": "127.0.0.1", "port": server.port, "security": "none", "username": "help"}
+    return {"imap": {**imap, "password": "x"}, "poll_interval": 60, **overrides}
+
+
+@pytest.mark.parametrize("refusal", ["BAD", "NO"])
+async def test_a_server_refusing_search_since_falls_back_to_the_date_of_each_unread_mail(
+    dovecot: DovecotPeer,
+    start: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    refusal: str,
+) -> None:
+    now = datetime.now(UTC)
+    async with ImapStandIn(refuse_since=refusal) as server:
+        old = server.add(mail(body="old"), received=now - MONTH_AGO)
+        fresh = server.add(mail(body="fresh"), received=now - timedelta(minutes=5))
+        running = await start(wait=True, **stand_in_imap(server))
+        assert running.inbox.texts == ["fresh"]
+        assert (old.seen, fresh.seen) == (False, True)
+        assert any(c.startswith("UID SEARCH UNSEEN SINCE") for c in server.commands)
+        assert any("refused UID SEARCH UNSEEN SINCE" in r.getMessage() for r in caplog.records)
+        assert "left 1 unread mail(s)" in left_alone(caplog)[0]
+        assert not running.task.done()  # the connection stays up, polling
+        await running.stop()
+
+
+async def test_after_a_uidvalidity_change_old_unread_mail_is_left_alone_too(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    now = datetime.now(UTC)
+    async with ImapStandIn() as server:
+        server.add(mail(body="first"), received=now - timedelta(minutes=5))
+        running = await start(wait=True, **stand_in_imap(server))
+        assert running.inbox.texts == ["first"]
+        await running.stop()
+        # The folder was rebuilt (a migration): new UIDs, and an old unread mail among them.
+        server.uidvalidity += 1
+        old = server.add(mail(body="old"), received=now - MONTH_AGO)
+        fresh = server.add(mail(body="fresh"), received=now - timedelta(minutes=1))
+        again = await start(wait=True, **stand_in_imap(server))
+        assert again.inbox.texts == ["fresh"]
+        assert (old.seen, fresh.seen) == (False, True)
+        await again.stop()
+
+
+async def test_a_server_without_uidnext_does_not_have_old_mail_answered_after_a_restart(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """RFC 3501 requires UIDNEXT in SELECT's answer; without it the cursor stayed at 0, and the
+    restart answered every mail in the folder, old unread and read alike."""
+    now = datetime.now(UTC)
+    async with ImapStandIn(uidnext=False) as server:
+        server.add(mail(body="old"), received=now - MONTH_AGO)
+        server.add(mail(body="read"), received=now - timedelta(minutes=5), seen=True)
+        first = await start(wait=True, **stand_in_imap(server))
+        assert first.inbox.texts == []
+        await first.stop()
+        second = await start(wait=True, **stand_in_imap(server, poll_interval=0.05))
+        server.add(mail(body="new"), received=now)
+        await second.inbox.wait_count(1)
+        assert second.inbox.texts == ["new"]
+        await second.stop()
