@@ -439,6 +439,16 @@ _BROKEN = {
         {"boom.py": "class A:\n    def __init__(self):\n        raise ValueError('no key')\n"},
         "agents.definitions.a.target: building boom:A failed: ValueError: no key",
     ),
+    "an agent key that does not apply to its kind": (
+        "agents: {definitions: {helper: {kind: echo, model: gpt-4o}}}\n",
+        {},
+        "agents.definitions.helper.model: does not apply to kind echo (only to openai)",
+    ),
+    "an openai agent without its model": (
+        "agents: {definitions: {bot: {kind: openai, base_url: 'http://127.0.0.1:1/v1'}}}\n",
+        {},
+        "agents.definitions.bot.model: required for kind openai",
+    ),
     "a store nobody supports": (
         "store: postgres://x\n",
         {},
