@@ -129,6 +129,7 @@ async def _run(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
     bridge.new_webchat_token = args.new_token
+    bridge.reports_webchat_failure = True  # a port in use: one fatal line, no warning before it
     check_agent_roles(bridge)  # a config error (exit 2) before anything opens
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -109,6 +109,24 @@ async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     assert "choose another with --port" in err
 
 
+async def test_a_second_run_on_the_same_port_says_one_fatal_line_and_no_warning(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "one").mkdir()  # a store of its own: only the port is shared
+    first = await talkbridge("run", "--port", "0", cwd=tmp_path / "one")
+    try:
+        port = (await _url_of(first)).split(":")[2].split("/")[0]
+        code, out, err = await finish(await talkbridge("run", "--port", port, cwd=tmp_path))
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert (await finish(first))[0] == 0
+    assert code == 1 and "http://" not in out
+    assert err.splitlines() == [  # the fatal line only: no registry warning (retrying) first
+        f"talkbridge: cannot start: webchat cannot listen on 127.0.0.1:{port}: the port is in "
+        "use (another talkbridge?); choose another with --port or webchat.port"
+    ]
+
+
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
     assert code == 2 and "http://" not in out
