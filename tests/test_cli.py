@@ -341,6 +341,40 @@ async def test_ctrl_c_during_check_exits_130_saying_so(tmp_path: Path) -> None:
     assert err == "talkbridge check: interrupted\n"
 
 
+async def test_one_ctrl_c_while_run_waits_for_a_store_that_never_answers_stops_it(
+    tmp_path: Path,
+) -> None:
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    reached = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()  # `run` is connecting to the store: it waits for an answer never sent
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    # The store's timeout is far longer than `finish` waits: a Ctrl-C that only took effect
+    # once the store gave up would fail there.
+    store = f"redis://127.0.0.1:{port}/0?socket_timeout=600"
+    (tmp_path / "talkbridge.yaml").write_text(f"store: {store}\n")
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    try:
+        await asyncio.wait_for(reached.wait(), 30)
+        process.send_signal(signal.SIGINT)  # one, not two
+        code, out, err = await finish(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        server.close()
+    assert code == 130, err
+    assert "http://" not in out
+    assert err == (
+        f"talkbridge: interrupted while connecting to the store {store}; nothing was started\n"
+    )
+
+
 async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
     (tmp_path / "talkbridge.yaml").write_text(
         "connections:\n  - id: bot\n    channel: telegram\n    token: '1:x'\n    enabled: false\n"
