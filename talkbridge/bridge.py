@@ -103,6 +103,10 @@ class Bridge:
         self.webchat_token: str | None = None
         self.new_webchat_token = False
         """Set before `start` to replace the generated webchat token (a leaked link)."""
+        self.reports_webchat_failure = False
+        """Set before `start` by a caller that reports a webchat unable to listen at its first
+        attempt itself (`talkbridge run`: `webchat_url` raises, and it stops), so the registry,
+        which retries, does not log that failure too. Later ones are logged as usual."""
         self._prefetches: dict[tuple[str, str], Any] = {}
         self._hook_objects: list[Any] = []
         self._started = False
@@ -254,6 +258,7 @@ class Bridge:
             self.registry.states,
             node_info=self._node_info,
             generated_token=self.webchat_token is not None,
+            first_failure_reported=self.reports_webchat_failure,
         )
         self.registry.add(
             self.webchat,

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import (
     STORE_KEYS,
     BridgeConfig,
@@ -39,8 +40,8 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
-"""Ctrl-C during `check`, `pair`, `hooks` or `init`, or a second one while `run` stops: the
-shell's code for "ended by SIGINT"."""
+"""Ctrl-C during `check`, `pair`, `hooks` or `init`, a second one while `run` stops, or one
+while `run` connects to the store: the shell's code for "ended by SIGINT"."""
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -135,12 +136,14 @@ async def _run(args: argparse.Namespace) -> int:
     from talkbridge.bridge import Bridge
     from talkbridge.preflight import check_agent_roles
     from talkbridge.serving import freeze_startup_objects
+    from talkbridge.store import public_url
 
     config, secrets = _load(args.config)
     config = _with_overrides(config, args)
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
     bridge.new_webchat_token = args.new_token
+    bridge.reports_webchat_failure = True  # a port in use: one fatal line, no warning before it
     check_agent_roles(bridge)  # a config error (exit 2) before anything opens
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -153,7 +156,16 @@ async def _run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await bridge.start()
+        # The store first, on its own: a store that never answers would hold the start until
+        # its timeout, and nothing has started yet, so a Ctrl-C may cut that wait short.
+        if not await _unless_stopped(bridge.store.open(), stop):
+            _console.err(
+                "talkbridge: interrupted while connecting to the store "
+                f"{public_url(config.store)}; nothing was started"
+            )
+            await bridge.stop()
+            return EXIT_INTERRUPTED
+        await bridge.start()  # goes on with the store open
     except OSError as exc:
         return await _give_up(bridge, f"cannot start: {exc}")
     except TalkbridgeError:
@@ -189,6 +201,25 @@ async def _run(args: argparse.Namespace) -> int:
     )
     await bridge.stop()
     return EXIT_OK
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run `work` to its end, unless `stop` is set first: then cancel it and wait until it has
+    ended (a client library may take a cancel for a failure, and retry). Whether it ended by
+    itself; its error, if it failed, is raised."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this coroutine itself was cancelled: nothing is left running
+        await cancel_and_wait(task, stopped)
+        raise
+    if task.done():  # even if `stop` was set meanwhile: the start goes on, and meets it
+        await cancel_and_wait(stopped)
+        task.result()
+        return True
+    await cancel_and_wait(task, stopped)  # whatever it ended with, it was cut short
+    return False
 
 
 def _with_overrides(config: BridgeConfig, args: argparse.Namespace) -> BridgeConfig:

@@ -26,6 +26,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_core import ErrorDetails
@@ -247,16 +248,63 @@ class WebchatConfig(_Model):
         return tokens
 
 
+AgentKind = Literal["echo", "sentinel", "python", "openai"]
+
+_AGENT_KEYS: dict[str, tuple[AgentKind, ...]] = {
+    "target": ("python",),
+    "base_url": ("openai",),
+    "model": ("openai",),
+    "api_key": ("openai",),
+    "system_prompt": ("openai",),
+    "history": ("openai",),
+}
+"""The kinds each key of an agent applies to: given to another kind, it would be ignored."""
+
+_AGENT_NEEDS: dict[str, str] = {
+    "target": "the agent class as 'module:Class'",
+    "base_url": "the server's URL, such as https://api.openai.com/v1",
+    "model": "the model's name, such as gpt-4o-mini",
+}
+"""What each required key holds, said when it is missing (the kinds needing it: `_AGENT_KEYS`)."""
+
+
 class AgentSpec(_Model):
-    kind: Literal["echo", "sentinel", "python", "openai"] = "echo"
-    target: str | None = None
+    """One of `agents.definitions`: `kind` decides which of the other keys it takes; a key of
+    another kind is an error naming it, not a setting silently ignored."""
+
+    kind: AgentKind = "echo"
+    target: str | None = Field(default=None, validate_default=True)
     """`python`: `module:Class` of the user's own agent."""
-    base_url: str | None = None
-    model: str | None = None
+    base_url: str | None = Field(default=None, validate_default=True)
+    model: str | None = Field(default=None, validate_default=True)
     api_key: SecretStr | None = None
     system_prompt: str | None = None
     history: int = Field(default=20, ge=0)
     """openai: earlier messages of the thread sent along with the prompt."""
+
+    @field_validator(*_AGENT_KEYS)
+    @classmethod
+    def _applies_to_kind(cls, value: Any, info: ValidationInfo) -> Any:
+        """Runs for each key the file gives, and for the required ones when left out (they
+        validate their default, None); `history`'s default is not checked, so only a `history`
+        written for another kind is refused."""
+        kind = info.data.get("kind")  # absent: `kind` itself was refused, and says why
+        key = info.field_name
+        if kind is None or key is None:
+            return value
+        kinds = _AGENT_KEYS[key]
+        if kind not in kinds:
+            if value is None:
+                return value
+            raise ValueError(f"does not apply to kind {kind} (only to {', '.join(kinds)})")
+        if key in _AGENT_NEEDS:
+            if value is None:
+                raise ValueError(f"required for kind {kind}: {_AGENT_NEEDS[key]}")
+            if not value.strip():
+                raise ValueError(f"is empty; kind {kind} needs {_AGENT_NEEDS[key]}")
+        if key == "target" and not re.fullmatch(r"[^:\s]+:[^:\s]+", value):
+            raise ValueError(f"give {_AGENT_NEEDS[key]}")
+        return value
 
 
 class AgentsConfig(_Model):

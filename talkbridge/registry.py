@@ -297,6 +297,7 @@ class ConnectionRegistry:
         loop = asyncio.get_running_loop()
         while True:
             status = _Status(self, cid)
+            reported = False
             try:
                 await transport.run(status)
                 reason = "the transport stopped by itself"
@@ -309,11 +310,13 @@ class ConnectionRegistry:
                 return
             except Exception as exc:
                 reason = self.redact(describe_error(exc))
+                reported = isinstance(exc, ConnectorError) and exc.reported
             if status.went_up_at is not None and loop.time() - status.went_up_at > STABLE_AFTER:
                 backoff.reset()
             delay = backoff.next()
             self._health[cid].restarts += 1
-            log.warning("%s: %s; reconnecting in %.1fs", cid, reason, delay)
+            if not reported:  # a reported one: its caller says it (and may stop on it)
+                log.warning("%s: %s; reconnecting in %.1fs", cid, reason, delay)
             self._set_state(cid, ConnectionState.DEGRADED, reason)
             await asyncio.sleep(delay)
 

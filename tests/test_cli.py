@@ -109,6 +109,24 @@ async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     assert "choose another with --port" in err
 
 
+async def test_a_second_run_on_the_same_port_says_one_fatal_line_and_no_warning(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "one").mkdir()  # a store of its own: only the port is shared
+    first = await talkbridge("run", "--port", "0", cwd=tmp_path / "one")
+    try:
+        port = (await _url_of(first)).split(":")[2].split("/")[0]
+        code, out, err = await finish(await talkbridge("run", "--port", port, cwd=tmp_path))
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert (await finish(first))[0] == 0
+    assert code == 1 and "http://" not in out
+    assert err.splitlines() == [  # the fatal line only: no registry warning (retrying) first
+        f"talkbridge: cannot start: webchat cannot listen on 127.0.0.1:{port}: the port is in "
+        "use (another talkbridge?); choose another with --port or webchat.port"
+    ]
+
+
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
     assert code == 2 and "http://" not in out
@@ -349,6 +367,40 @@ async def test_ctrl_c_during_check_exits_130_saying_so(tmp_path: Path) -> None:
     assert err == "talkbridge check: interrupted\n"
 
 
+async def test_one_ctrl_c_while_run_waits_for_a_store_that_never_answers_stops_it(
+    tmp_path: Path,
+) -> None:
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    reached = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()  # `run` is connecting to the store: it waits for an answer never sent
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    # The store's timeout is far longer than `finish` waits: a Ctrl-C that only took effect
+    # once the store gave up would fail there.
+    store = f"redis://127.0.0.1:{port}/0?socket_timeout=600"
+    (tmp_path / "talkbridge.yaml").write_text(f"store: {store}\n")
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    try:
+        await asyncio.wait_for(reached.wait(), 30)
+        process.send_signal(signal.SIGINT)  # one, not two
+        code, out, err = await finish(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        server.close()
+    assert code == 130, err
+    assert "http://" not in out
+    assert err == (
+        f"talkbridge: interrupted while connecting to the store {store}; nothing was started\n"
+    )
+
+
 async def test_check_with_every_connection_disabled(tmp_path: Path) -> None:
     (tmp_path / "talkbridge.yaml").write_text(
         "connections:\n  - id: bot\n    channel: telegram\n    token: '1:x'\n    enabled: false\n"
@@ -464,6 +516,16 @@ _BROKEN = {
         'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
         {"boom.py": "class A:\n    def __init__(self):\n        raise ValueError('no key')\n"},
         "agents.definitions.a.target: building boom:A failed: ValueError: no key",
+    ),
+    "an agent key that does not apply to its kind": (
+        "agents: {definitions: {helper: {kind: echo, model: gpt-4o}}}\n",
+        {},
+        "agents.definitions.helper.model: does not apply to kind echo (only to openai)",
+    ),
+    "an openai agent without its model": (
+        "agents: {definitions: {bot: {kind: openai, base_url: 'http://127.0.0.1:1/v1'}}}\n",
+        {},
+        "agents.definitions.bot.model: required for kind openai",
     ),
     "a store nobody supports": (
         "store: postgres://x\n",

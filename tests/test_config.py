@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from talkbridge.config import STORE_KEYS, Secrets, load_config, parse_config
+from talkbridge.config import STORE_KEYS, AgentSpec, Secrets, load_config, parse_config
 from talkbridge.errors import ConfigError
 
 
@@ -38,7 +38,14 @@ def test_env_values_of_plain_keys_stay_readable_and_dollar_dollar_is_literal(
         {
             "webchat": {"host": "${CHAT_HOST}", "port": "${CHAT_PORT}"},
             "agents": {
-                "definitions": {"p": {"kind": "echo", "system_prompt": "Say $${NAME} as is"}}
+                "definitions": {
+                    "p": {
+                        "kind": "openai",
+                        "base_url": "http://127.0.0.1:11434/v1",
+                        "model": "llama3.2",
+                        "system_prompt": "Say $${NAME} as is",
+                    }
+                }
             },
             "connections": [
                 {
@@ -304,3 +311,71 @@ def test_every_unset_variable_is_named_at_once() -> None:
 def test_a_connection_id_error_says_what_an_id_may_hold() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.id: use 1-64 letters, digits"):
         parse_config({"connections": [{"id": "bad id!", "channel": "telegram", "token": "1:x"}]})
+
+
+def _agent_problems(**definitions: dict[str, object]) -> list[str]:
+    """The lines of the config error `agents.definitions` (given as keywords) makes."""
+    with pytest.raises(ConfigError) as err:
+        parse_config({"agents": {"definitions": definitions}}, source="talkbridge.yaml")
+    lines = str(err.value).splitlines()
+    assert lines[0] == "invalid config (talkbridge.yaml):"
+    return [line.strip() for line in lines[1:]]
+
+
+def test_an_agent_key_of_another_kind_is_an_error_naming_it_not_ignored() -> None:
+    assert _agent_problems(
+        helper={"kind": "echo", "model": "gpt-4o"},
+        mine={"kind": "python", "target": "mybot:Agent", "api_key": "sk-not-shown-123"},
+        model={
+            "kind": "openai",
+            "base_url": "http://127.0.0.1:1/v1",
+            "model": "m",
+            "target": "a:B",
+        },
+        guard={"kind": "sentinel", "system_prompt": "Be nice.", "history": 5},
+        plain={"history": 20},  # no kind: echo, which keeps no history, even the default's
+    ) == [
+        "agents.definitions.helper.model: does not apply to kind echo (only to openai)",
+        "agents.definitions.mine.api_key: does not apply to kind python (only to openai)",
+        "agents.definitions.model.target: does not apply to kind openai (only to python)",
+        "agents.definitions.guard.system_prompt: does not apply to kind sentinel (only to openai)",
+        "agents.definitions.guard.history: does not apply to kind sentinel (only to openai)",
+        "agents.definitions.plain.history: does not apply to kind echo (only to openai)",
+    ]
+
+
+def test_the_keys_an_agent_kind_needs_are_required_by_the_config() -> None:
+    assert _agent_problems(
+        bot={"kind": "openai", "model": ""},
+        mine={"kind": "python"},
+        odd={"kind": "python", "target": "mybot.agents"},
+    ) == [
+        "agents.definitions.bot.base_url: required for kind openai: the server's URL, such as "
+        "https://api.openai.com/v1",
+        "agents.definitions.bot.model: is empty; kind openai needs the model's name, such as "
+        "gpt-4o-mini",
+        "agents.definitions.mine.target: required for kind python: the agent class as "
+        "'module:Class'",
+        "agents.definitions.odd.target: give the agent class as 'module:Class'",
+    ]
+
+
+def test_each_agent_key_is_checked_against_the_kinds_it_applies_to() -> None:
+    config, _ = parse_config(
+        {
+            "agents": {
+                "definitions": {
+                    "e": {"kind": "echo"},
+                    "s": {"kind": "sentinel", "model": None},  # null: nothing set
+                    "p": {"kind": "python", "target": "mybot.agents:Support"},
+                    "o": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "history": 0},
+                }
+            }
+        }
+    )
+    assert config.agents.definitions["e"].history == 20  # the default is kept, unchecked
+    assert config.agents.definitions["o"].history == 0
+    # A key added to AgentSpec is listed with its kinds, or it would be taken by every kind.
+    from talkbridge.config import _AGENT_KEYS
+
+    assert set(_AGENT_KEYS) == set(AgentSpec.model_fields) - {"kind"}

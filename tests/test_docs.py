@@ -8,8 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from talkbridge.config import BridgeConfig, ConnectionConfig
+from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "talkbridge" / "init_template" / "files"
@@ -81,3 +82,19 @@ def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials(
     assert "\nconnections: []\n" in starter
     assert "a token written in the file itself works too" in section
     assert "never the file" not in starter and "a token written here\n# works too" in starter
+
+
+@pytest.mark.parametrize("doc", ["docs/configuration.md", "README.md"])
+def test_the_config_examples_of_the_docs_are_valid(
+    doc: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each YAML example that is a config of its own (top-level keys; not one list entry) is
+    accepted as written: an example a reader copies never fails with a config error."""
+    examples = re.findall(r"```yaml\n(.*?)```", (ROOT / doc).read_text(), re.DOTALL)
+    configs = [data for data in map(yaml.safe_load, examples) if isinstance(data, dict)]
+    assert configs, f"{doc}: no config example found"
+    for name in {n for e in examples for n in re.findall(r"\$\{(\w+)\}", e)}:
+        monkeypatch.setenv(name, "123456:example-Value_1")  # a bot token's shape fits all
+    for data in configs:
+        assert set(data) <= set(BridgeConfig.model_fields), data
+        parse_config(data)

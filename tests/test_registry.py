@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from talkbridge.backoff import Backoff
-from talkbridge.config import ConnectionConfig, Secrets
-from talkbridge.connectors.base import ConnectionStatus
+from talkbridge.config import ConnectionConfig, Secrets, WebchatConfig
+from talkbridge.connectors.base import ConnectionStatus, ConnectorContext
 from talkbridge.errors import TransientError, UnauthorizedError
 from talkbridge.registry import ConnectionRegistry, ConnectionState
 from talkbridge.store import SqliteStore
+from talkbridge.webchat import WebchatConnector
 from tests.support.talk_connector import TalkConnector
 
 FAST = lambda: Backoff(base=0.001, cap=0.01)  # noqa: E731
@@ -195,3 +197,49 @@ async def test_send_trouble_neither_hides_nor_clears_the_transports_own(
     assert health.state is ConnectionState.DEGRADED
     assert health.last_error == "the socket was lost; reconnecting"
     await registry.stop()
+
+
+class _Warned(logging.Handler):
+    """Sets `seen` at the first warning logged: a later failure can be awaited, not slept for."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.set()
+
+
+@pytest.mark.parametrize("reported", [True, False])
+async def test_a_webchat_failure_its_caller_reports_is_not_logged_too_but_later_ones_are(
+    sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture, reported: bool
+) -> None:
+    # `talkbridge run` reports a port in use itself, as its one fatal line; an app that did not
+    # say it reports it, and every failure after the first, still get the registry's warning.
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    registry = ConnectionRegistry(sqlite_store, backoff=FAST)
+    webchat = WebchatConnector(
+        WebchatConfig(port=port),
+        ConnectorContext(sqlite_store, logging.getLogger("test.webchat")),
+        ["a-webchat-token"],
+        registry.states,
+        first_failure_reported=reported,
+    )
+    registry.add(webchat)
+    warned = _Warned()
+    logging.getLogger("talkbridge.registry").addHandler(warned)
+    try:
+        with caplog.at_level(logging.WARNING, logger="talkbridge.registry"):
+            await registry.start()
+            with pytest.raises(TransientError, match=f"127.0.0.1:{port}: the port is in use"):
+                await asyncio.wait_for(webchat.listening(), 30)
+            await asyncio.wait_for(warned.seen.wait(), 30)  # a failure that is logged
+            await registry.stop()
+    finally:
+        logging.getLogger("talkbridge.registry").removeHandler(warned)
+        holder.close()
+    failures = registry.health("webchat").restarts
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == failures - (1 if reported else 0) >= 1
+    assert all("the port is in use" in line for line in warnings)

@@ -110,14 +110,20 @@ class Membership:
         self._ms = max(1, round(ttl * 1000))
         self._beat = client.register_script(scripts.HEARTBEAT)
         self.live = 1
+        self._joined = False
+        """Whether this node ever said it is alive: else `leave` has nothing to take back."""
 
     async def beat(self) -> int:
         """Say this node is alive; returns the number of live nodes (this one included)."""
+        self._joined = True  # before the call: one that fails may still have been applied
         self.live = max(1, int(await self._beat(keys=[self._key], args=[self.node_id, self._ms])))
         return self.live
 
     async def leave(self) -> None:
-        await self._client.zrem(self._key, self.node_id)
+        """Take this node's entry out, if it ever made one: a node whose start was cut short
+        before that (a Ctrl-C while Redis did not answer) does not wait for Redis again."""
+        if self._joined:
+            await self._client.zrem(self._key, self.node_id)
 
     async def taken_by_another(self, watch: float) -> bool:
         """Whether a running process already beats with this node id (two processes given

@@ -515,6 +515,9 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             await client.aclose()
             raise StoreError(f"cannot open the redis store at {self._where}: {exc}") from exc
+        except asyncio.CancelledError:  # a Ctrl-C while Redis does not answer: no socket left
+            await client.aclose()
+            raise
         self._client = client
         self._writer = _PipelineWriter(client, self._where, lua.ALL)
         self._writer.start()

@@ -124,6 +124,7 @@ class WebchatConnector(BaseConnector):
         *,
         node_info: Callable[[], dict[str, Any]] | None = None,
         generated_token: bool = False,
+        first_failure_reported: bool = False,
     ) -> None:
         if not all(tokens) or not (tokens or config.issuer):
             raise ValueError("the webchat needs at least one non-empty token or an issuer")
@@ -146,6 +147,8 @@ class WebchatConnector(BaseConnector):
         self.listen_error: str | None = None
         """Why the last attempt to listen failed (None once listening)."""
         self._attempted = asyncio.Event()
+        self._first_failure_reported = first_failure_reported
+        """Whether the caller of `listening` reports a failed first attempt (see `run`)."""
         self.provide("streaming", self)
         self.provide("activity", self)
         self.provide("history", self)
@@ -182,8 +185,12 @@ class WebchatConnector(BaseConnector):
             )
         except OSError as exc:
             self.listen_error = _listen_error(self.config.host, self.config.port, exc)
+            error = TransientError(self.listen_error)
+            # The first failure goes to `listening`'s caller; one that says it reports it
+            # (`talkbridge run`, which stops) would otherwise follow a registry warning.
+            error.reported = self._first_failure_reported and not self._attempted.is_set()
             self._attempted.set()
-            raise TransientError(self.listen_error) from exc
+            raise error from exc
         try:
             self.port = next(iter(server.sockets)).getsockname()[1]
             status.up()
