@@ -304,6 +304,8 @@ class AgentSpec(_Model):
                 raise ValueError(f"is empty; kind {kind} needs {_AGENT_NEEDS[key]}")
         if key == "target" and not re.fullmatch(r"[^:\s]+:[^:\s]+", value):
             raise ValueError(f"give {_AGENT_NEEDS[key]}")
+        if key == "base_url":
+            return http_base_url(value, "https://api.openai.com/v1")
         return value
 
 

@@ -349,6 +349,7 @@ def test_the_keys_an_agent_kind_needs_are_required_by_the_config() -> None:
         bot={"kind": "openai", "model": ""},
         mine={"kind": "python"},
         odd={"kind": "python", "target": "mybot.agents"},
+        typo={"kind": "openai", "base_url": "api.openai.com/v1", "model": "m"},
     ) == [
         "agents.definitions.bot.base_url: required for kind openai: the server's URL, such as "
         "https://api.openai.com/v1",
@@ -357,6 +358,8 @@ def test_the_keys_an_agent_kind_needs_are_required_by_the_config() -> None:
         "agents.definitions.mine.target: required for kind python: the agent class as "
         "'module:Class'",
         "agents.definitions.odd.target: give the agent class as 'module:Class'",
+        "agents.definitions.typo.base_url: must be an http:// or https:// URL such as "
+        "https://api.openai.com/v1",
     ]
 
 
