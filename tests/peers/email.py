@@ -262,6 +262,8 @@ class ImapStandIn(Waitable):
 
     mails: list[StandInMail] = field(default_factory=list)
     refuse_since: str | None = None
+    refuse_internaldate: bool = False
+    """Answer a FETCH of INTERNALDATE with BAD, as a stand-in that never heard of it would."""
     uidnext: bool = True
     uidvalidity: int = 7
     port: int = 0
@@ -323,6 +325,8 @@ class ImapStandIn(Waitable):
             return self._search(args.split())
         if name == "UID FETCH":
             which, _, items = args.partition(" ")
+            if self.refuse_internaldate and "INTERNALDATE" in items.upper():
+                return b"", "BAD unknown fetch item INTERNALDATE"
             return self._fetch(self._uid_set(which), items.upper()), "OK done"
         if name == "UID STORE":
             which, _, flags = args.partition(" ")

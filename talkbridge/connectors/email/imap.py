@@ -274,9 +274,11 @@ class ImapSession:
         with imap_errors(self.where, self._password):
             return await self.guard(self._client().uid_search(criteria, charset=None))
 
-    async def internal_dates(self, uids: Sequence[int]) -> dict[int, datetime]:
+    async def internal_dates(self, uids: Sequence[int]) -> dict[int, datetime] | None:
         """UID -> INTERNALDATE (when the server received the mail) of those of `uids` still
-        there; a mail expunged meanwhile, or with a date the server gave unreadably, is absent."""
+        there; a mail expunged meanwhile, or with a date the server gave unreadably, is absent.
+        None when the server refuses to FETCH INTERNALDATE (`BAD` or `NO`), as a minimal one may.
+        """
         wanted = set(uids)
         ordered = sorted(wanted)
         found: dict[int, datetime] = {}
@@ -286,6 +288,8 @@ class ImapSession:
                 response = await self.guard(
                     self._client().uid("fetch", chunk, "(UID INTERNALDATE)")
                 )
+            if response.result in ("BAD", "NO"):
+                return None
             _check(response, f"UID FETCH {chunk} (INTERNALDATE)", self.where)
             found.update(internal_dates_of(response.lines))
         return {uid: when for uid, when in found.items() if uid in wanted}

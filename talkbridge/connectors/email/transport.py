@@ -205,8 +205,8 @@ class EmailConnector(BaseConnector):
         answered: list[int] = []
         if days > 0:
             criteria = since_search(cutoff)
-            found = await session.uids_if_understood(criteria)
-            if found is None:
+            narrowed = await session.uids_if_understood(criteria)
+            if narrowed is None:
                 self._log.warning(
                     "%s refused UID SEARCH %s: reading the receipt date of each of the %d "
                     "unread mails instead",
@@ -214,8 +214,19 @@ class EmailConnector(BaseConnector):
                     criteria,
                     len(unseen),
                 )
-                found = unseen
+            found = unseen if narrowed is None else narrowed
             dates = await session.internal_dates(found) if found else {}
+            if dates is None:
+                # A server that has neither (both are RFC 3501's own) is a small stand-in,
+                # not a mailbox with years of mail: its search narrowed to days is kept, and
+                # without that search the unread mail is what nobody handled, as before.
+                self._log.warning(
+                    "%s refused UID FETCH (INTERNALDATE): answering the %d unread mail(s) %s",
+                    session.where,
+                    len(found),
+                    "its SINCE search found" if narrowed is not None else "without a date check",
+                )
+                return found
             answered = received_since(found, dates, cutoff)
         left = len(set(unseen) - set(answered))
         if left:

@@ -390,6 +390,29 @@ async def test_a_server_refusing_search_since_falls_back_to_the_date_of_each_unr
         await running.stop()
 
 
+@pytest.mark.parametrize("refuse_since", [None, "BAD"])
+async def test_a_server_without_internaldate_still_has_its_recent_unread_mail_answered(
+    dovecot: DovecotPeer,
+    start: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    refuse_since: str | None,
+) -> None:
+    """A stand-in that knows neither FETCH INTERNALDATE nor, at worst, SEARCH SINCE: the
+    connection must not fail over it; its SINCE search is trusted to the day, and with no
+    way to tell old from new, the unread mail is answered as it was before `backlog_days`."""
+    now = datetime.now(UTC)
+    async with ImapStandIn(refuse_internaldate=True, refuse_since=refuse_since) as server:
+        old = server.add(mail(body="old"), received=now - MONTH_AGO)
+        fresh = server.add(mail(body="fresh"), received=now - timedelta(minutes=5))
+        running = await start(wait=True, **stand_in_imap(server))
+        expected = ["fresh"] if refuse_since is None else ["old", "fresh"]
+        assert running.inbox.texts == expected
+        assert (old.seen, fresh.seen) == (refuse_since is not None, True)
+        assert any("refused UID FETCH (INTERNALDATE)" in r.getMessage() for r in caplog.records)
+        assert not running.task.done()
+        await running.stop()
+
+
 async def test_after_a_uidvalidity_change_old_unread_mail_is_left_alone_too(
     dovecot: DovecotPeer, start: Callable[..., Any]
 ) -> None:
