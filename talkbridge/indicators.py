@@ -12,6 +12,7 @@ import itertools
 import logging
 from collections.abc import Callable
 
+from talkbridge.cancellation import raise_if_cancelling
 from talkbridge.sweep import DelayedSweep
 from talkbridge.talk import Activity
 
@@ -68,4 +69,7 @@ class TypingIndicators:
                 await activity.typing(thread_id)
             except Exception as exc:  # typing is a nicety: never let it break a turn
                 log.debug("typing indication failed: %s", self._redact(str(exc)))
+            # `end` cancels once, and forgets the task: a cancel the client library swallowed
+            # (redis-py's publish, in distributed mode) would leave typing shown for good.
+            raise_if_cancelling()
             await asyncio.sleep(self._refresh)

@@ -52,3 +52,36 @@ async def test_a_failing_indicator_never_breaks_the_turn() -> None:
     indicators.end(turn)
     indicators.close()
     assert activity.shown == ["t", "t"]
+
+
+class SwallowingActivity:
+    """Typing through a client that takes a cancel for a failed call and returns (redis-py's
+    publish can): the cancel `end` sends arrives while an indication is under way."""
+
+    def __init__(self) -> None:
+        self.shown: list[str] = []
+        self.calling = asyncio.Event()
+        self.cancel_swallowed = asyncio.Event()
+
+    async def typing(self, thread_id: str) -> None:
+        self.shown.append(thread_id)
+        self.calling.set()
+        if self.cancel_swallowed.is_set():
+            return  # later indications go through at once
+        try:
+            await asyncio.Event().wait()  # the server has not answered when the cancel comes
+        except asyncio.CancelledError:
+            self.cancel_swallowed.set()
+
+
+async def test_typing_ends_with_its_turn_even_when_the_client_swallows_the_cancel() -> None:
+    indicators = TypingIndicators(delay=0.0, refresh=0.0)
+    activity = SwallowingActivity()
+    turn = indicators.begin(activity, "t")
+    await asyncio.wait_for(activity.calling.wait(), 5)
+    [typing] = [t for t in asyncio.all_tasks() if "_keep_typing" in repr(t.get_coro())]
+    indicators.end(turn)  # the reply is out: typing must stop
+    await asyncio.wait_for(asyncio.wait([typing]), 5)  # the loop ends, not just this call
+    assert typing.cancelled() and activity.cancel_swallowed.is_set()
+    assert activity.shown == ["t"]
+    indicators.close()
