@@ -251,6 +251,13 @@ class Bridge:
             tokens = [self.webchat_token]
         for token in tokens:
             self.secrets.add(token)
+        if settings.issuer is not None and settings.issuer.weak_secret:
+            log.warning(
+                "webchat.issuer.secret is shorter than %d bytes, which HS256 needs (RFC 7518): "
+                "whoever guesses it can sign in as anyone; use a long random one "
+                "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')",
+                settings.issuer.MIN_SECRET_BYTES,
+            )
         self.webchat = WebchatConnector(
             settings,
             self.context,

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -183,6 +183,24 @@ class WebchatIssuer(_Model):
     secret: SecretStr
     audience: str | None = None
     leeway: float = Field(default=30.0, ge=0)
+
+    MIN_SECRET_BYTES: ClassVar[int] = 32
+    """RFC 7518 wants an HS256 key at least as long as the hash (256 bits)."""
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_not_empty(cls, secret: SecretStr) -> SecretStr:
+        if not secret.get_secret_value().strip():
+            raise ValueError(
+                "is empty (an unset or empty ${VARIABLE}?): no token could be verified, so "
+                "nobody could sign in"
+            )
+        return secret
+
+    @property
+    def weak_secret(self) -> bool:
+        """Shorter than HS256 wants: a token could be forged by guessing the secret."""
+        return len(self.secret.get_secret_value().encode("utf-8")) < self.MIN_SECRET_BYTES
 
 
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")

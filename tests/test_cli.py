@@ -97,6 +97,23 @@ async def test_run_with_configured_tokens_says_to_add_one_and_never_prints_it(
     assert "my-own-webchat-token" not in url + out + err
 
 
+async def test_an_issuer_secret_empty_is_refused_and_a_short_one_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    config = "webchat: {issuer: {secret: '${ISSUER_SECRET}'}}\n"
+    (tmp_path / "talkbridge.yaml").write_text(config)
+    code, _, err = await finish(
+        await talkbridge("run", "--port", "0", cwd=tmp_path, env={"ISSUER_SECRET": " "})
+    )
+    assert code == 2 and "webchat.issuer.secret: is empty" in err, err
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path, env={"ISSUER_SECRET": "s3cr"})
+    await _url_of(process)
+    process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == 0 and "webchat.issuer.secret is shorter than 32 bytes" in err, err
+    assert "s3cr" not in err
+
+
 async def test_run_on_a_port_in_use_says_so_and_exits(tmp_path: Path) -> None:
     holder = socket.create_server(("127.0.0.1", 0))
     port = holder.getsockname()[1]

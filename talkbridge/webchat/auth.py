@@ -44,6 +44,19 @@ class TokenAuth:
             return self._signed(token, self._issuer)
         return None
 
+    def expires_at(self, token: str) -> float | None:
+        """When an accepted signed token stops being accepted (its `exp` plus the leeway, in
+        `time.time()` seconds); None for a static token, which does not expire."""
+        if self._issuer is None or any(
+            hmac.compare_digest(token.encode("utf-8"), accepted) for accepted in self._tokens
+        ):
+            return None
+        claims = _claims(token, self._issuer, verify_exp=False)
+        expires = claims.get("exp") if claims is not None else None
+        if not isinstance(expires, int | float) or isinstance(expires, bool):
+            return None
+        return float(expires) + self._issuer.leeway
+
     @property
     def signed_only(self) -> bool:
         """Users come with tokens a site signed for them, not with a link `run` printed."""

@@ -147,6 +147,8 @@ class WebchatConnector(BaseConnector):
         self.listen_error: str | None = None
         """Why the last attempt to listen failed (None once listening)."""
         self._attempted = asyncio.Event()
+        self._closing: set[asyncio.Future[None]] = set()
+        """Sockets being closed as their token expired (held so the task is not collected)."""
         self._first_failure_reported = first_failure_reported
         """Whether the caller of `listening` reports a failed first attempt (see `run`)."""
         self.provide("streaming", self)
@@ -225,13 +227,20 @@ class WebchatConnector(BaseConnector):
 
     async def _handle(self, ws: ServerConnection) -> None:
         try:
-            session_id = await self._authenticate(ws)
-            if session_id is None:
+            authenticated = await self._authenticate(ws)
+            if authenticated is None:
                 return
+            session_id, expires_at = authenticated
             self._sockets.setdefault(session_id, set()).add(ws)
+            expiry = None
+            if expires_at is not None:  # a signed token: the socket lasts as long as it does
+                delay = max(0.0, expires_at - time.time())
+                expiry = asyncio.get_running_loop().call_later(delay, self._token_expired, ws)
             try:
                 await self._serve_socket(ws, session_id)
             finally:
+                if expiry is not None:
+                    expiry.cancel()
                 sockets = self._sockets.get(session_id)
                 if sockets is not None:
                     sockets.discard(ws)
@@ -241,7 +250,16 @@ class WebchatConnector(BaseConnector):
         except ConnectionClosed:
             pass
 
-    async def _authenticate(self, ws: ServerConnection) -> str | None:
+    def _token_expired(self, ws: ServerConnection) -> None:
+        """The signed token a socket authenticated with has expired: an app cutting a user
+        off with short-lived tokens must not be outlived by the sockets already open."""
+        task = asyncio.ensure_future(_close_expired(ws))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _authenticate(self, ws: ServerConnection) -> tuple[str, float | None] | None:
+        """The session the socket's auth frame opens, and when its token expires (if it does);
+        None when it is refused (the socket is closed, saying why)."""
         limit = self.config.max_frame_bytes
         try:
             data = await asyncio.wait_for(ws.recv(), self.auth_timeout)
@@ -252,7 +270,9 @@ class WebchatConnector(BaseConnector):
             frame = parse_frame(data, limit)
         except FrameError as exc:
             reason = str(exc)
-            if not reason.startswith("bad auth frame"):
+            if exc.code == "too_large":  # not read, so whether it was an auth frame is unknown
+                reason = f"the first frame is too large ({reason}); an auth frame fits well within"
+            elif not reason.startswith("bad auth frame"):
                 reason = f"the first frame must be an auth frame; {reason}"
             await _refuse(ws, "unauthorized", reason, exc.fields.get("ref"))
             return None
@@ -312,7 +332,7 @@ class WebchatConnector(BaseConnector):
         if frame.ref is not None:
             ready["ref"] = frame.ref
         await ws.send(dumps(ready))
-        return session_id
+        return session_id, self._auth.expires_at(token)
 
     async def _serve_socket(self, ws: ServerConnection, session_id: str) -> None:
         bucket = _Bucket(self.frame_rate, self.frame_burst)
@@ -705,6 +725,11 @@ async def _refuse(
     frame = error_frame(code, message, **({"ref": ref} if ref is not None else {}))
     await ws.send(dumps(frame))
     await ws.close(close_code, code)
+
+
+async def _close_expired(ws: ServerConnection) -> None:
+    with suppress(ConnectionClosed):  # it closed by itself meanwhile
+        await _refuse(ws, "unauthorized", "the access token has expired; sign in again")
 
 
 __all__ = ["CONNECTION_ID", "WebchatConnector"]

@@ -65,9 +65,15 @@ class _ClientFrame(BaseModel):
     """Opaque; echoed on the reply (and on an error) so the client can match them."""
 
 
+MAX_TOKEN_CHARS = 16 * 1024
+"""An identity provider's JWT with a few profile claims is over 1,000 characters, and some run
+to several thousand (group lists): a tight cap refused valid tokens. The frame limit still
+bounds it."""
+
+
 class AuthFrame(_ClientFrame):
     type: Literal["auth"]
-    token: str | None = Field(default=None, min_length=1, max_length=512)
+    token: str | None = Field(default=None, min_length=1, max_length=MAX_TOKEN_CHARS)
     """None: the token of the cookie the link left (sent with the page's socket)."""
     session_id: str | None = Field(default=None, max_length=128)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -85,3 +86,48 @@ async def test_an_expired_signed_token_says_so_and_asks_to_sign_in_again(
         await ws.send(json.dumps({"type": "auth", "token": signed("ada", ttl=-120)}))
         error = json.loads(await ws.recv())
         assert error["code"] == "unauthorized" and "expired; sign in again" in error["message"]
+
+
+async def test_an_open_socket_is_closed_when_its_signed_token_expires(
+    start_webchat: StartWebchat,
+) -> None:
+    """An app cutting a user off with short-lived tokens: the socket opened while the token
+    was valid does not outlive it (the page then asks to sign in again)."""
+    issuer = WebchatIssuer(secret=SecretStr(SECRET), audience="talkbridge", leeway=0)
+    chat = await start_webchat(issuer=issuer, static_tokens=["static-token"])
+    async with (
+        websockets.connect(chat.ws_url) as short,
+        websockets.connect(chat.ws_url) as static,
+    ):
+        await short.send(json.dumps({"type": "auth", "token": signed("ada", ttl=1)}))
+        await static.send(json.dumps({"type": "auth", "token": "static-token"}))
+        assert json.loads(await short.recv())["type"] == "ready"
+        assert json.loads(await static.recv())["type"] == "ready"
+        error = json.loads(await asyncio.wait_for(short.recv(), 10))
+        assert error["code"] == "unauthorized" and "expired; sign in again" in error["message"]
+        await asyncio.wait_for(short.wait_closed(), 10)
+        assert short.close_code == 4401
+        await static.send(json.dumps({"type": "ping", "ref": "p"}))  # a static token lasts
+        assert json.loads(await static.recv()) == {"type": "pong", "ref": "p"}
+
+
+async def test_a_signed_token_with_a_few_thousand_characters_of_claims_is_accepted(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(issuer=ISSUER, static_tokens=[], max_frame_bytes=64 * 1024)
+    token = signed("ada", groups=[f"group-{i:04d}" for i in range(300)])
+    assert len(token) > 4000  # identity providers' tokens with group lists run this long
+    async with websockets.connect(chat.ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+
+
+async def test_an_oversized_first_frame_is_called_too_large_not_something_else(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(issuer=ISSUER, static_tokens=[])
+    async with websockets.connect(chat.ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": "x" * 70_000}))
+        error = json.loads(await ws.recv())
+    assert error["code"] == "unauthorized"
+    assert error["message"].startswith("the first frame is too large (frame is "), error
