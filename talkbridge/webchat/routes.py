@@ -190,18 +190,18 @@ class HttpRoutes:
                 )
         if self._auth.identify(token) is None:
             reason = self._auth.refusal(token)
+            expired = "expired" in reason
+            title = "This access token has expired" if expired else "This access token is not valid"
             if from_link:
-                return _refusal(
-                    "This access token has expired"
-                    if "expired" in reason
-                    else "This access token is not valid",
-                    f"{reason[0].upper()}{reason[1:]}.",
-                    signed=signed,
-                )
+                return _refusal(title, f"{reason[0].upper()}{reason[1:]}.", signed=signed)
             return _refusal(  # the saved token is likely this one: no retry with it
-                "This access token is not valid",
+                title,
                 "The token saved from the link you opened before is no longer accepted "
-                "(it expired, or the bridge's token was replaced).",
+                + (
+                    "(it has expired: sign in again)."
+                    if expired
+                    else "(it expired, or the bridge's token was replaced)."
+                ),
                 signed=signed,
             )
         page = _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")

@@ -82,6 +82,11 @@ async def test_an_expired_signed_token_says_so_and_asks_to_sign_in_again(
         assert "Sign in again" in page and "talkbridge run" not in page  # no terminal here
         async with http.get(f"{chat.http}/?token={signed('ada', secret='forged' * 6)}") as resp:
             assert "This access token is not valid" in await resp.text()
+        # A reload, the expired token in the cookie the link left: the same heading.
+        cookie = {"Cookie": f"talkbridge_token_{chat.connector.port}={signed('ada', ttl=-120)}"}
+        async with http.get(f"{chat.http}/", headers=cookie) as resp:
+            page = await resp.text()
+        assert resp.status == 401 and "This access token has expired" in page, page
     async with websockets.connect(chat.ws_url) as ws:
         await ws.send(json.dumps({"type": "auth", "token": signed("ada", ttl=-120)}))
         error = json.loads(await ws.recv())
