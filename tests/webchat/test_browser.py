@@ -419,6 +419,16 @@ async def test_phone_sized_layout_opens_the_conversation_list(
             "e => e.scrollWidth <= e.clientWidth)"
         )
         assert box == [True, True]
+
+        # The longest status there is still leaves the conversation's title readable.
+        await context.set_offline(True)
+        await expect(page.locator("#status")).to_contain_text("No network")
+        title, status = await page.evaluate(
+            "['#chat-title', '#status'].map(s => document.querySelector(s)"
+            ".getBoundingClientRect().width)"
+        )
+        assert title >= 120 and status >= 120, (title, status)
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
     finally:
         await context.close()
 
