@@ -26,7 +26,14 @@ async def talkbridge(
 
 
 async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
-    """Wait for the process to end: its exit code, stdout and stderr."""
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    """Wait for the process to end: its exit code, stdout and stderr. One that does not end
+    within a minute fails the test and is killed, not left running after it."""
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    except TimeoutError:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        raise
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
