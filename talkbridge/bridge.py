@@ -112,6 +112,8 @@ class Bridge:
         self.durable = DurableHooks(self.store, app_id)
         self.typing = TypingIndicators(self.secrets.redact)
         self._sweeper: asyncio.Task[None] | None = None
+        self.abandoned_turns = 0
+        """Set by `stop`: turns that ignored their cancellation and were left running."""
         self.swept = asyncio.Event()
         """Set after each retention sweep (`talkbridge.retention`)."""
 
@@ -159,8 +161,12 @@ class Bridge:
         )
         self._started = True
 
-    async def stop(self, *, drain_timeout: float = 10.0) -> None:
-        """Stop taking traffic, let in-flight turns and sends finish, then close everything."""
+    async def stop(self, *, drain_timeout: float = 10.0, cancel_grace: float = 5.0) -> None:
+        """Stop taking traffic, let in-flight turns and sends finish, then close everything.
+
+        Turns still running after `drain_timeout` are cancelled; one that ignores it for
+        `cancel_grace` seconds more (an agent swallowing `CancelledError`) is left behind,
+        counted in `abandoned_turns`, and runs again at the next start: the stop never hangs."""
         if not self._started:
             if self.cluster is not None:
                 await self.cluster.stop()
@@ -196,7 +202,15 @@ class Bridge:
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
             await self.cluster.stop()  # releases shards (what was not acked is claimed)
-        await self.router.close()
+        self.abandoned_turns = await self.router.close(cancel_grace)
+        if self.abandoned_turns:
+            log.warning(
+                "stopping: %s within %g s of being cancelled; left behind, %s on %s",
+                _count(self.abandoned_turns, "turn did not stop", "turns did not stop"),
+                cancel_grace,
+                "it runs again" if self.abandoned_turns == 1 else "they run again",
+                later,
+            )
         self.typing.close()
         await self.hooks.drain()
         await self.durable.stop()  # durable hooks (issue 5)

@@ -487,6 +487,46 @@ async def test_stop_finishes_the_turn_under_way_and_leaves_the_queued_one_for_th
     await bridge.stop()
 
 
+async def test_stop_returns_when_an_agent_ignores_its_cancellation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An agent that catches `CancelledError` and goes on waiting must not hang the stop: it is
+    left behind, and its message is answered at the next start."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    class Stubborn:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            started.set()
+            while not release.is_set():
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    continue  # a user's agent swallowing every cancel
+            yield Result(text="too late")
+
+    bridge, conns = await _bridge(tmp_path, agents={"echo": Stubborn()})
+    await conns["test"].inject(make_message("stubborn", message_id="n1"))
+    await started.wait()
+    stopping = asyncio.create_task(bridge.stop(drain_timeout=0.01, cancel_grace=0.05))
+    try:
+        done, _ = await asyncio.wait({stopping}, timeout=10)
+        assert done, "stop hung on a turn that ignores its cancellation"
+    finally:
+        release.set()  # lets the left-behind turn (and the old code's stop) end
+        await stopping
+    assert bridge.abandoned_turns == 1
+    assert "1 turn did not stop within 0.05 s of being cancelled" in caplog.text
+    assert conns["test"].sent == []
+
+    bridge, conns = await _bridge(tmp_path)
+    (sent,) = await conns["test"].wait_sent(1)
+    assert sent.message.text == "stubborn"
+    await bridge.router.join()
+    await bridge.stop()
+
+
 async def test_stop_early_middleware_saves_its_result(tmp_path: Path) -> None:
     hooks = HookRegistry()
     finished: list[TurnFinishedEvent] = []
