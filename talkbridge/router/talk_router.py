@@ -337,11 +337,12 @@ class TalkRouter:
         else:
             result = await queue.send(message, check_sent=check_sent)
         if connection_id not in self._keeps_history:
+            agent = message.meta.get("agent")  # the agent that answered, when one did
             self._store.queue_history(
                 thread_key(connection_id, message.thread_id),
                 "assistant",
                 result.message_id,
-                "bridge",
+                agent if isinstance(agent, str) else "bridge",
                 message.text,
             )
         return result
