@@ -257,6 +257,15 @@ class AgentSpec(_Model):
     system_prompt: str | None = None
     history: int = Field(default=20, ge=0)
     """openai: earlier messages of the thread sent along with the prompt."""
+    timeout: float = Field(default=120.0, gt=0)
+    """openai: seconds to connect, and to wait for each next piece of the answer."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        return http_base_url(value, "http://127.0.0.1:11434/v1")
 
 
 class AgentsConfig(_Model):

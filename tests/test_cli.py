@@ -465,6 +465,24 @@ _BROKEN = {
         {"boom.py": "class A:\n    def __init__(self):\n        raise ValueError('no key')\n"},
         "agents.definitions.a.target: building boom:A failed: ValueError: no key",
     ),
+    "an agent module that calls sys.exit at import": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "import sys\nsys.exit(3)\n"},
+        "agents.definitions.a.target: cannot load boom:A: importing it called sys.exit(3)",
+    ),
+    "an agent whose stream returns instead of yielding": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {
+            "boom.py": "class A:\n    name = 'a'\n"
+            "    async def stream(self, ctx):\n        return 'hello'\n"
+        },
+        "agents.definitions.a.target: boom:A.stream must yield its events",
+    ),
+    "an openai agent whose base_url is no http URL": (
+        "agents: {definitions: {a: {kind: openai, base_url: ftp://models.example, model: m}}}\n",
+        {},
+        "agents.definitions.a.base_url: must be an http:// or https:// URL",
+    ),
     "a store nobody supports": (
         "store: postgres://x\n",
         {},
