@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import secrets as pysecrets
 import sys
@@ -44,6 +45,7 @@ from talkbridge.registry import ConnectionRegistry
 from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
+from talkbridge.store.base import HistoryEntry
 from talkbridge.talk import Activity, Delete, Edit, Streaming, Talk
 
 if TYPE_CHECKING:
@@ -95,7 +97,12 @@ class Bridge:
         builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
         builtin.update(agents or {})
         self.runner = AgentRunner(
-            builtin, self.store, self.hooks, environment=self.config.environment
+            builtin,
+            self.store,
+            self.hooks,
+            environment=self.config.environment,
+            redact=self.secrets.redact,
+            history=self._agent_history,
         )
         self.context = ConnectorContext(self.store, log, {"environment": self.config.environment})
         self._with_webchat = with_webchat
@@ -116,6 +123,8 @@ class Bridge:
         self.durable = DurableHooks(self.store, app_id)
         self.typing = TypingIndicators(self.secrets.redact)
         self._sweeper: asyncio.Task[None] | None = None
+        self.abandoned_turns = 0
+        """Set by `stop`: turns that ignored their cancellation and were left running."""
         self.swept = asyncio.Event()
         """Set after each retention sweep (`talkbridge.retention`)."""
 
@@ -163,8 +172,12 @@ class Bridge:
         )
         self._started = True
 
-    async def stop(self, *, drain_timeout: float = 10.0) -> None:
-        """Stop taking traffic, let in-flight turns and sends finish, then close everything."""
+    async def stop(self, *, drain_timeout: float = 10.0, cancel_grace: float = 5.0) -> None:
+        """Stop taking traffic, let in-flight turns and sends finish, then close everything.
+
+        Turns still running after `drain_timeout` are cancelled; one that ignores it for
+        `cancel_grace` seconds more (an agent swallowing `CancelledError`) is left behind,
+        counted in `abandoned_turns`, and runs again at the next start: the stop never hangs."""
         if not self._started:
             if self.cluster is not None:
                 await self.cluster.stop()
@@ -200,7 +213,15 @@ class Bridge:
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
             await self.cluster.stop()  # releases shards (what was not acked is claimed)
-        await self.router.close()
+        self.abandoned_turns = await self.router.close(cancel_grace)
+        if self.abandoned_turns:
+            log.warning(
+                "stopping: %s within %g s of being cancelled; left behind, %s on %s",
+                _count(self.abandoned_turns, "turn did not stop", "turns did not stop"),
+                cancel_grace,
+                "it runs again" if self.abandoned_turns == 1 else "they run again",
+                later,
+            )
         self.typing.close()
         await self.hooks.drain()
         await self.durable.stop()  # durable hooks (issue 5)
@@ -347,6 +368,7 @@ class Bridge:
     async def handle(self, message: NormalizedMessage) -> None:
         route = await self.route(message)
         if route.drop_reason is not None:
+            await self._screen(route.message)
             log.info(
                 "dropped %s/%s: %s (by %s)",
                 message.connection_id,
@@ -374,6 +396,8 @@ class Bridge:
             and not route.routed_by
         ):
             agent = self.config.agents.sentinel  # never reached: the default routing guarantees it
+        if agent == self.config.agents.sentinel:
+            await self._screen(route.message)
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
@@ -384,6 +408,34 @@ class Bridge:
         outcome = await self.answer(routed, agent)
         if outcome is not None and outcome.text:
             await self._reply(routed, outcome)
+
+    async def _screen(self, message: NormalizedMessage) -> None:
+        """Remember that `message` was screened (the sentinel answered it) or dropped: its text
+        stays in the thread's history, but agents never see it there (`_agent_history`).
+        Messages of one thread are handled one at a time, so this update cannot race itself."""
+        key = _SCREENED_KEY + message.thread_key
+        screened = _screened_ids(await self.store.get_state(key))
+        if message.id in screened:
+            return  # the same message again (run again after a restart)
+        screened.append(message.id)
+        await self.store.set_state(key, json.dumps(screened[-_SCREENED_KEPT:]))
+
+    async def _agent_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
+        """What an agent sees of its thread's past (`ctx.history`): never a message the
+        sentinel screened or a hook dropped, nor the sentinel's answers. An untrusted sender's
+        words reach an agent only when a hook routes them there, not later as history (a
+        stranger in a group, a sender before the operator approved them)."""
+        entries = await self.store.history(message.thread_key, limit=limit)
+        screened = set(
+            _screened_ids(await self.store.get_state(_SCREENED_KEY + message.thread_key))
+        )
+        sentinel = self.config.agents.sentinel
+        return [
+            entry
+            for entry in entries
+            if not (entry.role == "user" and entry.message_id in screened)
+            and not (entry.role == "assistant" and entry.sender == sentinel)
+        ]
 
     async def _notify_listeners(self, message: NormalizedMessage) -> None:
         """`on_file_upload` and `on_thread_create` run listeners; free when nobody listens."""
@@ -435,7 +487,11 @@ class Bridge:
             text=outcome.text,
             reply_to=message.id,
             idempotency_key=f"reply:{message.id}",
-            meta={"stream_id": outcome.session.turn_id, "status": outcome.status},
+            meta={
+                "stream_id": outcome.session.turn_id,
+                "status": outcome.status,
+                "agent": outcome.session.agent_name,  # the history's sender of the reply
+            },
         )
         try:
             # A fresh message cannot have been answered before: skip the idempotency lookup.
@@ -558,6 +614,21 @@ class Bridge:
 
     async def approve_pairing(self, code: str) -> bool:
         return await self.store.approve_pairing(code) is not None
+
+
+_SCREENED_KEY = "screened:"
+_SCREENED_KEPT = 1000
+"""Screened ids remembered per thread: more than any history an agent asks for holds."""
+
+
+def _screened_ids(value: str | None) -> list[str]:
+    if not value:
+        return []
+    try:
+        ids = json.loads(value)
+    except ValueError:
+        return []
+    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
 
 
 @functools.lru_cache(maxsize=1024)

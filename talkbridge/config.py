@@ -275,6 +275,7 @@ _AGENT_KEYS: dict[str, tuple[AgentKind, ...]] = {
     "api_key": ("openai",),
     "system_prompt": ("openai",),
     "history": ("openai",),
+    "timeout": ("openai",),
 }
 """The kinds each key of an agent applies to: given to another kind, it would be ignored."""
 
@@ -299,6 +300,8 @@ class AgentSpec(_Model):
     system_prompt: str | None = None
     history: int = Field(default=20, ge=0)
     """openai: earlier messages of the thread sent along with the prompt."""
+    timeout: float = Field(default=120.0, gt=0)
+    """openai: seconds to connect, and to wait for each next piece of the answer."""
 
     @field_validator(*_AGENT_KEYS)
     @classmethod

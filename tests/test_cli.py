@@ -544,6 +544,24 @@ _BROKEN = {
         {},
         "agents.definitions.bot.model: required for kind openai",
     ),
+    "an agent module that calls sys.exit at import": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {"boom.py": "import sys\nsys.exit(3)\n"},
+        "agents.definitions.a.target: cannot load boom:A: importing it called sys.exit(3)",
+    ),
+    "an agent whose stream returns instead of yielding": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {
+            "boom.py": "class A:\n    name = 'a'\n"
+            "    async def stream(self, ctx):\n        return 'hello'\n"
+        },
+        "agents.definitions.a.target: boom:A.stream must yield its events",
+    ),
+    "an openai agent whose base_url is no http URL": (
+        "agents: {definitions: {a: {kind: openai, base_url: ftp://models.example, model: m}}}\n",
+        {},
+        "agents.definitions.a.base_url: must be an http:// or https:// URL",
+    ),
     "a store nobody supports": (
         "store: postgres://x\n",
         {},
@@ -647,6 +665,52 @@ async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
         code, _, err = await asyncio.wait_for(finish(process), 5)  # not the 10 s drain
     assert code == 130
     assert "stopped at once, without waiting for the replies under way" in err
+
+
+_STUBBORN_AGENT = """
+import asyncio
+
+from talkbridge.agents import Result, TextDelta
+
+
+class Stubborn:
+    name = "stubborn"
+
+    async def stream(self, ctx):
+        yield TextDelta(text="thinking")
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                pass  # swallows every cancel: stopping must not wait for it for ever
+        yield Result(text="never")
+"""
+
+
+async def test_ctrl_c_stops_even_when_an_agent_ignores_being_cancelled(tmp_path: Path) -> None:
+    (tmp_path / "stubborn.py").write_text(_STUBBORN_AGENT)
+    (tmp_path / "talkbridge.yaml").write_text(
+        "agents: {default: stubborn, "
+        'definitions: {stubborn: {kind: python, target: "stubborn:Stubborn"}}}\n'
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    base, token = (await _url_of(process)).split("?token=")
+    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        thread = json.loads(await ws.recv())["conversations"][0]["thread_id"]
+        await ws.send(
+            json.dumps({"type": "send", "thread_id": thread, "client_id": "c", "text": "hi"})
+        )
+        while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
+            pass  # the turn is under way
+        process.send_signal(signal.SIGINT)  # once: the operator waits for the stop
+        try:  # the 10 s drain, then 5 s for the cancel to take: never for ever
+            code, _, err = await asyncio.wait_for(finish(process), 40)
+        finally:
+            if process.returncode is None:
+                process.kill()
+    assert code == 0, err
+    assert "1 turn did not stop within 5 s of being cancelled; left behind" in err
 
 
 async def test_ctrl_c_while_starting_stops_and_a_second_one_stops_at_once(

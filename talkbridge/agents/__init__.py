@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -48,6 +49,11 @@ def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None 
             raise ConfigError(
                 f"{where}.target: cannot load {spec.target}: {_one_line(exc)}"
             ) from None
+        except SystemExit as exc:  # `sys.exit()` at import: not the bridge's exit to take
+            raise ConfigError(
+                f"{where}.target: cannot load {spec.target}: importing it called "
+                f"sys.exit({exc.code!r})"
+            ) from None
         if not callable(factory):
             raise ConfigError(
                 f"{where}.target: {spec.target} is not a class or a function that makes the agent"
@@ -62,6 +68,11 @@ def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None 
             raise ConfigError(
                 f"{where}.target: {spec.target} is not an agent (it needs `name` and `stream(ctx)`)"
             )
+        if inspect.iscoroutinefunction(agent.stream):  # `async def` without a `yield`
+            raise ConfigError(
+                f"{where}.target: {spec.target}.stream must yield its events (TextDelta…, then "
+                "a Result): it is an `async def` that never yields"
+            )
         return agent
     if spec.kind == "openai":
         if not spec.base_url or not spec.model:
@@ -75,6 +86,7 @@ def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None 
             api_key=spec.api_key.get_secret_value() if spec.api_key else None,
             system_prompt=spec.system_prompt,
             history=spec.history,
+            timeout=spec.timeout,
         )
     raise ConfigError(f"{where}.kind: {spec.kind!r} agents are not available in this version")
 

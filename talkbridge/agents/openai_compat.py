@@ -2,11 +2,23 @@
 
 The reply is streamed (server-sent events) as `TextDelta`s and ends with a `Result`; the thread's
 recent history is sent along, so the model sees the conversation. Failures become an `Error` event
-that names what went wrong in plain words — never the API key.
+that names what went wrong in plain words — never the API key:
+
+- a 429 or a 5xx before anything was streamed is asked again (up to `retries` times, waiting as
+  `Retry-After` says when that is short); after that, or for any other status, the turn fails;
+- an error object sent in the middle of a stream fails the turn: the text before it is not an
+  answer;
+- an answer with no text (an empty completion, or only tool calls, which this agent does not
+  run) fails the turn instead of leaving the user with nothing;
+- a server that answers with one JSON completion although a stream was asked for is read as such;
+- `timeout` bounds connecting and each wait for the next piece, not the whole answer: a long
+  answer that keeps streaming is never cut off.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,6 +26,7 @@ from typing import Any
 from talkbridge.agents.base import Error, Result, TextDelta, TurnContext
 
 DEFAULT_HISTORY = 20
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 class OpenAIChatAgent:
@@ -27,6 +40,8 @@ class OpenAIChatAgent:
         system_prompt: str | None = None,
         history: int = DEFAULT_HISTORY,
         timeout: float = 120.0,
+        retries: int = 2,
+        max_retry_wait: float = 20.0,
     ) -> None:
         self.name = name
         self._url = base_url.rstrip("/") + "/chat/completions"
@@ -35,6 +50,8 @@ class OpenAIChatAgent:
         self._system_prompt = system_prompt
         self._history = history
         self._timeout = timeout
+        self._retries = retries
+        self._max_retry_wait = max_retry_wait
 
     async def messages(self, ctx: TurnContext) -> list[dict[str, str]]:
         """What the model is sent: system prompt, earlier turns of the thread, this prompt.
@@ -62,42 +79,156 @@ class OpenAIChatAgent:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        pieces: list[str] = []
-        usage: dict[str, int] = {}
-        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        # Bounds connecting and every wait for data (the headers, the next chunk), not the whole
+        # answer: a model that keeps streaming for minutes is answering, not hanging.
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout, sock_read=self._timeout)
+        answer = _Answer()
+        answering = False  # the model accepted the request: a failure now breaks off an answer
         try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as session,
-                session.post(self._url, json=body, headers=headers) as response,
-            ):
-                if response.status != 200:
-                    message = await _describe(response)
-                    if self._api_key:  # some servers quote the key they refused
-                        message = message.replace(self._api_key, "***")
-                    yield Error(message=message, code=_code(response.status))
-                    return
-                async for raw in response.content:
-                    line = raw.decode("utf-8", "replace").strip()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                for attempt in range(self._retries + 1):
+                    async with session.post(self._url, json=body, headers=headers) as response:
+                        if response.status != 200:
+                            message = await _describe(response)
+                            if self._api_key:  # some servers quote the key they refused
+                                message = message.replace(self._api_key, "***")
+                            wait = self._retry_wait(response, attempt)
+                            if wait is None:
+                                yield Error(message=message, code=_code(response.status))
+                                return
+                            await asyncio.sleep(wait)
+                            continue
+                        answering = True
+                        if response.content_type == "application/json":  # not streamed after all
+                            answer.take_completion(await response.json(content_type=None))
+                        else:
+                            async for raw in response.content:
+                                data = _sse_data(raw)
+                                if data is None:
+                                    continue
+                                if data == "[DONE]":
+                                    break
+                                text = answer.take_chunk(json.loads(data))
+                                if text:
+                                    yield TextDelta(text=text)
                         break
-                    chunk = json.loads(data)
-                    usage = _usage(chunk) or usage
-                    for choice in chunk.get("choices") or ():
-                        text = (choice.get("delta") or {}).get("content")
-                        if text:
-                            pieces.append(text)
-                            yield TextDelta(text=text)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            reason = "no answer in time" if isinstance(exc, TimeoutError) else type(exc).__name__
-            yield Error(message=f"the model at {self._url} could not be reached: {reason}")
+            if isinstance(exc, TimeoutError):
+                reason = f"nothing came for {self._timeout:g} s"
+            else:
+                reason = " ".join(f"{type(exc).__name__} {exc}".split())[:300]
+            if answering:
+                message = f"the answer from the model at {self._url} broke off: {reason}"
+            else:
+                message = f"the model at {self._url} could not be reached: {reason}"
+            yield Error(message=message)
             return
-        except (ValueError, AttributeError) as exc:
-            yield Error(message=f"the model at {self._url} sent an unreadable stream: {exc}")
+        except _ModelFailed as exc:
+            yield Error(message=f"the model at {self._url} failed mid-answer: {exc}")
             return
-        yield Result(text="".join(pieces), usage=usage)
+        except ValueError as exc:  # a chunk that is not JSON, or of the wrong shape
+            if answering:
+                message = f"the model at {self._url} sent an unreadable answer: {exc}"
+            else:  # aiohttp refusing the request itself (credentials both in the URL and key)
+                message = f"the request to the model at {self._url} could not be made: {exc}"
+            yield Error(message=message)
+            return
+        text = "".join(answer.pieces)
+        if not text:
+            if answer.tools:
+                names = ", ".join(sorted(answer.tools))
+                yield Error(
+                    message=f"the model asked to call tools ({names}), which this agent does "
+                    "not run: it gave no text to answer with",
+                    code="unsupported",
+                )
+            else:
+                yield Error(message="the model answered with no text", code="empty_answer")
+            return
+        yield Result(text=text, usage=answer.usage)
+
+    def _retry_wait(self, response: Any, attempt: int) -> float | None:
+        """Seconds to wait before asking again, or None when this status is final."""
+        if response.status not in RETRY_STATUSES or attempt >= self._retries:
+            return None
+        wait = float(2**attempt)
+        retry_after = response.headers.get("Retry-After", "")
+        with contextlib.suppress(ValueError):  # absent, or an HTTP date: back off by attempt
+            wait = max(0.0, float(retry_after))
+        return wait if wait <= self._max_retry_wait else None
+
+
+class _ModelFailed(Exception):
+    """An error object the server sent inside the stream."""
+
+
+class _Answer:
+    """What the chunks (or the one completion) of an answer said so far."""
+
+    __slots__ = ("pieces", "tools", "usage")
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.tools: set[str] = set()
+        self.usage: dict[str, int] = {}
+
+    def take_chunk(self, chunk: Any) -> str:
+        """The text of one streamed chunk ('' for none); raises on an error chunk."""
+        if not isinstance(chunk, dict):
+            raise ValueError(f"a chunk is not a JSON object: {str(chunk)[:80]}")
+        _raise_error(chunk)
+        self.usage = _usage(chunk) or self.usage
+        text = ""
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            if not isinstance(delta, dict):
+                continue
+            self._note_tools(delta)
+            piece = delta.get("content")
+            if isinstance(piece, str) and piece:
+                text += piece
+        if text:
+            self.pieces.append(text)
+        return text
+
+    def take_completion(self, payload: Any) -> None:
+        """A whole (non-streamed) completion."""
+        if not isinstance(payload, dict):
+            raise ValueError("the answer is not a JSON object")
+        _raise_error(payload)
+        self.usage = _usage(payload)
+        for choice in payload.get("choices") or ():
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(message, dict):
+                continue
+            self._note_tools(message)
+            content = message.get("content")
+            if isinstance(content, str) and content:
+                self.pieces.append(content)
+                return
+
+    def _note_tools(self, part: dict[str, Any]) -> None:
+        for call in part.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str) and name:
+                self.tools.add(name)
+
+
+def _raise_error(payload: dict[str, Any]) -> None:
+    error = payload.get("error")
+    if error is None:
+        return
+    detail = error.get("message") if isinstance(error, dict) else error
+    raise _ModelFailed(" ".join(str(detail or "an error without a message").split())[:200])
+
+
+def _sse_data(raw: bytes) -> str | None:
+    """The payload of an SSE `data:` line; None for anything else (comments, `event:`, blanks)."""
+    line = raw.decode("utf-8", "replace").strip()
+    if not line.startswith("data:"):
+        return None
+    return line[5:].strip()
 
 
 def _code(status: int) -> str:

@@ -39,6 +39,8 @@ SORRY = "Sorry, something went wrong while answering."
 
 
 EventSink = Callable[[TurnContext, Any], Awaitable[None]]
+HistorySource = Callable[[NormalizedMessage, int], Awaitable[list[HistoryEntry]]]
+"""`(message, limit)` -> the earlier messages of its thread an agent may see, oldest first."""
 
 
 @dataclass(slots=True)
@@ -64,6 +66,8 @@ class AgentRunner:
         hooks: Any = None,
         *,
         environment: Literal["production", "development"] = "production",
+        redact: Callable[[str], str] | None = None,
+        history: HistorySource | None = None,
     ) -> None:
         from talkbridge.hooks import HookRegistry
 
@@ -71,7 +75,11 @@ class AgentRunner:
         self._store = store
         self.hooks: HookRegistry = hooks if hooks is not None else HookRegistry()
         self._environment = environment
+        self._redact = redact or _unchanged
+        """Scrubs the config's secrets from a failed turn's error: development shows it to the
+        user, and an error names what failed (a base URL, an exception's message)."""
         self._onions: dict[str, Callable[[TurnContext], Awaitable[None]]] = {}
+        self._history: HistorySource = history or self._stored_history
 
     @property
     def agent_names(self) -> list[str]:
@@ -101,6 +109,9 @@ class AgentRunner:
                 try:
                     async for event in stream:
                         kind = type(event)
+                        if kind not in _EVENT_TYPES and not isinstance(event, _EVENTS):
+                            _ignore(ctx, agent_name, event)
+                            continue
                         if kind is ToolCall:
                             # The agent is suspended at this yield: a refusal here means the tool
                             # never runs (the generator is closed, not resumed).
@@ -141,7 +152,7 @@ class AgentRunner:
         )
 
         async def load_history(limit: int) -> list[HistoryEntry]:
-            return list(await self._store.history(message.thread_key, limit=limit))
+            return await self._history(message, limit)
 
         events: list[Any] = []
         emit = _Emitter(events, on_event)
@@ -172,7 +183,14 @@ class AgentRunner:
             await self._onion(agent_name)(ctx)
             final = ctx.final
             if final is None:
-                final = Error(message="the turn ended without a result", code="no_result")
+                why = "the turn ended without a result"
+                ignored = ctx.state.get("ignored_events")
+                if ignored:
+                    why += (
+                        f" (it yielded {_count_of(ignored)} that no agent event is, such as "
+                        f"{ignored[0]}: yield TextDelta(...) and a final Result(...))"
+                    )
+                final = Error(message=why, code="no_result")
                 await emit(final)
             if isinstance(final, Error):
                 status, error = "error", final.message
@@ -198,15 +216,20 @@ class AgentRunner:
             await hooks.listeners.on_error(ctx, "turn", exc)
             await emit(Error(message=error, code="internal_error"))
         final_event = ctx.final
+        if error is not None:
+            error = self._redact(error)
         if isinstance(final_event, Result):
             text = final_event.text
         else:
-            text = self._shown_error(final_event, error)
+            text = self._redact(self._shown_error(final_event, error))
             log.warning("turn %s of %s ended in error: %s", session.turn_id, agent_name, error)
         if listeners.has_listeners("after_run"):
             await listeners.after_run(ctx, status=status, text=text)
         hooks.lifecycle.finished(ctx, status, error=error)
         return TurnOutcome(session, status, text, events, error, ctx)
+
+    async def _stored_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
+        return list(await self._store.history(message.thread_key, limit=limit))
 
     async def _before_tool(self, ctx: TurnContext, call: ToolCall) -> None:
         """Per-user tool permissions: a `before_tool_call` listener that raises denies the call."""
@@ -248,6 +271,34 @@ class _Emitter:
             ctx = self.context()
             if ctx is not None:  # (gone only if emitted to after the turn, and nobody holds it)
                 await on_event(ctx, event)
+
+
+_EVENTS = (TextDelta, ToolCall, ToolResult, Result, Error)
+_EVENT_TYPES = frozenset(_EVENTS)
+
+
+def _ignore(ctx: TurnContext, agent_name: str, event: Any) -> None:
+    """An agent yielded something that is no `AgentMessage` (a plain string, a dict): it is
+    skipped, and named once per turn in the log (and in the error if no `Result` follows)."""
+    ignored: list[str] = ctx.state.setdefault("ignored_events", [])
+    what = type(event).__name__
+    ignored.append(what)
+    if len(ignored) == 1:
+        log.warning(
+            "turn %s of %s: the agent yielded a %s, which is no agent event (TextDelta, "
+            "ToolCall, ToolResult, Result, Error): ignored",
+            ctx.session.turn_id,
+            agent_name,
+            what,
+        )
+
+
+def _count_of(ignored: list[str]) -> str:
+    return "1 thing" if len(ignored) == 1 else f"{len(ignored)} things"
+
+
+def _unchanged(text: str) -> str:
+    return text
 
 
 def tool_call_count(events: list[Any]) -> int:

@@ -263,10 +263,25 @@ class KeyedSerialExecutor(Generic[K, T]):
     def running(self) -> int:
         return self._busy
 
-    async def cancel(self) -> None:
+    async def cancel(self, grace: float = 5.0) -> int:
+        """Cancel the workers and wait up to `grace` seconds for them to end, cancelling again
+        meanwhile (a cancel can be lost in a client library). Returns how many still run then:
+        a handler that swallows every cancellation (a user's agent catching `BaseException`)
+        is left behind rather than hanging the stop for ever."""
         self._closed = True  # parked keys stay parked: what they hold is still in the store
         self._waking = 0  # a worker cancelled before it ran never counts itself off
-        for task in list(self._workers):
-            task.cancel()
-        if self._workers:
-            await asyncio.gather(*self._workers, return_exceptions=True)
+        workers = list(self._workers)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        pending = set(workers)
+        while pending:
+            for task in pending:
+                task.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            _, pending = await asyncio.wait(pending, timeout=min(0.25, left))
+        for task in workers:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: stopping, nobody wants a worker's error now
+        return len(pending)

@@ -337,11 +337,12 @@ class TalkRouter:
         else:
             result = await queue.send(message, check_sent=check_sent)
         if connection_id not in self._keeps_history:
+            agent = message.meta.get("agent")  # the agent that answered, when one did
             self._store.queue_history(
                 thread_key(connection_id, message.thread_id),
                 "assistant",
                 result.message_id,
-                "bridge",
+                agent if isinstance(agent, str) else "bridge",
                 message.text,
             )
         return result
@@ -353,13 +354,17 @@ class TalkRouter:
         self._known(connection_id)
         return await self._outbound[connection_id].send(message, check_sent=check_sent)
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 5.0) -> int:
+        """Stop everything; returns how many turns ignored their cancellation for `grace`
+        seconds and were left running (their messages stay pending: the next start answers
+        them)."""
         for cid in list(self._subscriptions):
             self.detach(cid)
         self._seen.close()
-        await self._inbound.cancel()
+        abandoned = await self._inbound.cancel(grace)
         for queue in self._outbound.values():
             await queue.cancel()
+        return abandoned
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from talkbridge.bridge import Bridge
 from talkbridge.config import ConnectionConfig, parse_config
+from talkbridge.errors import ConfigError
 from tests.peers.openai import ChatCompletionsPeer
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -22,7 +25,11 @@ async def peer() -> AsyncIterator[ChatCompletionsPeer]:
 
 
 async def _bridge(
-    tmp_path: Path, peer: ChatCompletionsPeer, key: str = KEY, environment: str = "development"
+    tmp_path: Path,
+    peer: ChatCompletionsPeer,
+    key: str = KEY,
+    environment: str = "development",
+    **agent: Any,
 ) -> tuple[Bridge, TalkConnector]:
     config, secrets = parse_config(
         {
@@ -37,6 +44,7 @@ async def _bridge(
                         "model": "tiny-1",
                         "api_key": key,
                         "system_prompt": "Be brief.",
+                        **agent,
                     }
                 },
             },
@@ -94,7 +102,8 @@ async def test_server_errors_and_unreachable_models_become_clear_errors(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
     bridge, conn = await _bridge(tmp_path, peer)
-    peer.fail_next = (503, {"error": {"message": "overloaded"}})
+    overloaded = (503, {"error": {"message": "overloaded"}}, {"Retry-After": "0"})
+    peer.failures.extend([overloaded] * 3)  # the first try and both retries
     await conn.inject(make_message("one", connection_id="chat"))
     await conn.wait_sent(1)
     await peer.__aexit__()  # the model server goes away
@@ -109,9 +118,145 @@ async def test_in_production_users_see_an_apology_and_the_log_has_the_detail(
     tmp_path: Path, peer: ChatCompletionsPeer, caplog: pytest.LogCaptureFixture
 ) -> None:
     bridge, conn = await _bridge(tmp_path, peer, environment="production")
-    peer.fail_next = (500, {"error": {"message": "shard 7 exploded"}})
+    exploded = (500, {"error": {"message": "shard 7 exploded"}}, {"Retry-After": "0"})
+    peer.failures.extend([exploded] * 3)  # the first try and both retries
     await conn.inject(make_message("hello", connection_id="chat"))
     (sent,) = await conn.wait_sent(1)
     await bridge.stop()
     assert sent.message.text == "Sorry, something went wrong while answering."
     assert "shard 7 exploded" in caplog.text
+
+
+async def test_a_rate_limit_with_a_short_retry_after_is_asked_again(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    bridge, conn = await _bridge(tmp_path, peer)
+    limited = {"error": {"message": "Rate limit reached", "code": "rate_limit_exceeded"}}
+    peer.failures.append((429, limited, {"Retry-After": "0"}))
+    peer.failures.append((502, {}, {"Retry-After": "0"}))
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1)
+    await bridge.stop()
+    assert sent.message.text == "You said: hello"
+    assert len(peer.requests) == 3
+
+
+async def test_a_retry_after_too_long_to_wait_fails_the_turn_at_once(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    bridge, conn = await _bridge(tmp_path, peer)
+    limited = {"error": {"message": "Rate limit reached"}}
+    peer.failures.append((429, limited, {"Retry-After": "3600"}))
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1)
+    await bridge.stop()
+    assert sent.message.text == "the model answered HTTP 429: Rate limit reached"
+    assert len(peer.requests) == 1
+
+
+async def test_an_empty_completion_is_an_error_the_user_sees(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    peer.reply = lambda messages: []
+    bridge, conn = await _bridge(tmp_path, peer)
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1, timeout=5)
+    await bridge.stop()
+    assert sent.message.text == "the model answered with no text"
+
+
+async def test_an_answer_of_tool_calls_only_says_this_agent_runs_no_tools(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    peer.answer_as = "tools"
+    bridge, conn = await _bridge(tmp_path, peer)
+    await conn.inject(make_message("weather in Paris?", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1, timeout=5)
+    await bridge.stop()
+    assert "asked to call tools (get_weather), which this agent does not run" in (sent.message.text)
+
+
+async def test_a_server_that_answers_without_streaming_is_read_all_the_same(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    peer.answer_as = "json"
+    bridge, conn = await _bridge(tmp_path, peer)
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1, timeout=5)
+    await bridge.stop()
+    assert sent.message.text == "You said: hello"
+
+
+async def test_an_error_in_the_middle_of_the_stream_fails_the_turn(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    peer.answer_as = "error"
+    bridge, conn = await _bridge(tmp_path, peer)
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1)
+    await bridge.stop()
+    assert sent.message.text == (
+        f"the model at {peer.base_url}/chat/completions failed mid-answer: the model overloaded"
+    )
+
+
+async def test_a_long_answer_that_keeps_streaming_is_not_cut_off(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    """`timeout` bounds each wait for the next piece, not the whole answer."""
+    peer.reply = lambda messages: [f"{n} " for n in range(6)]
+    peer.between_pieces = asyncio.Event()
+    bridge, conn = await _bridge(tmp_path, peer, timeout=1.0)
+    await conn.inject(make_message("count", connection_id="chat"))
+    for _ in range(5):  # six pieces, 0.3 s apart: 1.5 s in all, each gap well under 1 s
+        async with asyncio.timeout(10):  # (a reader that gave up never asks for the next)
+            await peer.piece_sent.wait()
+        peer.piece_sent.clear()
+        await asyncio.sleep(0.3)  # the time passing is what this test is about
+        peer.between_pieces.set()
+    (sent,) = await conn.wait_sent(1)
+    await bridge.stop()
+    assert sent.message.text == "0 1 2 3 4 5 "
+
+
+async def test_an_error_shown_in_development_holds_no_secret_of_the_config(
+    tmp_path: Path, peer: ChatCompletionsPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base URL with a secret in it (a proxy's path token) is named by the error."""
+    monkeypatch.setenv("PROXY_TOKEN", "proxy-secret-4242")
+    await peer.__aexit__()  # the model server is gone: the error names the URL
+    config, secrets = parse_config(
+        {
+            "store": f"sqlite:///{tmp_path / 'b.db'}",
+            "environment": "development",
+            "agents": {
+                "default": "assistant",
+                "definitions": {
+                    "assistant": {
+                        "kind": "openai",
+                        "base_url": peer.base_url + "/${PROXY_TOKEN}",
+                        "model": "tiny-1",
+                    }
+                },
+            },
+        }
+    )
+    bridge = Bridge(config, secrets, with_webchat=False)
+    conn = TalkConnector("chat")
+    bridge.registry.add(conn, ConnectionConfig(id="chat", channel="telegram", trusted=("*",)))
+    await bridge.start()
+    await conn.inject(make_message("hello", connection_id="chat"))
+    (sent,) = await conn.wait_sent(1)
+    await bridge.stop()
+    assert "could not be reached" in sent.message.text
+    assert "proxy-secret-4242" not in sent.message.text
+    assert "/***/chat/completions" in sent.message.text
+
+
+def test_a_base_url_that_is_no_http_url_is_a_config_error() -> None:
+    spec = {"kind": "openai", "base_url": "ftp://models.example", "model": "m"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"agents": {"definitions": {"assistant": spec}}})
+    assert "agents.definitions.assistant.base_url: must be an http:// or https:// URL" in str(
+        caught.value
+    )

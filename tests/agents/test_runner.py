@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -54,3 +54,48 @@ async def test_a_finished_turn_is_freed_as_soon_as_nobody_holds_it(
     context = weakref.ref(outcome.context)
     del outcome
     assert context() is None  # freed by reference counting alone (the collector is off)
+
+
+class _Careless:
+    """Yields what is no agent event (a plain string, a dict) among its events."""
+
+    name = "careless"
+
+    def __init__(self, final: bool) -> None:
+        self.final = final
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        yield "hello"
+        yield {"type": "text", "text": "world"}
+        yield TextDelta(text="hi")
+        if self.final:
+            yield Result(text="hi")
+
+
+async def test_events_that_are_no_agent_events_are_skipped_and_named(
+    sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    runner = AgentRunner({"careless": _Careless(final=True)}, sqlite_store)
+    seen: list[Any] = []
+
+    async def on_event(ctx: TurnContext, event: Any) -> None:
+        seen.append(event)
+
+    outcome = await runner.run_turn(make_msg("x"), "careless", on_event=on_event)
+    assert outcome.status == "completed" and outcome.text == "hi"
+    assert seen == [TextDelta(text="hi"), Result(text="hi")]  # connectors never get a str
+    assert "the agent yielded a str, which is no agent event" in caplog.text
+
+
+async def test_a_turn_of_only_wrong_events_says_what_the_agent_yielded(
+    sqlite_store: SqliteStore,
+) -> None:
+    runner = AgentRunner(
+        {"careless": _Careless(final=False)}, sqlite_store, environment="development"
+    )
+    outcome = await runner.run_turn(make_msg("x"), "careless")
+    assert outcome.status == "error"
+    assert outcome.text == (
+        "the turn ended without a result (it yielded 2 things that no agent event is, such as "
+        "str: yield TextDelta(...) and a final Result(...))"
+    )

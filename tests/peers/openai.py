@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,14 @@ class ChatCompletionsPeer:
         self.reply: Reply = reply or (lambda messages: ["You said: ", messages[-1]["content"]])
         self.requests: list[dict[str, Any]] = []
         self.fail_next: tuple[int, dict[str, Any]] | None = None
+        self.failures: deque[tuple[int, dict[str, Any], dict[str, str]]] = deque()
+        """Answers (status, body, headers) given before any stream, one request each."""
+        self.answer_as = "stream"
+        """`stream` (SSE), `json` (one completion although a stream was asked for), `tools`
+        (a streamed tool call and no text), or `error` (the pieces, then an error object)."""
+        self.between_pieces: asyncio.Event | None = None
+        """When set to an event: each piece after the first waits for it (a slow model)."""
+        self.piece_sent = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -47,11 +57,31 @@ class ChatCompletionsPeer:
             status, payload = self.fail_next
             self.fail_next = None
             return web.json_response(payload, status=status)
+        if self.failures:
+            status, payload, headers = self.failures.popleft()
+            return web.json_response(payload, status=status, headers=headers)
+        pieces = self.reply(body["messages"])
+        if self.answer_as == "json":
+            message = {"role": "assistant", "content": "".join(pieces)}
+            return web.json_response({"choices": [{"index": 0, "message": message}]})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        for piece in self.reply(body["messages"]):
+        if self.answer_as == "tools":
+            call = {"index": 0, "id": "call_1", "type": "function"}
+            call["function"] = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+            chunk = {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            pieces = []
+        for n, piece in enumerate(pieces):
+            if n and self.between_pieces is not None:
+                await self.between_pieces.wait()
+                self.between_pieces.clear()
             chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.piece_sent.set()
+        if self.answer_as == "error":
+            error = {"error": {"message": "the model overloaded", "type": "server_error"}}
+            await response.write(f"data: {json.dumps(error)}\n\n".encode())
         usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}
         await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()
