@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import logging
@@ -10,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -628,6 +630,7 @@ async def test_version_timeout_and_empty_config_path(tmp_path: Path) -> None:
 
 _SLOW_AGENT = """
 import asyncio
+import contextlib
 
 from talkbridge.agents import Result, TextDelta
 
@@ -642,10 +645,16 @@ class Slow:
 """
 
 
-async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
-    (tmp_path / "slowagent.py").write_text(_SLOW_AGENT)
+@contextlib.asynccontextmanager
+async def _turn_under_way(
+    tmp_path: Path, module: str, source: str, agent_class: str
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`talkbridge run` with the `python` agent `module:agent_class` as the default, a webchat
+    message sent, and its turn streaming (the socket stays open inside the block)."""
+    (tmp_path / f"{module}.py").write_text(source)
     (tmp_path / "talkbridge.yaml").write_text(
-        'agents: {default: slow, definitions: {slow: {kind: python, target: "slowagent:Slow"}}}\n'
+        f"agents: {{default: a, definitions: {{a: {{kind: python, target: "
+        f'"{module}:{agent_class}"}}}}}}\n'
     )
     process = await talkbridge("run", "--port", "0", cwd=tmp_path)
     base, token = (await _url_of(process)).split("?token=")
@@ -657,6 +666,11 @@ async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
         )
         while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
             pass  # the turn is under way
+        yield process
+
+
+async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
+    async with _turn_under_way(tmp_path, "slowagent", _SLOW_AGENT, "Slow") as process:
         process.send_signal(signal.SIGINT)
         assert process.stderr is not None
         while b"stopping" not in await asyncio.wait_for(process.stderr.readline(), 30):
@@ -669,6 +683,7 @@ async def test_a_second_ctrl_c_stops_without_waiting(tmp_path: Path) -> None:
 
 _STUBBORN_AGENT = """
 import asyncio
+import contextlib
 
 from talkbridge.agents import Result, TextDelta
 
@@ -688,21 +703,7 @@ class Stubborn:
 
 
 async def test_ctrl_c_stops_even_when_an_agent_ignores_being_cancelled(tmp_path: Path) -> None:
-    (tmp_path / "stubborn.py").write_text(_STUBBORN_AGENT)
-    (tmp_path / "talkbridge.yaml").write_text(
-        "agents: {default: stubborn, "
-        'definitions: {stubborn: {kind: python, target: "stubborn:Stubborn"}}}\n'
-    )
-    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
-    base, token = (await _url_of(process)).split("?token=")
-    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
-        await ws.send(json.dumps({"type": "auth", "token": token}))
-        thread = json.loads(await ws.recv())["conversations"][0]["thread_id"]
-        await ws.send(
-            json.dumps({"type": "send", "thread_id": thread, "client_id": "c", "text": "hi"})
-        )
-        while json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] != "delta":
-            pass  # the turn is under way
+    async with _turn_under_way(tmp_path, "stubborn", _STUBBORN_AGENT, "Stubborn") as process:
         process.send_signal(signal.SIGINT)  # once: the operator waits for the stop
         try:  # the 10 s drain, then 5 s for the cancel to take: never for ever
             code, _, err = await asyncio.wait_for(finish(process), 40)

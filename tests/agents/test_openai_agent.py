@@ -57,6 +57,16 @@ async def _bridge(
     return bridge, conn
 
 
+async def _answer(tmp_path: Path, peer: ChatCompletionsPeer, text: str = "hello") -> str:
+    """What a user writing `text` is sent back, the bridge stopped after."""
+    bridge, conn = await _bridge(tmp_path, peer)
+    await conn.inject(make_message(text, connection_id="chat"))
+    (sent,) = await conn.wait_sent(1, timeout=5)
+    await bridge.stop()
+    assert sent.message.text is not None
+    return sent.message.text
+
+
 async def test_the_reply_streams_and_the_model_sees_the_conversation(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
@@ -144,13 +154,10 @@ async def test_a_rate_limit_with_a_short_retry_after_is_asked_again(
 async def test_a_retry_after_too_long_to_wait_fails_the_turn_at_once(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
-    bridge, conn = await _bridge(tmp_path, peer)
     limited = {"error": {"message": "Rate limit reached"}}
     peer.failures.append((429, limited, {"Retry-After": "3600"}))
-    await conn.inject(make_message("hello", connection_id="chat"))
-    (sent,) = await conn.wait_sent(1)
-    await bridge.stop()
-    assert sent.message.text == "the model answered HTTP 429: Rate limit reached"
+    answer = await _answer(tmp_path, peer)
+    assert answer == "the model answered HTTP 429: Rate limit reached"
     assert len(peer.requests) == 1
 
 
@@ -158,44 +165,32 @@ async def test_an_empty_completion_is_an_error_the_user_sees(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
     peer.reply = lambda messages: []
-    bridge, conn = await _bridge(tmp_path, peer)
-    await conn.inject(make_message("hello", connection_id="chat"))
-    (sent,) = await conn.wait_sent(1, timeout=5)
-    await bridge.stop()
-    assert sent.message.text == "the model answered with no text"
+    answer = await _answer(tmp_path, peer)
+    assert answer == "the model answered with no text"
 
 
 async def test_an_answer_of_tool_calls_only_says_this_agent_runs_no_tools(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
     peer.answer_as = "tools"
-    bridge, conn = await _bridge(tmp_path, peer)
-    await conn.inject(make_message("weather in Paris?", connection_id="chat"))
-    (sent,) = await conn.wait_sent(1, timeout=5)
-    await bridge.stop()
-    assert "asked to call tools (get_weather), which this agent does not run" in (sent.message.text)
+    answer = await _answer(tmp_path, peer, "weather in Paris?")
+    assert "asked to call tools (get_weather), which this agent does not run" in (answer)
 
 
 async def test_a_server_that_answers_without_streaming_is_read_all_the_same(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
     peer.answer_as = "json"
-    bridge, conn = await _bridge(tmp_path, peer)
-    await conn.inject(make_message("hello", connection_id="chat"))
-    (sent,) = await conn.wait_sent(1, timeout=5)
-    await bridge.stop()
-    assert sent.message.text == "You said: hello"
+    answer = await _answer(tmp_path, peer)
+    assert answer == "You said: hello"
 
 
 async def test_an_error_in_the_middle_of_the_stream_fails_the_turn(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:
     peer.answer_as = "error"
-    bridge, conn = await _bridge(tmp_path, peer)
-    await conn.inject(make_message("hello", connection_id="chat"))
-    (sent,) = await conn.wait_sent(1)
-    await bridge.stop()
-    assert sent.message.text == (
+    answer = await _answer(tmp_path, peer)
+    assert answer == (
         f"the model at {peer.base_url}/chat/completions failed mid-answer: the model overloaded"
     )
 
