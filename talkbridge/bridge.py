@@ -424,8 +424,11 @@ class Bridge:
         """What an agent sees of its thread's past (`ctx.history`): never a message the
         sentinel screened or a hook dropped, nor the sentinel's answers. An untrusted sender's
         words reach an agent only when a hook routes them there, not later as history (a
-        stranger in a group, a sender before the operator approved them)."""
-        entries = await self.store.history(message.thread_key, limit=limit)
+        stranger in a group, a sender before the operator approved them).
+
+        At most `MAX_AGENT_HISTORY` entries: the screened ids kept per thread cover every
+        screened message among that many, and no more."""
+        entries = await self.store.history(message.thread_key, limit=min(limit, MAX_AGENT_HISTORY))
         screened = set(
             _screened_ids(await self.store.get_state(_SCREENED_KEY + message.thread_key))
         )
@@ -617,8 +620,11 @@ class Bridge:
 
 
 _SCREENED_KEY = "screened:"
-_SCREENED_KEPT = 1000
-"""Screened ids remembered per thread: more than any history an agent asks for holds."""
+MAX_AGENT_HISTORY = 1000
+"""The most earlier messages an agent is given (`history`, `ctx.history(n)`)."""
+_SCREENED_KEPT = MAX_AGENT_HISTORY
+"""Screened ids remembered per thread: as many as the longest history an agent is given, so
+every screened message in it is known."""
 
 
 def _screened_ids(value: str | None) -> list[str]:

@@ -298,7 +298,7 @@ class AgentSpec(_Model):
     model: str | None = Field(default=None, validate_default=True)
     api_key: SecretStr | None = None
     system_prompt: str | None = None
-    history: int = Field(default=20, ge=0)
+    history: int = Field(default=20, ge=0, le=1000)
     """openai: earlier messages of the thread sent along with the prompt."""
     timeout: float = Field(default=120.0, gt=0)
     """openai: seconds to connect, and to wait for each next piece of the answer."""

@@ -382,3 +382,11 @@ def test_each_agent_key_is_checked_against_the_kinds_it_applies_to() -> None:
     from talkbridge.config import _AGENT_KEYS
 
     assert set(_AGENT_KEYS) == set(AgentSpec.model_fields) - {"kind"}
+
+
+def test_an_agent_history_longer_than_the_screening_covers_is_refused() -> None:
+    """Screened messages are known per thread up to the longest history an agent is given."""
+    (problem,) = _agent_problems(
+        bot={"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m", "history": 5000}
+    )
+    assert problem.startswith("agents.definitions.bot.history: ") and "1000" in problem
