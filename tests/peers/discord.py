@@ -188,6 +188,7 @@ class DiscordPeer(Waitable):
         self.users: dict[str, dict[str, Any]] = {}
         self._refuse_resume: set[str] = set()
         self._scripted: list[_Scripted] = []
+        self._gates: list[tuple[str, str, asyncio.Event]] = []
         self._buckets: dict[str, tuple[float, int]] = {}
         self._changed = asyncio.Event()
         self._sockets: set[web.WebSocketResponse] = set()
@@ -482,6 +483,12 @@ class DiscordPeer(Waitable):
         for _ in range(times):
             self._scripted.append(_Scripted(method, route, 200, token=token, body=body))
 
+    def hold(self, method: str, route: str) -> asyncio.Event:
+        """Keep every matching call waiting until the returned event is set."""
+        gate = asyncio.Event()
+        self._gates.append((method, route, gate))
+        return gate
+
     def calls_of(
         self, method: str, route: str, *, answered: int | None = 200, token: str | None = None
     ) -> list[Call]:
@@ -571,6 +578,10 @@ class DiscordPeer(Waitable):
             call.status = 401
             return self._json(401, {"message": "401: Unauthorized", "code": 0})
         major = params.get("channel_id", "")
+        for method, route, gate in self._gates:
+            if method == call.method and route == call.route:
+                self._notify()  # the call is recorded: a test may wait for it
+                await gate.wait()
         for scripted in self._scripted:
             if (
                 scripted.method == call.method
@@ -691,11 +702,20 @@ class DiscordPeer(Waitable):
     def _r_GET_channels_channel_id_messages(
         self, bot: Bot, p: dict[str, str], b: Any, r: web.Request
     ) -> Any:
-        found = list(reversed(self.messages.get(p["channel_id"], [])))  # newest first
-        before = r.query.get("before")
+        """Like Discord: at most `limit` (1-100) messages, newest first; with `before`, the
+        newest ones before it; with `after`, the oldest ones after it (still newest first)."""
+        if p["channel_id"] not in self.channels and p["channel_id"] not in self.messages:
+            return 404, {"message": "Unknown Channel", "code": 10003}
+        limit = max(1, min(100, int(r.query.get("limit", "50"))))
+        found = sorted(self.messages.get(p["channel_id"], []), key=lambda m: int(m["id"]))
+        before, after = r.query.get("before"), r.query.get("after")
         if before:
-            found = [m for m in found if int(m["id"]) < int(before)]
-        return 200, found[: int(r.query.get("limit", "50"))]
+            found = [m for m in found if int(m["id"]) < int(before)][-limit:]
+        elif after:
+            found = [m for m in found if int(m["id"]) > int(after)][:limit]
+        else:
+            found = found[-limit:]
+        return 200, list(reversed(found))
 
     def _find(self, p: dict[str, str]) -> dict[str, Any] | None:
         return next(

@@ -92,11 +92,13 @@ def translate(
 def unreadable_event(exc: Exception, token: str) -> TransientError:
     """An event from the gateway that discord.py's parser failed on (a field missing or of
     another type): discord.py's `connect` does not survive it, so the session ends, and the next
-    run identifies afresh: Discord does not send a new session what it sent the old one."""
+    run identifies afresh: Discord does not send a new session what it sent the old one (the
+    transport fetches it over REST instead, for the channels it remembers)."""
     detail = scrub(f"{type(exc).__name__}: {exc}", token)
     return TransientError(
         f"discord.py could not read an event from the Discord gateway ({detail}), which ends "
-        "the session: what Discord sends until a new one starts is lost; is gateway_url "
+        "the session: what Discord sends until a new one starts is fetched over REST then, "
+        "for the channels the bot delivered from recently; is gateway_url "
         "Discord's gateway, and discord.py up to date?"
     )
 

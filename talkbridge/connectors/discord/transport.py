@@ -7,8 +7,18 @@ a dropped session (the gateway replays what was missed, nothing twice) and re-id
 resume is refused; the router's inbox drops anything delivered twice anyway. An event discord.py's
 own parser fails on (a field missing or of another type) ends its `connect` instead: the run
 fails with a TransientError saying so, the next run identifies afresh, and what Discord sent
-between the two is lost, as Discord replays nothing to a new session. discord.py offers no way to
-skip one event or to resume from outside `connect`.
+between the two would be lost, as Discord replays nothing to a new session. discord.py offers
+no way to skip one event or to resume from outside `connect`.
+
+Catching up: what a new session (a restart, a refused resume, the run after such an event) was
+not sent is fetched over REST instead. Per channel it delivered messages from, the connector
+remembers the newest message id it took there (`cursors.py`; kept in memory, stored in the
+store's state every few seconds and when the run ends: a lost update only means a message is
+fetched again, which the router drops as a duplicate by its id). After each READY, a background
+task asks `GET /channels/{id}/messages?after=` for the recently active channels; the consumer
+takes what it found, oldest first, exactly as it takes a MESSAGE_CREATE, and holds the live
+events of a channel until that channel's catch-up is in, so they follow it. A channel whose
+fetch fails is logged once and skipped; the connection never fails over it.
 
 Logging in and `check` watch discord.py's REST answers (`answers.py`), so a server error it
 quietly retries, or an answer of the wrong shape, is named with its request.
@@ -29,6 +39,7 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -51,7 +62,8 @@ from talkbridge.connectors.discord.codec import (
     render_chunks,
 )
 from talkbridge.connectors.discord.config import DiscordConfig
-from talkbridge.connectors.discord.errors import translated, unreadable_event
+from talkbridge.connectors.discord.cursors import Cursor, Cursors, after_cursor
+from talkbridge.connectors.discord.errors import translate, translated, unreadable_event
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
@@ -70,6 +82,20 @@ _PRESENCE_FLAGS = (1 << 12, 1 << 13)
 _MEMBERS_FLAGS = (1 << 14, 1 << 15)
 _CONTENT_FLAGS = (1 << 18, 1 << 19)
 _T = TypeVar("_T")
+_Item = tuple[str, dict[str, Any]]
+_READY = "_READY"
+"""A queue item: a new gateway session started (READY, not RESUMED): catch up."""
+_CAUGHT_UP = "_CAUGHT_UP"
+"""A queue item: what one channel's catch-up fetched (`channel_id`, `messages`, `session`)."""
+_CURSOR_SAVE_SECONDS = 5.0
+_CATCH_UP_DAYS = 7.0
+_CATCH_UP_CHANNELS = 50
+_CATCH_UP_PAGES = 5
+"""At most this many pages of 100 messages per channel (Discord's largest page)."""
+_CATCH_UP_SECONDS = 15.0
+"""A channel's catch-up gives up after this long (discord.py retries a 500 for ~25 s): its
+live messages are held until it is in."""
+_CATCH_UP_PARALLEL = 4
 
 
 def _take_all(queue: asyncio.Queue[_T]) -> list[_T]:
@@ -134,8 +160,19 @@ class DiscordConnector(BaseConnector):
         self.client: _Client | None = None
         self._checked: Answers | None = None
         """What Discord answered the latest `check` (see `check_waiting`)."""
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         """Gateway events to take in order; None: the run ended, stop after what is ahead."""
+        self._cursor_key = f"discord:{config.id}:cursors"
+        self._cursors: Cursors | None = None
+        """Loaded from the store at the first run; see `cursors.py`."""
+        self._session = 0
+        """Counts the gateway sessions (READYs) the consumer saw: a catch-up's results are
+        taken only while its session is the latest."""
+        self._holding: dict[str, list[_Item]] = {}
+        """Live events held per channel until that channel's catch-up is in."""
+        self._catching_up: asyncio.Task[None] | None = None
+        self._unfetchable: set[str] = set()
+        """Channels whose catch-up failed and was logged (logged once per channel)."""
         self._status: ConnectionStatus | None = None
         self._partial = PartialSends()
         for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
@@ -162,7 +199,9 @@ class DiscordConnector(BaseConnector):
         answers = Answers(self._token)
         client = self.client = self._new_client(answers)
         consumer: asyncio.Task[None] | None = None
+        saver: asyncio.Task[None] | None = None
         try:
+            await self._load_cursors()
             # discord.py retries a 5xx to logging in for about 25 s: say so meanwhile.
             answers.on_server_error = lambda what: status.degraded(f"{what}; retrying")
             try:
@@ -171,6 +210,7 @@ class DiscordConnector(BaseConnector):
             finally:
                 answers.on_server_error = None
             consumer = asyncio.create_task(self._consume(), name=f"discord:{self.connection_id}")
+            saver = asyncio.create_task(self._save_cursors_often())
             with translated(self._token):
                 try:
                     await client.connect(reconnect=True)
@@ -188,8 +228,13 @@ class DiscordConnector(BaseConnector):
             self._status = None
             # Nothing more comes in; closing is not cut short by the stop's repeated cancels.
             await finish_despite_cancels(asyncio.ensure_future(client.close()), _FINISH_SECONDS)
+            await self._stop_catching_up()
             if consumer is not None:
                 await self._let_finish(consumer)
+            if saver is not None:
+                saver.cancel()
+                await finish_despite_cancels(saver, _FINISH_SECONDS)
+            await finish_despite_cancels(asyncio.ensure_future(self._save_cursors()), 2.0)
 
     async def _let_finish(self, consumer: asyncio.Task[None]) -> None:
         """Let the consumer take the events the gateway already delivered before it ends.
@@ -272,7 +317,7 @@ class DiscordConnector(BaseConnector):
 
     def _received(self, raw: str | bytes) -> None:
         text = raw.decode() if isinstance(raw, bytes) else raw
-        if '"MESSAGE_' not in text and '"INTERACTION_CREATE"' not in text:
+        if '"MESSAGE_' not in text and '"INTERACTION_CREATE"' not in text and '"READY"' not in text:
             return  # cheap filter: most gateway traffic is presence, typing, guild updates
         try:
             frame = json.loads(text)
@@ -282,35 +327,56 @@ class DiscordConnector(BaseConnector):
         data = frame.get("d") if isinstance(frame, dict) else None
         if kind in HANDLED_EVENTS and isinstance(data, dict):
             self._queue.put_nowait((kind, data))
+        elif kind == "READY":  # a new session: Discord replays nothing to it
+            self._queue.put_nowait((_READY, {}))
 
     async def _consume(self) -> None:
         while True:
             item = await self._queue.get()
             if item is None:
+                held, self._holding = self._holding, {}
+                for events in held.values():  # a catch-up cut short: live events still count
+                    for kind, payload in events:
+                        await self._take(kind, payload)
                 return
             kind, payload = item
-            backoff = Backoff(base=0.2, cap=5.0)
-            for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
-                try:
-                    await self._accept(kind, payload)
-                    break
-                except ValueError as exc:  # undecodable: retrying cannot help
-                    self._log.error("skipping a %s that cannot be read: %s", kind, exc)
-                    break
-                except Exception as exc:
-                    # The gateway never sends an event twice: retry a subscriber that could
-                    # not accept it (store briefly unavailable) before giving up on it.
-                    reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
-                    if attempt == _DELIVERY_ATTEMPTS:
-                        self._log.error("dropping a %s not accepted: %s", kind, reason)
-                    else:
-                        self._log.warning("a %s was not accepted (%s); retrying", kind, reason)
-                        await asyncio.sleep(backoff.next())
+            if kind == _READY:
+                await self._begin_catch_up()
+            elif kind == _CAUGHT_UP:
+                await self._caught_up(payload)
+            elif (channel := str(payload.get("channel_id"))) in self._holding:
+                self._holding[channel].append(item)
+            else:
+                await self._take(kind, payload)
 
-    async def _accept(self, kind: str, payload: dict[str, Any]) -> None:
+    async def _take(self, kind: str, payload: dict[str, Any]) -> None:
+        """Hand one event to the subscribers, retrying one they could not accept."""
+        backoff = Backoff(base=0.2, cap=5.0)
+        delivered = False
+        for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
+            try:
+                delivered = await self._accept(kind, payload)
+                break
+            except ValueError as exc:  # undecodable: retrying cannot help
+                self._log.error("skipping a %s that cannot be read: %s", kind, exc)
+                break
+            except Exception as exc:
+                # The gateway never sends an event twice: retry a subscriber that could
+                # not accept it (store briefly unavailable) before giving up on it.
+                reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
+                if attempt == _DELIVERY_ATTEMPTS:
+                    self._log.error("dropping a %s not accepted: %s", kind, reason)
+                else:
+                    self._log.warning("a %s was not accepted (%s); retrying", kind, reason)
+                    await asyncio.sleep(backoff.next())
+        if kind == "MESSAGE_CREATE":  # not when cancelled mid-way: fetched again next time
+            self._note_taken(payload, delivered)
+
+    async def _accept(self, kind: str, payload: dict[str, Any]) -> bool:
+        """Decode and deliver one event; True when a message was delivered."""
         if kind == "MESSAGE_DELETE":
             await self._on_delete(payload)
-            return
+            return False
         client = self.client
         bot_id = client.user.id if client is not None and client.user is not None else None
         message = decode_event(
@@ -322,15 +388,155 @@ class DiscordConnector(BaseConnector):
             role_names=self._role_names(payload),
         )
         if message is None:
-            return
+            return False
         if (
             kind != "INTERACTION_CREATE"
             and self.config.require_mention
             and payload.get("guild_id")
             and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload))
         ):
-            return
+            return False
         await self.deliver(message)
+        return True
+
+    # ---- catching up after a new session -----------------------------------------------------
+
+    def _note_taken(self, payload: Mapping[str, Any], delivered: bool) -> None:
+        """A MESSAGE_CREATE was taken: a channel we delivered from moves its cursor (in memory;
+        `_save_cursors_often` stores it)."""
+        channel, ident = str(payload.get("channel_id")), str(payload.get("id"))
+        cursors = self._cursors
+        if cursors is None or not channel.isdigit() or not ident.isdigit():
+            return
+        if delivered or channel in cursors:
+            guild = payload.get("guild_id")
+            cursors.advance(channel, int(ident), str(guild) if guild else None)
+
+    async def _load_cursors(self) -> None:
+        if self._cursors is not None:
+            return
+        try:
+            stored = await self.context.store.get_state(self._cursor_key)
+        except Exception as exc:  # catching up is a bonus: never fail the connection over it
+            self._log.warning("could not read where the Discord channels were read up to: %s", exc)
+            stored = None
+        self._cursors = Cursors.load(stored)
+
+    async def _save_cursors(self) -> None:
+        cursors = self._cursors
+        if cursors is None or not cursors.dirty:
+            return
+        cursors.dirty = False
+        try:
+            await self.context.store.set_state(self._cursor_key, cursors.dump())
+        except Exception as exc:
+            cursors.dirty = True
+            self._log.warning("could not store where the Discord channels were read up to: %s", exc)
+
+    async def _save_cursors_often(self) -> None:
+        while True:
+            await asyncio.sleep(_CURSOR_SAVE_SECONDS)
+            await self._save_cursors()
+
+    async def _begin_catch_up(self) -> None:
+        """A new session (the consumer took its READY): hold the live events of the channels
+        to catch up on, and fetch what they missed in the background."""
+        self._session += 1
+        await self._stop_catching_up()  # an earlier session's: its results no longer count
+        cursors = self._cursors
+        now_ms = int(time.time() * 1000)
+        due = (
+            cursors.due(now_ms, max_age_days=_CATCH_UP_DAYS, limit=_CATCH_UP_CHANNELS)
+            if cursors is not None
+            else []
+        )
+        wanted = {channel for channel, _ in due}
+        for channel in [c for c in self._holding if c not in wanted]:
+            for kind, payload in self._holding.pop(channel):
+                await self._take(kind, payload)
+        for channel in wanted:
+            self._holding.setdefault(channel, [])
+        if due:
+            self._catching_up = asyncio.create_task(
+                self._catch_up(self._session, due), name=f"discord-catch-up:{self.connection_id}"
+            )
+
+    async def _stop_catching_up(self) -> None:
+        task, self._catching_up = self._catching_up, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await finish_despite_cancels(task, _FINISH_SECONDS)
+
+    async def _catch_up(self, session: int, due: list[tuple[str, Cursor]]) -> None:
+        gate = asyncio.Semaphore(_CATCH_UP_PARALLEL)
+
+        async def one(channel: str, cursor: Cursor) -> None:
+            found: list[dict[str, Any]] = []
+            try:
+                async with gate, asyncio.timeout(_CATCH_UP_SECONDS):
+                    found = await self._fetch_after(channel, cursor)
+            except Exception as exc:
+                self._unfetchable_channel(channel, exc)
+            finally:  # always: the channel's held live events wait for this
+                self._queue.put_nowait(
+                    (_CAUGHT_UP, {"session": session, "channel_id": channel, "messages": found})
+                )
+
+        await asyncio.gather(*(one(channel, cursor) for channel, cursor in due))
+
+    async def _fetch_after(self, channel: str, cursor: Cursor) -> list[dict[str, Any]]:
+        """What the channel has after `cursor`, oldest first, through discord.py's HTTP client
+        (so at `api_base`, in the channel's rate-limit bucket)."""
+        client = self._require_client()
+        pages: list[list[Mapping[str, Any]]] = []
+        after = cursor.message_id
+        for _ in range(_CATCH_UP_PAGES):
+            page = await client.http.logs_from(int(channel), 100, after=after)
+            if not isinstance(page, list):
+                raise TypeError(f"the answer is {type(page).__name__}, not a list of messages")
+            items: list[Mapping[str, Any]] = [
+                m for m in page if isinstance(m, dict) and str(m.get("id", "")).isdigit()
+            ]
+            pages.append(items)
+            if len(page) < 100 or not items:
+                break
+            after = max(int(m["id"]) for m in items)
+        return after_cursor(pages, cursor, channel)
+
+    def _unfetchable_channel(self, channel: str, exc: Exception) -> None:
+        if isinstance(exc, discord.Forbidden | discord.NotFound) and self._cursors is not None:
+            self._cursors.forget(channel)  # remembered again once a message comes from it
+        if isinstance(exc, TimeoutError):
+            reason = f"no answer within {_CATCH_UP_SECONDS:g} s"
+        elif isinstance(exc, discord.DiscordException):
+            reason = str(translate(exc, self._token, scope="thread"))
+        else:
+            reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
+        log = self._log.debug if channel in self._unfetchable else self._log.warning
+        self._unfetchable.add(channel)
+        log(
+            "could not fetch what Discord channel %s got while the bridge was away (%s): "
+            "those messages are not delivered",
+            channel,
+            reason,
+        )
+
+    async def _caught_up(self, found: Mapping[str, Any]) -> None:
+        """Take what one channel's catch-up fetched, then the live events held meanwhile."""
+        if found.get("session") != self._session:
+            return  # an earlier session's: the latest one's catch-up covers the channel
+        channel = str(found.get("channel_id"))
+        held = self._holding.pop(channel, [])
+        live = {str(p.get("id")) for kind, p in held if kind == "MESSAGE_CREATE"}
+        cursors = self._cursors
+        for payload in found.get("messages") or ():
+            ident = str(payload.get("id"))
+            if ident in live or (cursors is not None and not cursors.is_new(channel, int(ident))):
+                continue
+            await self._take("MESSAGE_CREATE", payload)
+        for kind, payload in held:
+            await self._take(kind, payload)
 
     async def _on_delete(self, payload: Mapping[str, Any]) -> None:
         """A deleted message takes the bot's reply to it along."""

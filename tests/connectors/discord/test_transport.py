@@ -106,6 +106,8 @@ async def test_a_gateway_drop_resumes_with_nothing_lost_or_repeated(
     assert running.inbox.texts == ["one", "two", "three", "four"]
     assert peer.resumes == [(TOKEN, True)]
     assert peer.identifies == [TOKEN]  # resumed, not a new session
+    # Nothing to catch up on over REST: the resume replayed it all.
+    assert peer.calls_of("GET", "/channels/{channel_id}/messages", answered=None) == []
     assert ("degraded", "the Discord gateway connection dropped; resuming") in (
         running.status.reports
     )
