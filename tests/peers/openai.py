@@ -28,9 +28,9 @@ class ChatCompletionsPeer:
         self.answer_as = "stream"
         """`stream` (SSE), `json` (one completion although a stream was asked for), `tools`
         (a streamed tool call and no text), or `error` (the pieces, then an error object)."""
-        self.between_pieces: asyncio.Event | None = None
-        """When set to an event: each piece after the first waits for it (a slow model)."""
-        self.piece_sent = asyncio.Event()
+        self.piece_gap = 0.0
+        """Seconds between streamed pieces: a slow model, whose answer takes longer than one
+        piece does (the pacing a real server has, done here as the server's own)."""
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
@@ -73,12 +73,10 @@ class ChatCompletionsPeer:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
             pieces = []
         for n, piece in enumerate(pieces):
-            if n and self.between_pieces is not None:
-                await self.between_pieces.wait()
-                self.between_pieces.clear()
+            if n and self.piece_gap:
+                await asyncio.sleep(self.piece_gap)
             chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.piece_sent.set()
         if self.answer_as == "error":
             error = {"error": {"message": "the model overloaded", "type": "server_error"}}
             await response.write(f"data: {json.dumps(error)}\n\n".encode())
