@@ -19,21 +19,31 @@ def raise_if_cancelling() -> None:
         raise asyncio.CancelledError
 
 
-async def cancel_and_wait(*tasks: asyncio.Task[Any], again_after: float = 0.25) -> None:
+async def cancel_and_wait(
+    *tasks: asyncio.Task[Any], again_after: float = 0.25, within: float | None = None
+) -> int:
     """Cancel `tasks` and wait until every one has ended, whatever it raised.
 
     A cancel can be lost inside a client library (redis-py's read timeouts race it), leaving a
     loop that goes round again; so a task still running after `again_after` seconds is
-    cancelled again, until it ends.
+    cancelled again, until it ends. With `within`, it gives up after that many seconds: a task
+    that swallows every cancel (a user's agent catching `BaseException`) is left running rather
+    than hanging the caller. Returns how many were left so (0 without `within`).
     """
+    loop = asyncio.get_running_loop()
+    deadline = None if within is None else loop.time() + within
     pending = {t for t in tasks if not t.done()}
     while pending:
         for task in pending:
             task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=again_after)
+        wait = again_after if deadline is None else min(again_after, deadline - loop.time())
+        if wait <= 0:
+            break
+        _, pending = await asyncio.wait(pending, timeout=wait)
     for task in tasks:
-        if not task.cancelled():
+        if task.done() and not task.cancelled():
             task.exception()  # retrieved: the caller stops them, it does not want their errors
+    return len(pending)
 
 
 async def drain_tasks(tasks: set[asyncio.Task[Any]]) -> None:

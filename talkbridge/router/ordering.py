@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
 from typing import Any, Generic, TypeVar
 
+from talkbridge.cancellation import cancel_and_wait
+
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
 
@@ -270,18 +272,4 @@ class KeyedSerialExecutor(Generic[K, T]):
         is left behind rather than hanging the stop for ever."""
         self._closed = True  # parked keys stay parked: what they hold is still in the store
         self._waking = 0  # a worker cancelled before it ran never counts itself off
-        workers = list(self._workers)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        pending = set(workers)
-        while pending:
-            for task in pending:
-                task.cancel()
-            left = deadline - loop.time()
-            if left <= 0:
-                break
-            _, pending = await asyncio.wait(pending, timeout=min(0.25, left))
-        for task in workers:
-            if task.done() and not task.cancelled():
-                task.exception()  # retrieved: stopping, nobody wants a worker's error now
-        return len(pending)
+        return await cancel_and_wait(*self._workers, within=grace)
