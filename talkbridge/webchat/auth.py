@@ -34,28 +34,22 @@ class TokenAuth:
 
     def identify(self, token: str) -> str | None:
         """The identity behind `token`, or None when it is not accepted."""
+        admitted = self.admit(token)
+        return None if admitted is None else admitted[0]
+
+    def admit(self, token: str) -> tuple[str, float | None] | None:
+        """The identity behind `token` and when it stops being accepted (a signed token's `exp`
+        plus the leeway, in `time.time()` seconds; None for a static token, which does not
+        expire), or None when it is not accepted."""
         given = token.encode("utf-8")
         found = False
         for accepted in self._tokens:  # constant time: no early exit on a match
             found |= hmac.compare_digest(given, accepted)
         if found:
-            return GENERATED_IDENTITY if self._generated else token_hash(token)
+            return (GENERATED_IDENTITY if self._generated else token_hash(token)), None
         if self._issuer is not None:
             return self._signed(token, self._issuer)
         return None
-
-    def expires_at(self, token: str) -> float | None:
-        """When an accepted signed token stops being accepted (its `exp` plus the leeway, in
-        `time.time()` seconds); None for a static token, which does not expire."""
-        if self._issuer is None or any(
-            hmac.compare_digest(token.encode("utf-8"), accepted) for accepted in self._tokens
-        ):
-            return None
-        claims = _claims(token, self._issuer, verify_exp=False)
-        expires = claims.get("exp") if claims is not None else None
-        if not isinstance(expires, int | float) or isinstance(expires, bool):
-            return None
-        return float(expires) + self._issuer.leeway
 
     @property
     def signed_only(self) -> bool:
@@ -69,10 +63,15 @@ class TokenAuth:
         return "the access token is wrong or no longer accepted"
 
     @staticmethod
-    def _signed(token: str, issuer: WebchatIssuer) -> str | None:
+    def _signed(token: str, issuer: WebchatIssuer) -> tuple[str, float | None] | None:
         claims = _claims(token, issuer, require=["sub", "exp"])
-        subject = claims.get("sub") if claims is not None else None
-        return f"{PERSON_PREFIX}{subject}" if isinstance(subject, str) and subject else None
+        if claims is None:
+            return None
+        subject, expires = claims.get("sub"), claims.get("exp")
+        if not isinstance(subject, str) or not subject:
+            return None
+        until = float(expires) + issuer.leeway if isinstance(expires, int | float) else None
+        return f"{PERSON_PREFIX}{subject}", until
 
 
 def _expired(token: str, issuer: WebchatIssuer) -> bool:

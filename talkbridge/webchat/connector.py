@@ -302,10 +302,11 @@ class WebchatConnector(BaseConnector):
                 frame.ref,
             )
             return None
-        identity = self._auth.identify(token)
-        if identity is None:
+        admitted = self._auth.admit(token)
+        if admitted is None:
             await _refuse(ws, "unauthorized", self._auth.refusal(token), frame.ref)
             return None
+        identity, expires_at = admitted
         try:
             # Sessions of the generated token made before it had an identity of its own were
             # bound to the token's hash: they are the same holder's, and move over.
@@ -332,7 +333,7 @@ class WebchatConnector(BaseConnector):
         if frame.ref is not None:
             ready["ref"] = frame.ref
         await ws.send(dumps(ready))
-        return session_id, self._auth.expires_at(token)
+        return session_id, expires_at
 
     async def _serve_socket(self, ws: ServerConnection, session_id: str) -> None:
         bucket = _Bucket(self.frame_rate, self.frame_burst)
