@@ -75,7 +75,7 @@ class AgentRunner:
         self._store = store
         self.hooks: HookRegistry = hooks if hooks is not None else HookRegistry()
         self._environment = environment
-        self._redact = redact or _unchanged
+        self._redact = redact or str
         """Scrubs the config's secrets from a failed turn's error: development shows it to the
         user, and an error names what failed (a base URL, an exception's message)."""
         self._onions: dict[str, Callable[[TurnContext], Awaitable[None]]] = {}
@@ -295,10 +295,6 @@ def _ignore(ctx: TurnContext, agent_name: str, event: Any) -> None:
 
 def _count_of(ignored: list[str]) -> str:
     return "1 thing" if len(ignored) == 1 else f"{len(ignored)} things"
-
-
-def _unchanged(text: str) -> str:
-    return text
 
 
 def tool_call_count(events: list[Any]) -> int:
