@@ -91,13 +91,25 @@ class Server:
 
 
 def _proc_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc); None where unavailable."""
+    """User + system CPU seconds of a process and its live descendants (the bridge's SQLite
+    writer is one: a process of its own), from Linux /proc; None where unavailable."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    for child in _children(pid):
+        total += _proc_cpu(child) or 0.0
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with suppress(OSError):
+            children.extend(int(c) for c in task.read_text().split())
+    return children
 
 
 def _bench_config(tmp: Path) -> Path:
@@ -405,11 +417,17 @@ def _line(label: str, r: Result, in_process: bool) -> str:
     if in_process:
         cpu = f"process CPU {r.client_cpu / r.elapsed:.0%}"
     else:
-        server = f"{r.server_cpu / r.elapsed:.0%}" if r.server_cpu is not None else "n/a"
-        cpu = f"server CPU {server}, client CPU {r.client_cpu / r.elapsed:.0%}"
+        count = len(r.latencies)
+        server = (
+            f"{r.server_cpu / r.elapsed:.0%} ({r.server_cpu / count * 1e6:.0f} µs/msg)"
+            if r.server_cpu is not None
+            else "n/a"
+        )
+        client = f"{r.client_cpu / r.elapsed:.0%} ({r.client_cpu / count * 1e6:.0f} µs/msg)"
+        cpu = f"server CPU {server}, client CPU {client}"
     return (
         f"  {label:<8} {r.rate:>8,.0f} msg/s  p50 {r.p50:7.2f} ms  p99 {r.p99:7.2f} ms  "
-        f"({r.frames.total() / len(r.latencies):.1f} frames in per message; {cpu} of one core)"
+        f"({r.frames.total() / len(r.latencies):.1f} frames in per message; {cpu}; % of one core)"
     )
 
 
