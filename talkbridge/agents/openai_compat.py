@@ -12,7 +12,11 @@ that names what went wrong in plain words — never the API key:
   run) fails the turn instead of leaving the user with nothing;
 - a server that answers with one JSON completion although a stream was asked for is read as such;
 - `timeout` bounds connecting and each wait for the next piece, not the whole answer: a long
-  answer that keeps streaming is never cut off.
+  answer that keeps streaming is never cut off;
+- the stream is read as server-sent events are specified: an event's `data:` lines joined, at
+  the blank line that ends it; comments, other fields and events without data are skipped;
+- an answer the model cut at its token limit (`finish_reason: length`) is sent as it is, with a
+  warning in the log that says so.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterator
 from typing import Any
 
 from talkbridge.agents.base import Error, Result, TextDelta, TurnContext
+
+log = logging.getLogger("talkbridge.agents")
 
 DEFAULT_HISTORY = 20
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -102,15 +109,13 @@ class OpenAIChatAgent:
                         if response.content_type == "application/json":  # not streamed after all
                             answer.take_completion(await response.json(content_type=None))
                         else:
-                            async for raw in response.content:
-                                data = _sse_data(raw)
-                                if data is None:
-                                    continue
-                                if data == "[DONE]":
-                                    break
-                                text = answer.take_chunk(json.loads(data))
-                                if text:
-                                    yield TextDelta(text=text)
+                            async with contextlib.aclosing(_sse_data(response.content)) as data:
+                                async for event in data:
+                                    if event == "[DONE]":
+                                        break
+                                    text = answer.take_chunk(json.loads(event))
+                                    if text:
+                                        yield TextDelta(text=text)
                         break
         except (aiohttp.ClientError, TimeoutError) as exc:
             if isinstance(exc, TimeoutError):
@@ -145,6 +150,13 @@ class OpenAIChatAgent:
             else:
                 yield Error(message="the model answered with no text", code="empty_answer")
             return
+        if answer.cut_short:
+            log.warning(
+                "%s: the model at %s stopped at its token limit (finish_reason: length): "
+                "the answer is cut short",
+                self.name,
+                self._url,
+            )
         yield Result(text=text, usage=answer.usage)
 
     def _retry_wait(self, response: Any, attempt: int) -> float | None:
@@ -165,12 +177,14 @@ class _ModelFailed(Exception):
 class _Answer:
     """What the chunks (or the one completion) of an answer said so far."""
 
-    __slots__ = ("pieces", "tools", "usage")
+    __slots__ = ("cut_short", "pieces", "tools", "usage")
 
     def __init__(self) -> None:
         self.pieces: list[str] = []
         self.tools: set[str] = set()
         self.usage: dict[str, int] = {}
+        self.cut_short = False
+        """The model stopped at its token limit (`finish_reason: length`)."""
 
     def take_chunk(self, chunk: Any) -> str:
         """The text of one streamed chunk ('' for none); raises on an error chunk."""
@@ -180,6 +194,7 @@ class _Answer:
         self.usage = _usage(chunk) or self.usage
         text = ""
         for choice in chunk.get("choices") or ():
+            self._note_finish(choice)
             delta = choice.get("delta") if isinstance(choice, dict) else None
             if not isinstance(delta, dict):
                 continue
@@ -198,6 +213,7 @@ class _Answer:
         _raise_error(payload)
         self.usage = _usage(payload)
         for choice in payload.get("choices") or ():
+            self._note_finish(choice)
             message = choice.get("message") if isinstance(choice, dict) else None
             if not isinstance(message, dict):
                 continue
@@ -206,6 +222,10 @@ class _Answer:
             if isinstance(content, str) and content:
                 self.pieces.append(content)
                 return
+
+    def _note_finish(self, choice: Any) -> None:
+        if isinstance(choice, dict) and choice.get("finish_reason") == "length":
+            self.cut_short = True
 
     def _note_tools(self, part: dict[str, Any]) -> None:
         for call in part.get("tool_calls") or ():
@@ -223,12 +243,43 @@ def _raise_error(payload: dict[str, Any]) -> None:
     raise _ModelFailed(" ".join(str(detail or "an error without a message").split())[:200])
 
 
-def _sse_data(raw: bytes) -> str | None:
-    """The payload of an SSE `data:` line; None for anything else (comments, `event:`, blanks)."""
-    line = raw.decode("utf-8", "replace").strip()
-    if not line.startswith("data:"):
-        return None
-    return line[5:].strip()
+async def _sse_data(lines: AsyncIterable[bytes]) -> AsyncGenerator[str, None]:
+    """The data of each server-sent event of a response body's lines."""
+    events = _SseEvents()
+    async for raw in lines:
+        for data in events.feed(raw):
+            yield data
+    for data in events.end():
+        yield data
+
+
+class _SseEvents:
+    """The data of server-sent events, from the stream's lines (WHATWG HTML, "Server-sent
+    events"): an event's `data:` lines joined by newlines, ended by a blank line. A server may
+    spread one JSON chunk over several `data:` lines, or send events with no data to keep the
+    connection alive; a line-by-line reading took the first for broken JSON."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, raw: bytes) -> Iterator[str]:
+        """The data of the event this line ends, if it ends one that has data."""
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not line:
+            yield from self.end()
+        elif line.startswith("data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        elif line == "data":  # the field with no colon: an empty data line
+            self._data.append("")
+
+    def end(self) -> Iterator[str]:
+        """The event under way: at a blank line, or when the stream ends without one."""
+        data, self._data = "\n".join(self._data), []
+        if data.strip():
+            yield data
 
 
 def _code(status: int) -> str:

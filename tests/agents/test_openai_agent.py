@@ -184,6 +184,34 @@ async def test_a_server_that_answers_without_streaming_is_read_all_the_same(
     assert answer == "You said: hello"
 
 
+async def test_events_spread_over_several_data_lines_are_read_as_one(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    """Each chunk's JSON over several `data:` lines, CRLF line ends, events without data and
+    comments between them: all server-sent events as specified."""
+    peer.spread_events = True
+    answer = await _answer(tmp_path, peer)
+    assert answer == "You said: hello"
+
+
+async def test_an_answer_cut_at_the_token_limit_is_sent_and_the_log_says_so(
+    tmp_path: Path, peer: ChatCompletionsPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    peer.finish_reason = "length"
+    answer = await _answer(tmp_path, peer)
+    assert answer == "You said: hello"
+    (warning,) = [r for r in caplog.records if "token limit" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert "assistant" in warning.getMessage()
+
+
+async def test_an_answer_that_ends_normally_warns_of_nothing(
+    tmp_path: Path, peer: ChatCompletionsPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    await _answer(tmp_path, peer)
+    assert "token limit" not in caplog.text
+
+
 async def test_an_error_in_the_middle_of_the_stream_fails_the_turn(
     tmp_path: Path, peer: ChatCompletionsPeer
 ) -> None:

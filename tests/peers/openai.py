@@ -28,6 +28,11 @@ class ChatCompletionsPeer:
         self.answer_as = "stream"
         """`stream` (SSE), `json` (one completion although a stream was asked for), `tools`
         (a streamed tool call and no text), or `error` (the pieces, then an error object)."""
+        self.finish_reason = "stop"
+        """The last piece's `finish_reason` (`length`: the model hit its token limit)."""
+        self.spread_events = False
+        """Send each chunk's JSON over several `data:` lines (CRLF line ends), between events
+        with no data and comments: all legal server-sent events."""
         self.piece_gap = 0.0
         """Seconds between streamed pieces: a slow model, whose answer takes longer than one
         piece does (the pacing a real server has, done here as the server's own)."""
@@ -75,8 +80,10 @@ class ChatCompletionsPeer:
         for n, piece in enumerate(pieces):
             if n and self.piece_gap:
                 await asyncio.sleep(self.piece_gap)
-            chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": piece}}
+            if n == len(pieces) - 1:
+                choice["finish_reason"] = self.finish_reason
+            await response.write(self._event({"choices": [choice]}))
         if self.answer_as == "error":
             error = {"error": {"message": "the model overloaded", "type": "server_error"}}
             await response.write(f"data: {json.dumps(error)}\n\n".encode())
@@ -84,3 +91,9 @@ class ChatCompletionsPeer:
         await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()
         return response
+
+    def _event(self, chunk: dict[str, Any]) -> bytes:
+        if not self.spread_events:
+            return f"data: {json.dumps(chunk)}\n\n".encode()
+        lines = "".join(f"data:{line}\r\n" for line in json.dumps(chunk, indent=1).split("\n"))
+        return f": keep-alive\r\n\r\ndata:\r\n\r\nevent: chunk\r\n{lines}\r\n".encode()
