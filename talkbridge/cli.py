@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import traceback
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,13 @@ from talkbridge.config import (
     error_reason,
     load_config,
 )
-from talkbridge.errors import ConfigError, StoreError, TalkbridgeError, TransientError
+from talkbridge.errors import (
+    AgentUnavailableError,
+    ConfigError,
+    StoreError,
+    TalkbridgeError,
+    TransientError,
+)
 
 if TYPE_CHECKING:
     from talkbridge.bridge import Bridge
@@ -335,10 +341,11 @@ async def _check(args: argparse.Namespace) -> int:
         _console.out(f"config: ok ({len(config.connections)} connection(s))")
         store_ok = await _check_store(store, config.store, args.timeout)
         connections_ok = await _check_connections(bridge, args.timeout)
+        agents_ok = await _check_agents(bridge, args.timeout, secrets.redact)
     finally:
         await bridge.registry.stop()
         await store.close()
-    return EXIT_OK if store_ok and connections_ok else EXIT_RUNTIME
+    return EXIT_OK if store_ok and connections_ok and agents_ok else EXIT_RUNTIME
 
 
 async def _check_store(store: Store, url: str, timeout: float) -> bool:
@@ -380,6 +387,27 @@ async def _check_connections(bridge: Bridge, timeout: float) -> bool:
             f"{mark}  {report.connection_id:<{width}}  {report.channel:<{cwidth}}  {report.detail}"
         )
     return all(r.ok for r in reports)
+
+
+async def _check_agents(bridge: Bridge, timeout: float, redact: Callable[[str], str]) -> bool:
+    """Try each agent that calls a model (its server, key and model): one line each."""
+    from talkbridge.agents.base import AgentCheck
+
+    ok = True
+    for name in bridge.runner.agent_names:
+        agent = bridge.runner.agent(name)
+        if not isinstance(agent, AgentCheck):
+            continue  # answers in process (echo, sentinel, a python agent): nothing to reach
+        try:
+            async with asyncio.timeout(timeout):
+                works, detail = True, await agent.check()
+        except TimeoutError:
+            works, detail = False, f"no answer within {timeout:g}s"
+        except AgentUnavailableError as exc:
+            works, detail = False, str(exc)
+        ok = ok and works
+        _console.out(f"{'ok  ' if works else 'FAIL'}  agent {name}  {redact(detail)}")
+    return ok
 
 
 # -- pair and hooks dead-letters: the store only ---------------------------------------------------

@@ -65,6 +65,11 @@ class SendFailedError(TalkbridgeError):
         super().__init__(f"send to {connection_id}/{thread_id} failed: {reason}")
 
 
+class AgentUnavailableError(TalkbridgeError):
+    """An agent's model cannot be used as configured (unreachable, a refused key, a model the
+    server does not offer); the message says which, never the key."""
+
+
 class StoreError(TalkbridgeError):
     """The store failed; the message names the store (path or host), never a credential."""
 

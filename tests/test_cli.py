@@ -25,6 +25,7 @@ from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
 from tests.peers.http import free_port
+from tests.peers.openai import ChatCompletionsPeer
 from tests.peers.redis import redis_url
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
@@ -313,6 +314,55 @@ async def test_check_tries_the_store_and_never_shows_its_password(tmp_path: Path
     assert code == 0, err
     assert f"ok    store  redis://127.0.0.1:{port}/0  opened and read" in out
     assert "s3cr3t" not in out + err
+
+
+async def test_check_tries_each_model_agent_and_never_shows_its_key(tmp_path: Path) -> None:
+    """Per agent that calls a model: its server, its key and its model, as `GET /models`
+    answers; agents that answer in process (echo, sentinel) have nothing to try."""
+    key = "sk-check-0123456789abcdef"
+    async with ChatCompletionsPeer(key) as peer:
+        agents = {
+            "good": {"model": "tiny-1", "api_key": "${KEY}"},
+            "wrong-key": {"model": "tiny-1", "api_key": "sk-wrong-0123456789abcdef"},
+            "no-such-model": {"model": "tiny-9", "api_key": "${KEY}"},
+        }
+        definitions = {
+            name: {"kind": "openai", "base_url": peer.base_url, **spec}
+            for name, spec in agents.items()
+        }
+        definitions["unreachable"] = {
+            "kind": "openai",
+            "base_url": f"http://127.0.0.1:{free_port()}/v1",
+            "model": "tiny-1",
+        }
+        (tmp_path / "talkbridge.yaml").write_text(
+            json.dumps({"agents": {"default": "good", "definitions": definitions}})
+        )
+        code, out, err = await finish(
+            await talkbridge("check", "--timeout", "10", cwd=tmp_path, env={"KEY": key})
+        )
+        assert code == 1, err
+        lines = {line.split()[2]: line for line in out.splitlines() if " agent " in line}
+        assert sorted(lines) == ["good", "no-such-model", "unreachable", "wrong-key"]
+        assert lines["good"] == f"ok    agent good  model 'tiny-1' is offered at {peer.base_url}"
+        assert lines["wrong-key"].startswith("FAIL  agent wrong-key  the key was refused: ")
+        assert "HTTP 401" in lines["wrong-key"]
+        assert lines["no-such-model"] == (
+            f"FAIL  agent no-such-model  {peer.base_url} does not offer model 'tiny-9' "
+            "(it offers: tiny-1)"
+        )
+        assert lines["unreachable"].startswith("FAIL  agent unreachable  the model server at ")
+        assert "could not be read" in lines["unreachable"]
+        assert "0123456789abcdef" not in out + err
+
+        peer.models = None  # a server without the endpoint: reachable, the model unverified
+        definitions = {"good": definitions["good"]}
+        (tmp_path / "talkbridge.yaml").write_text(
+            json.dumps({"agents": {"default": "good", "definitions": definitions}})
+        )
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path, env={"KEY": key}))
+        assert code == 0, err
+        assert f"ok    agent good  {peer.base_url} answers, but lists no models" in out
 
 
 async def test_a_secret_in_a_hook_error_or_a_start_failure_is_not_printed(tmp_path: Path) -> None:

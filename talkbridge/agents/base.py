@@ -113,3 +113,11 @@ class Agent(Protocol):
     def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
         """Yield `AgentMessage` events; end with a `Result` or an `Error`."""
         ...
+
+
+@runtime_checkable
+class AgentCheck(Protocol):
+    async def check(self) -> str:
+        """Try the agent's model and credentials (`talkbridge check`): return what answers, or
+        raise `AgentUnavailableError` saying what does not."""
+        ...

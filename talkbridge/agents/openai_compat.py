@@ -29,6 +29,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterat
 from typing import Any
 
 from talkbridge.agents.base import Error, Result, TextDelta, TurnContext
+from talkbridge.errors import AgentUnavailableError
 
 log = logging.getLogger("talkbridge.agents")
 
@@ -51,7 +52,8 @@ class OpenAIChatAgent:
         max_retry_wait: float = 20.0,
     ) -> None:
         self.name = name
-        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._base_url = base_url.rstrip("/")
+        self._url = self._base_url + "/chat/completions"
         self._model = model
         self._api_key = api_key
         self._system_prompt = system_prompt
@@ -96,9 +98,8 @@ class OpenAIChatAgent:
                 for attempt in range(self._retries + 1):
                     async with session.post(self._url, json=body, headers=headers) as response:
                         if response.status != 200:
-                            message = await _describe(response)
-                            if self._api_key:  # some servers quote the key they refused
-                                message = message.replace(self._api_key, "***")
+                            # some servers quote the key they refused
+                            message = self._hide_key(await _describe(response))
                             wait = self._retry_wait(response, attempt)
                             if wait is None:
                                 yield Error(message=message, code=_code(response.status))
@@ -158,6 +159,45 @@ class OpenAIChatAgent:
                 self._url,
             )
         yield Result(text=text, usage=answer.usage)
+
+    async def check(self) -> str:
+        """`GET /models` with the key: the key is taken and the model is one the server
+        offers. A server without that endpoint (some proxies) is reachable, model unverified."""
+        import aiohttp
+
+        url = self._base_url + "/models"
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as r:
+                if r.status in (404, 405):
+                    return (
+                        f"{self._base_url} answers, but lists no models (GET /models: HTTP "
+                        f"{r.status}): model {self._model!r} not verified"
+                    )
+                if r.status != 200:
+                    problem = await _describe(r)
+                    if r.status in (401, 403):
+                        problem = f"the key was refused: {problem}"
+                    raise AgentUnavailableError(self._hide_key(f"{problem} (GET {url})"))
+                payload = await r.json(content_type=None)
+        except (aiohttp.ClientError, ValueError) as exc:
+            reason = " ".join(f"{type(exc).__name__} {exc}".split())[:300]
+            raise AgentUnavailableError(
+                self._hide_key(f"the model server at {self._base_url} could not be read: {reason}")
+            ) from None
+        offered = _model_ids(payload)
+        if offered is None:
+            return f"{self._base_url} answers; its model list is unreadable: model not verified"
+        if self._model not in offered:
+            some = ", ".join(sorted(offered)[:10]) or "none"
+            more = f" and {len(offered) - 10} more" if len(offered) > 10 else ""
+            raise AgentUnavailableError(
+                f"{self._base_url} does not offer model {self._model!r} (it offers: {some}{more})"
+            )
+        return f"model {self._model!r} is offered at {self._base_url}"
+
+    def _hide_key(self, text: str) -> str:
+        return text.replace(self._api_key, "***") if self._api_key else text
 
     def _retry_wait(self, response: Any, attempt: int) -> float | None:
         """Seconds to wait before asking again, or None when this status is final."""
@@ -299,6 +339,15 @@ async def _describe(response: Any) -> str:
         pass
     reason = f": {detail[:200]}" if detail else ""
     return f"the model answered HTTP {response.status}{reason}"
+
+
+def _model_ids(payload: Any) -> set[str] | None:
+    """The ids of a `GET /models` answer (`{"data": [{"id": ...}, ...]}`); None if it is not
+    one."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    if not isinstance(data, list):
+        return None
+    return {m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)}
 
 
 def _usage(chunk: dict[str, Any]) -> dict[str, int]:

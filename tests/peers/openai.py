@@ -28,6 +28,8 @@ class ChatCompletionsPeer:
         self.answer_as = "stream"
         """`stream` (SSE), `json` (one completion although a stream was asked for), `tools`
         (a streamed tool call and no text), or `error` (the pieces, then an error object)."""
+        self.models: list[str] | None = ["tiny-1"]
+        """What `GET /v1/models` lists; None: no such endpoint (404), as on some proxies."""
         self.finish_reason = "stop"
         """The last piece's `finish_reason` (`length`: the model hit its token limit)."""
         self.spread_events = False
@@ -42,6 +44,7 @@ class ChatCompletionsPeer:
     async def __aenter__(self) -> ChatCompletionsPeer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
         self._runner, port = await serve(app)
         self.base_url = f"http://127.0.0.1:{port}/v1"
         return self
@@ -50,12 +53,24 @@ class ChatCompletionsPeer:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """401 for a wrong key, quoting it back as OpenAI does (a secret that must not show)."""
+        if request.headers.get("Authorization") == f"Bearer {self.api_key}":
+            return None
+        error = {"message": f"Incorrect API key provided: {request.headers.get('Authorization')}"}
+        return web.json_response({"error": error}, status=401)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        if self.models is None:
+            return web.json_response({"error": {"message": "not found"}}, status=404)
+        data = [{"id": m, "object": "model", "owned_by": "peer"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        if request.headers.get("Authorization") != f"Bearer {self.api_key}":
-            error = {
-                "message": f"Incorrect API key provided: {request.headers.get('Authorization')}"
-            }
-            return web.json_response({"error": error}, status=401)
+        if (refused := self._refused(request)) is not None:
+            return refused
         body = await request.json()
         self.requests.append(body)
         if self.fail_next is not None:
