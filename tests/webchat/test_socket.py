@@ -175,6 +175,8 @@ async def test_seqs_that_no_store_holds_are_a_bad_frame_not_a_crash(webchat: Web
         (json.dumps({"type": 5}), "bad_frame", "'type' must be a string"),
         (json.dumps({"type": "send", "text": "hi"}), "bad_frame", "thread_id: Field required"),
         (b"\x00\x01", "bad_frame", "not binary"),
+        ("[" * 2000 + "]" * 2000, "bad_frame", "nested too deeply"),  # was internal + traceback
+        ('{"type":"ping","x":' + "[" * 1990 + "]" * 1990 + "}", "bad_frame", "nested too deeply"),
         (
             json.dumps({"type": "send", "thread_id": "abc", "client_id": "c1", "text": "hi"}),
             "bad_frame",
@@ -241,6 +243,18 @@ async def test_auth_must_come_first(webchat: Webchat) -> None:
     await client.send({"type": "ping"})
     error = await client.recv()
     assert error["code"] == "unauthorized" and "first frame must be auth" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_a_deeply_nested_first_frame_is_refused_with_4401_not_a_crash(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.client()
+    await client.send("[" * 2000 + "]" * 2000)  # the socket used to close with 1011, no frame
+    error = await client.recv()
+    assert error["code"] == "unauthorized" and "nested too deeply" in error["message"]
     with pytest.raises(ConnectionClosed) as closed:
         await asyncio.wait_for(client.ws.recv(), TIMEOUT)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
