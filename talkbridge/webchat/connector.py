@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -27,7 +28,7 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import NotFoundError, StoreError, TransientError
 from talkbridge.ids import unique_id
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.store.base import HistoryEntry
 from talkbridge.webchat.auth import GENERATED_IDENTITY, TokenAuth
 from talkbridge.webchat.protocol import (
@@ -125,6 +126,7 @@ class WebchatConnector(BaseConnector):
         node_info: Callable[[], dict[str, Any]] | None = None,
         generated_token: bool = False,
         first_failure_reported: bool = False,
+        dedupe_for: timedelta = timedelta(days=7),
     ) -> None:
         if not all(tokens) or not (tokens or config.issuer):
             raise ValueError("the webchat needs at least one non-empty token or an issuer")
@@ -150,6 +152,8 @@ class WebchatConnector(BaseConnector):
         self._closing: set[asyncio.Future[None]] = set()
         """Sockets being closed as their token expired (held so the task is not collected)."""
         self._first_failure_reported = first_failure_reported
+        self._dedupe_for = dedupe_for
+        """How long the router remembers a message it handled (`retention.dedupe_days`)."""
         """Whether the caller of `listening` reports a failed first attempt (see `run`)."""
         self.provide("streaming", self)
         self.provide("activity", self)
@@ -446,8 +450,12 @@ class WebchatConnector(BaseConnector):
             if entry is None:  # sent before: hand it over again (the router drops it if it
                 # has it, and takes it if the bridge stopped before handing it over)
                 recorded = await self._recorded(seq, native_id, thread_id)
-                if recorded is not None and not await self._deliver_turn(
-                    ws, self._inbound(recorded, thread_id, session_id)
+                if (
+                    recorded is not None
+                    and self._router_may_know(recorded, native_id)
+                    and not await self._deliver_turn(
+                        ws, self._inbound(recorded, thread_id, session_id)
+                    )
                 ):
                     return
                 ack_text = dumps({**ack, "seq": seq, "duplicate": True})
@@ -469,6 +477,14 @@ class WebchatConnector(BaseConnector):
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
+
+    def _router_may_know(self, recorded: HistoryEntry, native_id: str) -> bool:
+        """Whether a resend may be handed to the router again: only while the router still
+        remembers the ids it handled (`retention.dedupe_days`). Later it would take the resend
+        for a new message and answer it twice; a hand-over that failed here is always retried."""
+        if native_id in self._unpublished:
+            return True
+        return utcnow() - recorded.created_at < self._dedupe_for
 
     async def _recorded(self, seq: int, native_id: str, thread_id: str) -> HistoryEntry | None:
         entries = await self.context.store.history(
