@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -51,7 +51,7 @@ from talkbridge.webchat.protocol import (
 )
 from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
 from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
-from talkbridge.webchat.socket_writes import write_frames
+from talkbridge.webchat.socket_writes import keeping_up, write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
 if TYPE_CHECKING:
@@ -115,6 +115,8 @@ class WebchatConnector(BaseConnector):
     frame_rate = 20.0
     frame_burst = 60
     auth_timeout = 10.0
+    slow_socket_bytes = 32 << 20
+    """Bytes waiting to be written to one socket past which it is cut rather than buffered on."""
 
     def __init__(
         self,
@@ -610,13 +612,14 @@ class WebchatConnector(BaseConnector):
         text = dumps(frame)
         if then is not None:
             skip, after = then
-            write_frames(skip, (text, after))
+            if self._keeping_up((skip,)):
+                write_frames(skip, (text, after))
         if skip is None:
             self.broadcast_local(session_id, text)
         else:
             sockets = self._sockets.get(session_id)
             if sockets and len(sockets) > 1:
-                broadcast([s for s in sockets if s is not skip], text)
+                broadcast(self._keeping_up(s for s in sockets if s is not skip), text)
         if self._fanout is not None:
             await self._fanout.publish(session_id, text)
 
@@ -624,7 +627,13 @@ class WebchatConnector(BaseConnector):
         """Write a frame to this process's sockets of a session."""
         sockets = self._sockets.get(session_id)
         if sockets:
-            broadcast(sockets, text)
+            broadcast(self._keeping_up(sockets), text)
+
+    def _keeping_up(self, sockets: Iterable[ServerConnection]) -> list[ServerConnection]:
+        """`sockets` but those that stopped reading (cut: they resume from history). A history
+        answer is written whole, so a page is never cut while it reads the largest one."""
+        largest_answer = 2 * self.config.history_limit * self.config.max_frame_bytes
+        return keeping_up(sockets, max(self.slow_socket_bytes, largest_answer), self.log)
 
     # ---- Talk --------------------------------------------------------------------------------
 

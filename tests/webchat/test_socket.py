@@ -624,3 +624,29 @@ async def test_a_long_frame_dropped_by_the_rate_limit_is_still_named(
     error = await client.expect("error")
     assert error["code"] == "rate_limited" and error["client_id"] == "long"
     assert error["thread_id"] == client.thread_id
+
+
+async def test_a_socket_that_stops_reading_is_cut_instead_of_buffered_without_end(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(history_limit=1)
+    chat.connector.slow_socket_bytes = 64 * 1024
+    stalled = await chat.authed()
+    stalled.ws.transport.pause_reading()  # a tab whose network died without a close
+    thread = stalled.thread_id
+    big = "x" * (1 << 20)
+    for n in range(1, 65):  # far more than the kernel's socket buffers take
+        await chat.connector.send(OutboundMessage(thread_id=thread, text=f"{n} {big}"))
+        if chat.connector.socket_count() == 0:
+            break
+    # It was buffering every frame of its session in the server's memory, without end.
+    assert chat.connector.socket_count() == 0
+    stalled.ws.transport.resume_reading()
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await asyncio.wait_for(stalled.ws.recv(), TIMEOUT)
+    # The page reconnects and resumes from history: nothing is lost.
+    again = await chat.authed(session_id=stalled.session_id)
+    await again.send({"type": "history", "thread_id": thread, "after_seq": n - 1})
+    [last] = (await again.expect("history"))["messages"]
+    assert last["seq"] == n and last["text"].startswith(f"{n} ")
