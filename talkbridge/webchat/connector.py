@@ -8,6 +8,7 @@ reconnecting page resumes without losing or repeating anything. See docs/webchat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import logging
@@ -22,6 +23,7 @@ from urllib.parse import quote
 
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
@@ -213,10 +215,12 @@ class WebchatConnector(BaseConnector):
 
     def _socket_log(self) -> logging.Logger:
         """websockets' logger: a line for every socket and request opened or closed is for
-        debugging, so below debug only its warnings show."""
+        debugging, so below debug only its warnings show (and its frames without tokens)."""
         sockets = self.log.getChild("sockets")
         if sockets.level == logging.NOTSET and not self.log.isEnabledFor(logging.DEBUG):
             sockets.setLevel(logging.WARNING)
+        if not any(isinstance(f, _FrameTokenMask) for f in sockets.filters):
+            sockets.addFilter(_FrameTokenMask())
         return sockets
 
     async def listening(self) -> None:
@@ -725,6 +729,35 @@ class WebchatConnector(BaseConnector):
         """Close every chat socket (pages reconnect and resume); the server keeps listening."""
         sockets = [ws for group in self._sockets.values() for ws in group]
         await asyncio.gather(*(ws.close(code, reason) for ws in sockets))
+
+
+class _FrameTokenMask(logging.Filter):
+    """websockets logs each frame at debug cut to its first 46 and last 24 characters: an auth
+    frame with the token last (`{"type":"auth","session_id":…,"token":…}`) showed the end of
+    the token without its key, so no pattern could mask it. The token goes before the cut."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "< %s" and isinstance(record.args, tuple):
+            record.args = tuple(
+                _token_masked(a) if isinstance(a, Frame) else a for a in record.args
+            )
+        return True
+
+
+def _token_masked(frame: Frame) -> Frame:
+    """A frame a client sent, as it may be logged: a token in it replaced by `***`."""
+    if frame.opcode is Opcode.CONT or (frame.opcode is Opcode.TEXT and not frame.fin):
+        return dataclasses.replace(frame, data=b"(part of a fragmented frame; not shown)")
+    if frame.opcode is not Opcode.TEXT:
+        return frame
+    try:
+        raw = json.loads(bytes(frame.data))
+    except (ValueError, RecursionError):
+        return frame
+    if not isinstance(raw, dict) or "token" not in raw:
+        return frame
+    masked = json.dumps({**raw, "token": "***"}).encode()  # ASCII: a lone surrogate too
+    return dataclasses.replace(frame, data=masked)
 
 
 def _listen_error(host: str, port: int, exc: OSError) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -650,3 +651,20 @@ async def test_a_socket_that_stops_reading_is_cut_instead_of_buffered_without_en
     await again.send({"type": "history", "thread_id": thread, "after_seq": n - 1})
     [last] = (await again.expect("history"))["messages"]
     assert last["seq"] == n and last["text"].startswith(f"{n} ")
+
+
+async def test_a_token_in_a_frame_never_reaches_the_debug_log(
+    start_webchat: StartWebchat, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="test.webchat")
+    caplog.set_level(logging.DEBUG, logger="test.webchat.webchat.sockets")
+    chat = await start_webchat()
+    signed = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJlLXRhaWwtc2VjcmV0"
+    for token in (TOKEN_A, signed):
+        client = await chat.client()
+        # The token last: websockets' debug line keeps a frame's end, without the key.
+        await client.send('{"type":"auth","session_id":"' + "f" * 32 + f'","token":"{token}"}}')
+        await client.recv()
+        await client.ws.close()
+    assert '< TEXT \'{"type":' in caplog.text.replace(": ", ":")  # the frames are logged
+    assert TOKEN_A[-10:] not in caplog.text and signed[-10:] not in caplog.text
