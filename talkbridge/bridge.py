@@ -18,6 +18,7 @@ import secrets as pysecrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -287,6 +288,7 @@ class Bridge:
             node_info=self._node_info,
             generated_token=self.webchat_token is not None,
             first_failure_reported=self.reports_webchat_failure,
+            dedupe_for=timedelta(days=self.config.retention.dedupe_days),
         )
         self.registry.add(
             self.webchat,

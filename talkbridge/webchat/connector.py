@@ -8,26 +8,29 @@ reconnecting page resumes without losing or repeating anything. See docs/webchat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import NotFoundError, StoreError, TransientError
 from talkbridge.ids import unique_id
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.store.base import HistoryEntry
 from talkbridge.webchat.auth import GENERATED_IDENTITY, TokenAuth
 from talkbridge.webchat.protocol import (
@@ -50,7 +53,7 @@ from talkbridge.webchat.protocol import (
 )
 from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
 from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
-from talkbridge.webchat.socket_writes import write_frames
+from talkbridge.webchat.socket_writes import keeping_up, write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
 
 if TYPE_CHECKING:
@@ -114,6 +117,8 @@ class WebchatConnector(BaseConnector):
     frame_rate = 20.0
     frame_burst = 60
     auth_timeout = 10.0
+    slow_socket_bytes = 32 << 20
+    """Bytes waiting to be written to one socket past which it is cut rather than buffered on."""
 
     def __init__(
         self,
@@ -125,6 +130,7 @@ class WebchatConnector(BaseConnector):
         node_info: Callable[[], dict[str, Any]] | None = None,
         generated_token: bool = False,
         first_failure_reported: bool = False,
+        dedupe_for: timedelta = timedelta(days=7),
     ) -> None:
         if not all(tokens) or not (tokens or config.issuer):
             raise ValueError("the webchat needs at least one non-empty token or an issuer")
@@ -151,6 +157,8 @@ class WebchatConnector(BaseConnector):
         """Sockets being closed as their token expired (held so the task is not collected)."""
         self._first_failure_reported = first_failure_reported
         """Whether the caller of `listening` reports a failed first attempt (see `run`)."""
+        self._dedupe_for = dedupe_for
+        """How long the router remembers a message it handled (`retention.dedupe_days`)."""
         self.provide("streaming", self)
         self.provide("activity", self)
         self.provide("history", self)
@@ -207,10 +215,12 @@ class WebchatConnector(BaseConnector):
 
     def _socket_log(self) -> logging.Logger:
         """websockets' logger: a line for every socket and request opened or closed is for
-        debugging, so below debug only its warnings show."""
+        debugging, so below debug only its warnings show (and its frames without tokens)."""
         sockets = self.log.getChild("sockets")
         if sockets.level == logging.NOTSET and not self.log.isEnabledFor(logging.DEBUG):
             sockets.setLevel(logging.WARNING)
+        if not any(isinstance(f, _FrameTokenMask) for f in sockets.filters):
+            sockets.addFilter(_FrameTokenMask())
         return sockets
 
     async def listening(self) -> None:
@@ -446,8 +456,12 @@ class WebchatConnector(BaseConnector):
             if entry is None:  # sent before: hand it over again (the router drops it if it
                 # has it, and takes it if the bridge stopped before handing it over)
                 recorded = await self._recorded(seq, native_id, thread_id)
-                if recorded is not None and not await self._deliver_turn(
-                    ws, self._inbound(recorded, thread_id, session_id)
+                if (
+                    recorded is not None
+                    and self._router_may_know(recorded, native_id)
+                    and not await self._deliver_turn(
+                        ws, self._inbound(recorded, thread_id, session_id)
+                    )
                 ):
                     return
                 ack_text = dumps({**ack, "seq": seq, "duplicate": True})
@@ -469,6 +483,14 @@ class WebchatConnector(BaseConnector):
             if renamed is not None:
                 named = {"type": "conversation", "conversation": renamed.as_frame(session_id)}
                 await self._publish(session_id, named)
+
+    def _router_may_know(self, recorded: HistoryEntry, native_id: str) -> bool:
+        """Whether a resend may be handed to the router again: only while the router still
+        remembers the ids it handled (`retention.dedupe_days`). Later it would take the resend
+        for a new message and answer it twice; a hand-over that failed here is always retried."""
+        if native_id in self._unpublished:
+            return True
+        return utcnow() - recorded.created_at < self._dedupe_for
 
     async def _recorded(self, seq: int, native_id: str, thread_id: str) -> HistoryEntry | None:
         entries = await self.context.store.history(
@@ -594,13 +616,14 @@ class WebchatConnector(BaseConnector):
         text = dumps(frame)
         if then is not None:
             skip, after = then
-            write_frames(skip, (text, after))
+            if self._keeping_up((skip,)):
+                write_frames(skip, (text, after))
         if skip is None:
             self.broadcast_local(session_id, text)
         else:
             sockets = self._sockets.get(session_id)
             if sockets and len(sockets) > 1:
-                broadcast([s for s in sockets if s is not skip], text)
+                broadcast(self._keeping_up(s for s in sockets if s is not skip), text)
         if self._fanout is not None:
             await self._fanout.publish(session_id, text)
 
@@ -608,7 +631,13 @@ class WebchatConnector(BaseConnector):
         """Write a frame to this process's sockets of a session."""
         sockets = self._sockets.get(session_id)
         if sockets:
-            broadcast(sockets, text)
+            broadcast(self._keeping_up(sockets), text)
+
+    def _keeping_up(self, sockets: Iterable[ServerConnection]) -> list[ServerConnection]:
+        """`sockets` but those that stopped reading (cut: they resume from history). A history
+        answer is written whole, so a page is never cut while it reads the largest one."""
+        largest_answer = 2 * self.config.history_limit * self.config.max_frame_bytes
+        return keeping_up(sockets, max(self.slow_socket_bytes, largest_answer), self.log)
 
     # ---- Talk --------------------------------------------------------------------------------
 
@@ -700,6 +729,35 @@ class WebchatConnector(BaseConnector):
         """Close every chat socket (pages reconnect and resume); the server keeps listening."""
         sockets = [ws for group in self._sockets.values() for ws in group]
         await asyncio.gather(*(ws.close(code, reason) for ws in sockets))
+
+
+class _FrameTokenMask(logging.Filter):
+    """websockets logs each frame at debug cut to its first 46 and last 24 characters: an auth
+    frame with the token last (`{"type":"auth","session_id":…,"token":…}`) showed the end of
+    the token without its key, so no pattern could mask it. The token goes before the cut."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "< %s" and isinstance(record.args, tuple):
+            record.args = tuple(
+                _token_masked(a) if isinstance(a, Frame) else a for a in record.args
+            )
+        return True
+
+
+def _token_masked(frame: Frame) -> Frame:
+    """A frame a client sent, as it may be logged: a token in it replaced by `***`."""
+    if frame.opcode is Opcode.CONT or (frame.opcode is Opcode.TEXT and not frame.fin):
+        return dataclasses.replace(frame, data=b"(part of a fragmented frame; not shown)")
+    if frame.opcode is not Opcode.TEXT:
+        return frame
+    try:
+        raw = json.loads(bytes(frame.data))
+    except (ValueError, RecursionError):
+        return frame
+    if not isinstance(raw, dict) or "token" not in raw:
+        return frame
+    masked = json.dumps({**raw, "token": "***"}).encode()  # ASCII: a lone surrogate too
+    return dataclasses.replace(frame, data=masked)
 
 
 def _listen_error(host: str, port: int, exc: OSError) -> str:

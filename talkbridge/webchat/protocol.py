@@ -159,12 +159,15 @@ def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
         raise FrameError("bad_frame", "frames must be JSON text, not binary")
     try:
         raw = json.loads(data)
+        lone_surrogate = ("\\ud" in data or "\\uD" in data) and not _encodable(raw)
     except json.JSONDecodeError as exc:
         raise FrameError("bad_frame", f"frame is not valid JSON: {exc.msg}") from None
+    except RecursionError:  # `[[[…]]]` a thousand deep: valid JSON, yet no frame is that deep
+        raise FrameError("bad_frame", "frame is nested too deeply to be a frame") from None
     if not isinstance(raw, dict):
         raise FrameError("bad_frame", "a frame must be a JSON object with a 'type'")
     ids = frame_ids(raw)
-    if ("\\ud" in data or "\\uD" in data) and not _encodable(raw):
+    if lone_surrogate:
         raise FrameError(
             "bad_frame",
             "the frame holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "

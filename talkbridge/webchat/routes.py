@@ -13,9 +13,7 @@ import html
 import http
 import json
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
-from http.cookies import CookieError, SimpleCookie
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -68,12 +66,18 @@ def token_cookie_name(headers: Headers) -> str:
 
 
 def cookie_token(headers: Headers) -> str:
-    """The token a visit of the link left in this port's cookie ('' when none)."""
-    jar: SimpleCookie = SimpleCookie()
-    with suppress(CookieError):
-        jar.load(headers.get("Cookie", ""))
+    """The token a visit of the link left in this port's cookie ('' when none).
+
+    Read pair by pair, not with `SimpleCookie`: every port of a host shares its cookies, and
+    at the first one it cannot parse (another app's JSON value, a space, an accented letter,
+    all of which browsers keep) it stops, so the token cookie after it went unseen.
+    """
     name = token_cookie_name(headers)
-    return unquote(jar[name].value) if name in jar else ""
+    for pair in headers.get("Cookie", "").split(";"):
+        key, equals, value = pair.partition("=")
+        if equals and key.strip() == name:
+            return unquote(value.strip())
+    return ""
 
 
 def foreign_origin(headers: Headers) -> str | None:

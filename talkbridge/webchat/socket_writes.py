@@ -9,7 +9,8 @@ way websockets' own `broadcast` does; with a websockets that lacks those, it fal
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Iterable, Sequence
 
 from websockets.asyncio.server import ServerConnection, broadcast
 from websockets.protocol import State
@@ -40,4 +41,24 @@ def write_frames(ws: ServerConnection, texts: Sequence[str]) -> None:
             ws.transport.close()
 
 
-__all__ = ["write_frames"]
+def keeping_up(
+    sockets: Iterable[ServerConnection], limit: int, log: logging.Logger
+) -> list[ServerConnection]:
+    """The sockets with at most `limit` bytes still waiting to be written; the others are cut.
+
+    Frames are written without waiting, so a socket whose reader stopped (a client that never
+    reads, a phone whose network died without a close) would hold every frame of its session
+    in memory, without end. Cut, it gets nothing more here; its page reconnects and resumes
+    from history, which holds every message.
+    """
+    kept: list[ServerConnection] = []
+    for ws in sockets:
+        if ws.transport.get_write_buffer_size() <= limit:
+            kept.append(ws)
+        elif not ws.transport.is_closing():
+            log.info("webchat: cut a socket that stopped reading (over %d bytes unsent)", limit)
+            ws.transport.abort()
+    return kept
+
+
+__all__ = ["keeping_up", "write_frames"]

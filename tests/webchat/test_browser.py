@@ -13,6 +13,7 @@ import pytest
 
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig
+from talkbridge.errors import StoreError
 from talkbridge.message import OutboundMessage
 from tests.conftest import require
 from tests.webchat.conftest import (
@@ -327,6 +328,33 @@ async def test_resuming_many_threads_past_the_rate_limit_loses_none(
         await expect(page.locator(".msg .bubble")).to_have_text(
             [f"topic {n}", f"echo: topic {n}", f"said while away {n}"]
         )
+
+
+async def test_a_resume_the_server_failed_on_is_asked_again_and_loses_nothing(
+    webchat: Webchat, context: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = await open_chat(context, webchat)
+    await say(page, "before")
+    await expect(page.locator(".msg .bubble")).to_have_text(["before", "echo: before"])
+    store = webchat.connector.context.store
+    history = store.history
+    failures = [StoreError("redis store at 127.0.0.1:6379/0: Connection refused")]
+
+    async def down_once(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()  # the store blinks: an internal error, "send it again"
+        return await history(*args, **kwargs)
+
+    monkeypatch.setattr(store, "history", down_once)
+    await webchat.connector.close_sockets()
+    thread_id = webchat.echo.turns[0].thread_id
+    await webchat.connector.send(OutboundMessage(thread_id=thread_id, text="said while away"))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    # The page's resume failed once; it was dropped, and this message never showed.
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["before", "echo: before", "said while away"]
+    )
+    assert failures == []
 
 
 async def test_a_connection_that_stops_answering_is_dropped_and_made_again(

@@ -119,6 +119,24 @@ async def test_the_page_socket_logs_in_with_the_links_cookie(webchat: Webchat) -
 
 
 @pytest.mark.parametrize(
+    "other",
+    ['prefs={"theme":"dark"}', "name=Ada Lovelace", "city=Zürich", 'q="open'],
+)
+async def test_another_sites_odd_cookie_does_not_hide_the_token_cookie(
+    webchat: Webchat, other: str
+) -> None:
+    # Every port of a host shares its cookies: another app's (JSON, spaces, non-ASCII, as
+    # browsers keep them) comes first in the header, and the token cookie was not read at all.
+    cookie = f"{other}; talkbridge_token_{webchat.port}={quote(TOKEN_A)}".encode()
+    headers = {"Cookie": cookie.decode("latin-1")}
+    async with aiohttp.ClientSession() as http, http.get(f"{webchat.http}/", headers=headers) as r:
+        assert r.status == 200 and "<title>talkbridge</title>" in await r.text()
+    async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+        await ws.send(json.dumps({"type": "auth"}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+
+
+@pytest.mark.parametrize(
     ("origin", "accepted"),
     [
         ("http://127.0.0.1:{port}", True),  # the page itself

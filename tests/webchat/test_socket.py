@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -175,6 +176,8 @@ async def test_seqs_that_no_store_holds_are_a_bad_frame_not_a_crash(webchat: Web
         (json.dumps({"type": 5}), "bad_frame", "'type' must be a string"),
         (json.dumps({"type": "send", "text": "hi"}), "bad_frame", "thread_id: Field required"),
         (b"\x00\x01", "bad_frame", "not binary"),
+        ("[" * 2000 + "]" * 2000, "bad_frame", "nested too deeply"),  # was internal + traceback
+        ('{"type":"ping","x":' + "[" * 1990 + "]" * 1990 + "}", "bad_frame", "nested too deeply"),
         (
             json.dumps({"type": "send", "thread_id": "abc", "client_id": "c1", "text": "hi"}),
             "bad_frame",
@@ -241,6 +244,18 @@ async def test_auth_must_come_first(webchat: Webchat) -> None:
     await client.send({"type": "ping"})
     error = await client.recv()
     assert error["code"] == "unauthorized" and "first frame must be auth" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(client.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+
+
+async def test_a_deeply_nested_first_frame_is_refused_with_4401_not_a_crash(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.client()
+    await client.send("[" * 2000 + "]" * 2000)  # the socket used to close with 1011, no frame
+    error = await client.recv()
+    assert error["code"] == "unauthorized" and "nested too deeply" in error["message"]
     with pytest.raises(ConnectionClosed) as closed:
         await asyncio.wait_for(client.ws.recv(), TIMEOUT)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
@@ -610,3 +625,46 @@ async def test_a_long_frame_dropped_by_the_rate_limit_is_still_named(
     error = await client.expect("error")
     assert error["code"] == "rate_limited" and error["client_id"] == "long"
     assert error["thread_id"] == client.thread_id
+
+
+async def test_a_socket_that_stops_reading_is_cut_instead_of_buffered_without_end(
+    start_webchat: StartWebchat,
+) -> None:
+    chat = await start_webchat(history_limit=1)
+    chat.connector.slow_socket_bytes = 64 * 1024
+    stalled = await chat.authed()
+    stalled.ws.transport.pause_reading()  # a tab whose network died without a close
+    thread = stalled.thread_id
+    big = "x" * (1 << 20)
+    for n in range(1, 65):  # far more than the kernel's socket buffers take
+        await chat.connector.send(OutboundMessage(thread_id=thread, text=f"{n} {big}"))
+        if chat.connector.socket_count() == 0:
+            break
+    # It was buffering every frame of its session in the server's memory, without end.
+    assert chat.connector.socket_count() == 0
+    stalled.ws.transport.resume_reading()
+    with pytest.raises(ConnectionClosed):
+        while True:
+            await asyncio.wait_for(stalled.ws.recv(), TIMEOUT)
+    # The page reconnects and resumes from history: nothing is lost.
+    again = await chat.authed(session_id=stalled.session_id)
+    await again.send({"type": "history", "thread_id": thread, "after_seq": n - 1})
+    [last] = (await again.expect("history"))["messages"]
+    assert last["seq"] == n and last["text"].startswith(f"{n} ")
+
+
+async def test_a_token_in_a_frame_never_reaches_the_debug_log(
+    start_webchat: StartWebchat, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="test.webchat")
+    caplog.set_level(logging.DEBUG, logger="test.webchat.webchat.sockets")
+    chat = await start_webchat()
+    signed = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJlLXRhaWwtc2VjcmV0"
+    for token in (TOKEN_A, signed):
+        client = await chat.client()
+        # The token last: websockets' debug line keeps a frame's end, without the key.
+        await client.send('{"type":"auth","session_id":"' + "f" * 32 + f'","token":"{token}"}}')
+        await client.recv()
+        await client.ws.close()
+    assert '< TEXT \'{"type":' in caplog.text.replace(": ", ":")  # the frames are logged
+    assert TOKEN_A[-10:] not in caplog.text and signed[-10:] not in caplog.text

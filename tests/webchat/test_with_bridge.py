@@ -112,6 +112,40 @@ async def test_a_message_recorded_but_never_handed_over_is_answered_when_sent_ag
     ]
 
 
+async def test_a_resend_after_the_dedupe_ids_are_forgotten_makes_no_second_turn(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+            "retention": {"dedupe_days": 0.1 / 86400, "sweep_every": 0.05},  # 0.1 s
+        }
+    )
+    caplog.set_level("INFO", logger="talkbridge.store")
+    bridge = Bridge(config)
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready):
+            thread = ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "once"}
+            await ws.send(json.dumps(send))
+            await _until(ws, _answer)
+            while "forgot 1 dedupe id" not in caplog.text:  # the router forgot it handled c1
+                bridge.swept.clear()
+                await asyncio.wait_for(bridge.swept.wait(), TIMEOUT)
+            # Its ack was lost, and the page's outbox sends it again (a laptop reopened later).
+            await ws.send(json.dumps(send))
+            [ack] = await _until(ws, lambda f: f["type"] in ("ack", "error"))
+            assert ack["type"] == "ack" and ack["duplicate"] is True, ack
+            await ws.send(json.dumps({**send, "client_id": "c2", "text": "next"}))
+            await _until(ws, _answer)  # a thread runs its turns in order: a second one came first
+        texts = [e.text for e in await bridge.store.history(f"webchat\x1f{thread}")]
+        assert texts == ["once", "once", "next", "next"]
+    finally:
+        await bridge.stop()
+
+
 async def test_healthz_shows_the_store_and_a_store_that_is_gone_degrades_it(
     bridge: Bridge, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -174,7 +174,8 @@ function send(frame) {
 }
 
 // History requests under way by ref: one the rate limit dropped (a page resuming many threads
-// at once after a reconnect) is asked again when the server says, not lost.
+// at once after a reconnect) or the server failed on (its store blinked) is asked again when
+// the server says, not lost: a resume that is never answered leaves out what came meanwhile.
 const historyAsked = new Map();
 let historyRefs = 0;
 function askHistory(frame) {
@@ -186,7 +187,7 @@ function askHistory(frame) {
 function askHistoryAgain(frame) {
   const asked = frame.ref && historyAsked.get(frame.ref);
   if (!asked) return false;
-  if (frame.code === "rate_limited") {
+  if (frame.code === "rate_limited" || frame.code === "internal") {
     const wait = Math.max(0.1, Number(frame.retry_after) || 1) * 1000;
     const ws = state.ws;
     setTimeout(() => {
