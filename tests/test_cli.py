@@ -569,6 +569,11 @@ _BROKEN = {
         {},
         "store: unsupported URL scheme 'postgres'",
     ),
+    "a redis store URL with a parameter redis-py does not take": (
+        'store: "redis://:pw@127.0.0.1:1/0?sockettimeout=5"\n',
+        {},
+        "store: the redis URL has a parameter 'sockettimeout' the redis client does not take",
+    ),
 }
 
 
