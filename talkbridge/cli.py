@@ -348,7 +348,11 @@ async def _check_store(store: Store, url: str, timeout: float) -> bool:
     file = sqlite_file(url)
     ok, detail = True, "opened and read"
     if file is not None and not file.exists():
-        detail = "not created yet: the first run creates it"
+        blocked = _uncreatable(file)
+        ok = blocked is None
+        detail = (
+            "not created yet: the first run creates it" if ok else f"cannot be created: {blocked}"
+        )
     else:
         try:
             async with asyncio.timeout(timeout):
@@ -360,6 +364,19 @@ async def _check_store(store: Store, url: str, timeout: float) -> bool:
             ok, detail = False, str(exc)
     _console.out(f"{'ok  ' if ok else 'FAIL'}  store  {public_url(url)}  {detail}")
     return ok
+
+
+def _uncreatable(file: Path) -> str | None:
+    """Why the first run could not create the SQLite `file` (a file where its folder would be,
+    a folder it may not write in), found without creating anything; None when it could."""
+    folder = file.parent
+    while not folder.exists():  # the run creates the missing folders, in the nearest existing one
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
 
 
 async def _check_connections(bridge: Bridge, timeout: float) -> bool:

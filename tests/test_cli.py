@@ -266,6 +266,26 @@ async def test_check_with_only_the_webchat(tmp_path: Path) -> None:
     assert code == 0 and "config: ok" in out and "no connections to check" in out
 
 
+async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
+    tmp_path: Path,
+) -> None:
+    """`check` creates no store, but it must not call one `ok` that `run` then cannot open."""
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///talkbridge.yaml/bridge.db\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 1, err
+    assert (
+        f"FAIL  store  sqlite:///{tmp_path}/talkbridge.yaml/bridge.db  cannot be created: "
+        f"{tmp_path}/talkbridge.yaml is a file, not a folder"
+    ) in out
+    code, _, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+    assert code == 1 and "cannot open the sqlite store" in err, err
+
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///new/folder/bridge.db\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0 and "not created yet: the first run creates it" in out, err
+    assert not (tmp_path / "new").exists()
+
+
 # -- the review's findings: each test failed on the code before its fix ----------------------------
 
 
