@@ -96,6 +96,23 @@ def http_base_url(value: str, example: str) -> str:
     return value
 
 
+def without_login(value: str, sender: str) -> str:
+    """An http(s) base URL whose requests carry a token in their Authorization header (`sender`
+    names the API) cannot also log in with a `user:password@`: HTTP has one such header, and the
+    client refuses the request. Refused here, not at every request; the value is not quoted."""
+    if has_login(value):
+        raise ValueError(
+            f"cannot hold a user:password@: requests to {sender} carry the token in their "
+            "Authorization header, which a login in the URL needs too"
+        )
+    return value
+
+
+def has_login(value: str) -> bool:
+    """Whether an http(s) URL holds a `user:password@` (or just a `user@`)."""
+    return "@" in urlsplit(value).netloc
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -327,6 +344,11 @@ class AgentSpec(_Model):
             raise ValueError(f"give {_AGENT_NEEDS[key]}")
         if key == "base_url":
             return http_base_url(value, "https://api.openai.com/v1")
+        if key == "api_key" and value is not None and has_login(info.data.get("base_url") or ""):
+            raise ValueError(
+                "cannot be used with a base_url holding a user:password@: both go in the "
+                "Authorization header, and a request has one"
+            )
         return value
 
 

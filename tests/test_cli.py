@@ -266,6 +266,36 @@ async def test_check_with_only_the_webchat(tmp_path: Path) -> None:
     assert code == 0 and "config: ok" in out and "no connections to check" in out
 
 
+async def test_a_login_in_a_url_whose_requests_carry_a_token_header_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    """Slack's, Discord's and an openai agent's requests carry their token in the Authorization
+    header, so a proxy login in the URL could never work: aiohttp refuses each request."""
+    login = "http://proxyuser:proxy-pw-77@127.0.0.1:1"
+    (tmp_path / "talkbridge.yaml").write_text(
+        "agents:\n  definitions:\n"
+        f"    ai: {{kind: openai, base_url: '{login}/v1', model: m, api_key: sk-abcd}}\n"
+        "connections:\n"
+        f"  - {{id: sl, channel: slack, bot_token: xoxb-1-2, app_token: xapp-1-2, "
+        f"api_base: '{login}/api/'}}\n"
+        f"  - {{id: dc, channel: discord, token: abc.def.ghi, api_base: '{login}/api/v10'}}\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2, out + err
+    assert "connections[0].api_base: cannot hold a user:password@: requests to Slack's" in err
+    assert "connections[1].api_base: cannot hold a user:password@: requests to Discord's" in err
+    assert "agents.definitions.ai.api_key: cannot be used with a base_url holding a" in err
+    assert "proxy-pw-77" not in out + err
+
+    (tmp_path / "talkbridge.yaml").write_text(  # the login alone, or in a Bot API's path: fine
+        f"agents: {{definitions: {{ai: {{kind: openai, base_url: '{login}/v1', model: m}}}}}}\n"
+        f"connections: [{{id: tg, channel: telegram, token: '1:x', api_base: '{login}'}}]\n"
+    )
+    code, out, err = await finish(await talkbridge("check", "--timeout", "5", cwd=tmp_path))
+    assert "config: ok (1 connection(s))" in out, err
+    assert "proxy-pw-77" not in out + err
+
+
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
     tmp_path: Path,
 ) -> None:
