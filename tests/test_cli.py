@@ -146,6 +146,32 @@ async def test_a_second_run_on_the_same_port_says_one_fatal_line_and_no_warning(
     ]
 
 
+async def test_a_second_run_on_the_same_sqlite_store_stops_at_start_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    """A second bridge on one SQLite file would take the first's messages under way for left
+    over from a crash, and answer them again."""
+    first = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    try:
+        await _url_of(first)
+        code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+        assert code == 1 and "http://" not in out, err
+        assert err == (
+            "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
+            f"(pid {first.pid}): a SQLite store serves one bridge at a time (several share a "
+            "redis:// store)\n"
+        )
+        code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+        assert code == 0 and out == "no pending pairings\n", err  # the store's commands work
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert (await finish(first))[0] == 0
+    again = await talkbridge("run", "--port", "0", cwd=tmp_path)  # the lock went with it
+    await _url_of(again)
+    again.send_signal(signal.SIGINT)
+    assert (await finish(again))[0] == 0
+
+
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
     assert code == 2 and "http://" not in out
