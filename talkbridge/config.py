@@ -582,6 +582,8 @@ def parse_config(
         raise ConfigError(
             f"{where}the config file must be a mapping of keys (store, webchat, connections…)"
         )
+    # A section left empty (`webchat:` with each line under it commented out) is not given.
+    data = {key: value for key, value in data.items() if value is not None}
     if only is not None:
         data = {key: value for key, value in data.items() if key in only}
     unset: list[str] = []

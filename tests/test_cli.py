@@ -322,6 +322,19 @@ async def test_a_login_in_a_url_whose_requests_carry_a_token_header_is_a_config_
     assert "proxy-pw-77" not in out + err
 
 
+async def test_a_section_whose_lines_are_all_commented_out_keeps_its_defaults(
+    tmp_path: Path,
+) -> None:
+    """Every key is optional, and `connections:` left empty was fine: so is any other section."""
+    (tmp_path / "talkbridge.yaml").write_text(
+        "store:\nwebchat:\n  # port: 8765\nagents:\n  # default: echo\nhooks:\n"
+        "  # - hooks/channel-message/keyword-router\nrouter:\nconnections:\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0 and "config: ok (0 connection(s))" in out, err
+    assert f"sqlite:///{tmp_path}/talkbridge.db" in out
+
+
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
     tmp_path: Path,
 ) -> None:
