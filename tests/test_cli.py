@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import websockets
+from aiohttp import web
 
 import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
@@ -24,7 +25,7 @@ from talkbridge.config import ConnectionConfig, load_config
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
-from tests.peers.http import free_port
+from tests.peers.http import free_port, serve
 from tests.peers.redis import redis_url
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
@@ -333,6 +334,43 @@ async def test_a_section_whose_lines_are_all_commented_out_keeps_its_defaults(
     code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
     assert code == 0 and "config: ok (0 connection(s))" in out, err
     assert f"sqlite:///{tmp_path}/talkbridge.db" in out
+
+
+async def test_check_tries_every_connection_at_once(tmp_path: Path) -> None:
+    """Several unreachable connections cost one `--timeout` in all, not one each: this Bot API
+    answers no bot until all three ask at once, so checks made one by one each time out."""
+    asked: set[str] = set()
+    all_asked = asyncio.Event()
+
+    async def get_me(request: web.Request) -> web.Response:
+        asked.add(request.match_info["token"])
+        if len(asked) == 3:
+            all_asked.set()
+        await all_asked.wait()
+        bot = {"id": len(request.match_info["token"]), "is_bot": True, "first_name": "b"}
+        return web.json_response({"ok": True, "result": {**bot, "username": "bot"}})
+
+    app = web.Application()
+    app.router.add_post("/bot{token}/getMe", get_me)
+    runner, port = await serve(app)
+    try:
+        (tmp_path / "talkbridge.yaml").write_text(
+            "connections:\n"
+            + "".join(
+                f"  - {{id: b{n}, channel: telegram, token: '{n}:x', "
+                f"api_base: 'http://127.0.0.1:{port}'}}\n"
+                for n in (1, 2, 3)
+            )
+        )
+        code, out, err = await finish(await talkbridge("check", "--timeout", "15", cwd=tmp_path))
+    finally:
+        await runner.cleanup()
+    assert code == 0, out + err
+    assert [line.split()[:2] for line in out.splitlines()[2:]] == [
+        ["ok", "b1"],
+        ["ok", "b2"],
+        ["ok", "b3"],
+    ]
 
 
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
