@@ -34,8 +34,9 @@ from pydantic_core import ErrorDetails
 from talkbridge.errors import ConfigError
 
 _CONNECTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ENV_REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_REF = re.compile(r"(\$?)\$\{([^}]*)\}")
 """`${NAME}`, or `$${NAME}`: the text `${NAME}` itself (in a prompt, say)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLAIN_KEYS = frozenset({"host", "port", "id", "channel", "folder", "mode", "security"})
 """Keys whose `${NAME}` values are not secrets: an error about them shows the value (which
 port is in use), and the value is not blanked out of every other line either."""
@@ -455,8 +456,8 @@ def _substitute(
 ) -> Any:
     """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
     it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion.
-    Variables that are not set are listed in `unset` (all of them, not just the first), or
-    raise at once without it."""
+    Variables that are not set, and `${...}` that name none, are listed in `unset` (all of
+    them, not just the first), or raise at once without it."""
     if isinstance(value, dict | list):
         if id(value) in inside:
             raise ConfigError(
@@ -465,16 +466,23 @@ def _substitute(
         inside = inside | {id(value)}
     if isinstance(value, str):
 
+        def missing(problem: str) -> str:
+            if unset is None:
+                raise ConfigError(problem)
+            unset.append(problem)
+            return ""
+
         def env(match: re.Match[str]) -> str:
             escaped, name = match.groups()
             if escaped:
                 return "${" + name + "}"
+            if not _ENV_NAME.fullmatch(name):  # `${TOKEN:-x}`, taken as is, was a password
+                return missing(
+                    f"{path}: a ${{...}} that is no environment variable name (letters, digits "
+                    "and _; there are no defaults such as ${NAME:-x}); $${...} is the text itself"
+                )
             if name not in os.environ:
-                problem = f"{path}: environment variable {name} is not set"
-                if unset is None:
-                    raise ConfigError(problem)
-                unset.append(problem)
-                return ""
+                return missing(f"{path}: environment variable {name} is not set")
             if path.rpartition(".")[2] not in PLAIN_KEYS:
                 secrets.add(os.environ[name])
             return os.environ[name]

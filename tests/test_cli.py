@@ -373,6 +373,25 @@ async def test_check_tries_every_connection_at_once(tmp_path: Path) -> None:
     ]
 
 
+async def test_a_reference_with_a_shell_default_is_an_error_not_a_literal_token(
+    tmp_path: Path,
+) -> None:
+    """`${WEBCHAT_TOKEN:-x}` names no variable: taken as is, that text was the token, and the
+    bridge ran with a password anyone reading the file knew."""
+    (tmp_path / "talkbridge.yaml").write_text(
+        'webchat: {tokens: ["${WEBCHAT_TOKEN:-changeme-pw}"]}\n'
+        'agents: {definitions: {a: {kind: openai, base_url: "http://127.0.0.1:1/v1", model: m, '
+        'system_prompt: "Write $${NAME:-x} as is"}}}\n'
+    )
+    for command in (("check",), ("run", "--port", "0")):
+        code, out, err = await finish(await talkbridge(*command, cwd=tmp_path))
+        assert code == 2 and "http://" not in out, err
+        assert err.splitlines()[1:] == [
+            "  webchat.tokens[0]: a ${...} that is no environment variable name (letters, "
+            "digits and _; there are no defaults such as ${NAME:-x}); $${...} is the text itself"
+        ]
+
+
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
     tmp_path: Path,
 ) -> None:
