@@ -767,6 +767,14 @@ async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
     return code
 
 
+def _stdout_to_devnull() -> None:
+    """After a reader closed our stdout: what is still buffered, flushed at exit, would raise
+    again ("Exception ignored … BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -787,6 +795,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         _console.err(f"talkbridge {args.command}: interrupted")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `talkbridge pair list | head -1`: the reader has had enough
+        _stdout_to_devnull()
+        return EXIT_RUNTIME
     except Exception:  # a bug: its traceback, still without the secrets
         _console.err(f"talkbridge: internal error:\n{traceback.format_exc().rstrip()}")
         return EXIT_RUNTIME

@@ -392,6 +392,27 @@ async def test_a_reference_with_a_shell_default_is_an_error_not_a_literal_token(
         ]
 
 
+async def test_a_reader_that_closed_the_output_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`talkbridge check | head -1`: the lines nobody reads are no internal error."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "talkbridge",
+            "check",
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    finally:
+        os.close(write_end)
+    assert process.stderr is not None
+    err = (await asyncio.wait_for(process.stderr.read(), 60)).decode()
+    assert await process.wait() == 1 and err == "", err
+
+
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
     tmp_path: Path,
 ) -> None:
