@@ -602,10 +602,11 @@ def parse_config(
     if unset:  # the values they stand for are missing: checking those would only add noise
         raise ConfigError(invalid_config(unset, source))
     raw_connections = data.pop("connections", None) or []
-    if not isinstance(raw_connections, list):
-        raise ConfigError("connections: must be a list of connections")
     connections: list[ConnectionConfig] = []
     problems: list[str] = []
+    if not isinstance(raw_connections, list):  # named with the file and the other problems
+        problems.append("connections: must be a list of connections")
+        raw_connections = []
     for index, raw in enumerate(raw_connections):
         where = f"connections[{index}]"
         if not isinstance(raw, dict):

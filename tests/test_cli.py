@@ -234,6 +234,19 @@ async def test_bad_config_exits_2_naming_the_key_and_hiding_secrets(tmp_path: Pa
         assert "s3cr3t" not in err + out and "AAAAAAAA" not in err + out
 
 
+async def test_connections_that_are_no_list_are_named_with_the_file_and_the_rest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "talkbridge.yaml").write_text("connections: {id: bot}\nwebchat: {port: x}\n")
+    code, _, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2
+    assert err.splitlines() == [
+        "talkbridge: invalid config (talkbridge.yaml):",
+        "  connections: must be a list of connections",
+        "  webchat.port: must be a valid integer, unable to parse string as an integer",
+    ]
+
+
 async def test_missing_config_file_and_unknown_command(tmp_path: Path) -> None:
     code, _, err = await finish(await talkbridge("run", "--config", "nope.yaml", cwd=tmp_path))
     assert code == 2 and "nope.yaml" in err
