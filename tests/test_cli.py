@@ -426,6 +426,30 @@ async def test_a_reader_that_closed_the_output_early_gets_no_traceback(tmp_path:
     assert await process.wait() == 1 and err == "", err
 
 
+async def test_check_names_an_empty_answer_from_a_wrong_api_base(tmp_path: Path) -> None:
+    """A proxy's bare 404 (no body) was "not JSON (a proxy's error page?): " and then nothing."""
+
+    async def bare_404(_: web.Request) -> web.Response:
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", bare_404)
+    runner, port = await serve(app)
+    try:
+        (tmp_path / "talkbridge.yaml").write_text(
+            f"connections: [{{id: b, channel: telegram, token: '1:x', "
+            f"api_base: 'http://127.0.0.1:{port}'}}]\n"
+        )
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    finally:
+        await runner.cleanup()
+    assert code == 1, err
+    assert out.splitlines()[-1] == (
+        "FAIL  b  telegram  the Bot API answered with an empty body, not JSON (a proxy's error "
+        "page, a wrong api_base?)"
+    )
+
+
 async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
     tmp_path: Path,
 ) -> None:
