@@ -778,6 +778,11 @@ _BROKEN = {
         {},
         "store: the redis URL has a parameter 'sockettimeout' the redis client does not take",
     ),
+    "a redis store URL with a parameter value redis-py refuses": (
+        'store: "redis://:pw@127.0.0.1:1/0?protocol=9"\n',
+        {},
+        "store: the redis URL is not valid: protocol must be either 2 or 3",
+    ),
 }
 
 

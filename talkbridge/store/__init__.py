@@ -158,10 +158,13 @@ def _check_redis_parameters(url: str) -> None:
     connection class, which refuses it only at the first command: a traceback at start. The
     connection is built here (it opens nothing) so the parameter is named now, not its value."""
     from redis.asyncio import ConnectionPool
+    from redis.exceptions import RedisError
 
     try:
         pool = ConnectionPool.from_url(url)
         pool.connection_class(**pool.connection_kwargs)
+    except RedisError as exc:  # a value it refuses (`?protocol=9`), named in its own words
+        raise ConfigError(f"store: the redis URL is not valid: {exc}") from None
     except TypeError as exc:
         found = _UNKNOWN_ARGUMENT.search(str(exc))
         name = found.group(1) if found else ""
