@@ -121,7 +121,7 @@ class Bridge:
         self._stopping = False
         """Set while `stop` drains: /healthz says so (503)."""
         # durable hooks (issue 5): register handlers on `bridge.durable` before start
-        self.durable = DurableHooks(self.store, app_id)
+        self.durable = DurableHooks(self.store, app_id, redact=self.secrets.redact)
         self.typing = TypingIndicators(self.secrets.redact)
         self._sweeper: asyncio.Task[None] | None = None
         self.abandoned_turns = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import ipaddress
 import logging
 import math
@@ -19,7 +20,7 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -171,6 +172,7 @@ async def _run(args: argparse.Namespace) -> int:
             )
             await bridge.stop()
             return EXIT_INTERRUPTED
+        _lock_sqlite_store(config.store)
         await bridge.start()  # goes on with the store open
     except OSError as exc:
         return await _give_up(bridge, f"cannot start: {exc}")
@@ -213,6 +215,41 @@ async def _run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(EXIT_OK)
     return EXIT_OK
+
+
+_held_locks: list[IO[str]] = []
+"""The SQLite store's lock `run` took: kept open, so held, until the process ends."""
+
+
+def _lock_sqlite_store(url: str) -> None:
+    """Make this run the only one on its SQLite store (other stores have nodes): a second run
+    would answer again every message the first has under way (it takes them for left over
+    from a crash) and number the same conversations' messages on its own. The lock, on a
+    `.lock` file beside the database, goes with the process, however it ends."""
+    from talkbridge.store import public_url, sqlite_file
+
+    file = sqlite_file(url)
+    if file is None:
+        return
+    try:
+        lock = open(f"{file}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held till exit
+    except OSError as exc:
+        raise StoreError(f"cannot open {file}.lock: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        raise StoreError(
+            f"the store {public_url(url)} is in use by another talkbridge run"
+            + (f" (pid {holder})" if holder.isdigit() else "")
+            + ": a SQLite store serves one bridge at a time (several share a redis:// store)"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    _held_locks.append(lock)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
@@ -355,7 +392,11 @@ async def _check_store(store: Store, url: str, timeout: float) -> bool:
     file = sqlite_file(url)
     ok, detail = True, "opened and read"
     if file is not None and not file.exists():
-        detail = "not created yet: the first run creates it"
+        blocked = _uncreatable(file)
+        ok = blocked is None
+        detail = (
+            "not created yet: the first run creates it" if ok else f"cannot be created: {blocked}"
+        )
     else:
         try:
             async with asyncio.timeout(timeout):
@@ -367,6 +408,19 @@ async def _check_store(store: Store, url: str, timeout: float) -> bool:
             ok, detail = False, str(exc)
     _console.out(f"{'ok  ' if ok else 'FAIL'}  store  {public_url(url)}  {detail}")
     return ok
+
+
+def _uncreatable(file: Path) -> str | None:
+    """Why the first run could not create the SQLite `file` (a file where its folder would be,
+    a folder it may not write in), found without creating anything; None when it could."""
+    folder = file.parent
+    while not folder.exists():  # the run creates the missing folders, in the nearest existing one
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
 
 
 async def _check_connections(bridge: Bridge, timeout: float) -> bool:
@@ -741,6 +795,14 @@ async def _interruptible(command: Coroutine[Any, Any, int]) -> int:
     return code
 
 
+def _stdout_to_devnull() -> None:
+    """After a reader closed our stdout: what is still buffered, flushed at exit, would raise
+    again ("Exception ignored … BrokenPipeError")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -761,6 +823,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         _console.err(f"talkbridge {args.command}: interrupted")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `talkbridge pair list | head -1`: the reader has had enough
+        _stdout_to_devnull()
+        return EXIT_RUNTIME
     except Exception:  # a bug: its traceback, still without the secrets
         _console.err(f"talkbridge: internal error:\n{traceback.format_exc().rstrip()}")
         return EXIT_RUNTIME

@@ -34,8 +34,9 @@ from pydantic_core import ErrorDetails
 from talkbridge.errors import ConfigError
 
 _CONNECTION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_ENV_REF = re.compile(r"(\$?)\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_ENV_REF = re.compile(r"(\$?)\$\{([^}]*)\}")
 """`${NAME}`, or `$${NAME}`: the text `${NAME}` itself (in a prompt, say)."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLAIN_KEYS = frozenset({"host", "port", "id", "channel", "folder", "mode", "security"})
 """Keys whose `${NAME}` values are not secrets: an error about them shows the value (which
 port is in use), and the value is not blanked out of every other line either."""
@@ -94,6 +95,23 @@ def http_base_url(value: str, example: str) -> str:
     except ValueError:
         raise ValueError(f"{wrong}: its port is not a port number (1-65535)") from None
     return value
+
+
+def without_login(value: str, sender: str) -> str:
+    """An http(s) base URL whose requests carry a token in their Authorization header (`sender`
+    names the API) cannot also log in with a `user:password@`: HTTP has one such header, and the
+    client refuses the request. Refused here, not at every request; the value is not quoted."""
+    if has_login(value):
+        raise ValueError(
+            f"cannot hold a user:password@: requests to {sender} carry the token in their "
+            "Authorization header, which a login in the URL needs too"
+        )
+    return value
+
+
+def has_login(value: str) -> bool:
+    """Whether an http(s) URL holds a `user:password@` (or just a `user@`)."""
+    return "@" in urlsplit(value).netloc
 
 
 class _Model(BaseModel):
@@ -327,6 +345,11 @@ class AgentSpec(_Model):
             raise ValueError(f"give {_AGENT_NEEDS[key]}")
         if key == "base_url":
             return http_base_url(value, "https://api.openai.com/v1")
+        if key == "api_key" and value is not None and has_login(info.data.get("base_url") or ""):
+            raise ValueError(
+                "cannot be used with a base_url holding a user:password@: both go in the "
+                "Authorization header, and a request has one"
+            )
         return value
 
 
@@ -433,8 +456,8 @@ def _substitute(
 ) -> Any:
     """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
     it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion.
-    Variables that are not set are listed in `unset` (all of them, not just the first), or
-    raise at once without it."""
+    Variables that are not set, and `${...}` that name none, are listed in `unset` (all of
+    them, not just the first), or raise at once without it."""
     if isinstance(value, dict | list):
         if id(value) in inside:
             raise ConfigError(
@@ -443,16 +466,23 @@ def _substitute(
         inside = inside | {id(value)}
     if isinstance(value, str):
 
+        def missing(problem: str) -> str:
+            if unset is None:
+                raise ConfigError(problem)
+            unset.append(problem)
+            return ""
+
         def env(match: re.Match[str]) -> str:
             escaped, name = match.groups()
             if escaped:
                 return "${" + name + "}"
+            if not _ENV_NAME.fullmatch(name):  # `${TOKEN:-x}`, taken as is, was a password
+                return missing(
+                    f"{path}: a ${{...}} that is no environment variable name (letters, digits "
+                    "and _; there are no defaults such as ${NAME:-x}); $${...} is the text itself"
+                )
             if name not in os.environ:
-                problem = f"{path}: environment variable {name} is not set"
-                if unset is None:
-                    raise ConfigError(problem)
-                unset.append(problem)
-                return ""
+                return missing(f"{path}: environment variable {name} is not set")
             if path.rpartition(".")[2] not in PLAIN_KEYS:
                 secrets.add(os.environ[name])
             return os.environ[name]
@@ -560,6 +590,8 @@ def parse_config(
         raise ConfigError(
             f"{where}the config file must be a mapping of keys (store, webchat, connections…)"
         )
+    # A section left empty (`webchat:` with each line under it commented out) is not given.
+    data = {key: value for key, value in data.items() if value is not None}
     if only is not None:
         data = {key: value for key, value in data.items() if key in only}
     unset: list[str] = []
@@ -570,10 +602,11 @@ def parse_config(
     if unset:  # the values they stand for are missing: checking those would only add noise
         raise ConfigError(invalid_config(unset, source))
     raw_connections = data.pop("connections", None) or []
-    if not isinstance(raw_connections, list):
-        raise ConfigError("connections: must be a list of connections")
     connections: list[ConnectionConfig] = []
     problems: list[str] = []
+    if not isinstance(raw_connections, list):  # named with the file and the other problems
+        problems.append("connections: must be a list of connections")
+        raw_connections = []
     for index, raw in enumerate(raw_connections):
         where = f"connections[{index}]"
         if not isinstance(raw, dict):

@@ -379,22 +379,29 @@ class ConnectionRegistry:
     # -- credentials ----------------------------------------------------------------------------
 
     async def check(self, timeout: float = 15.0) -> list[CheckReport]:
-        reports = []
-        for cid, connector in self._connectors.items():
-            if not isinstance(connector, CredentialCheck):
-                reports.append(CheckReport(cid, connector.channel, True, "nothing to check"))
-                continue
-            try:
-                async with asyncio.timeout(timeout):
-                    detail = await connector.check()
-                reports.append(CheckReport(cid, connector.channel, True, detail))
-            except TimeoutError:
-                detail = f"no answer within {timeout:g}s"
-                waiting = connector.check_waiting() if isinstance(connector, CheckWaiting) else None
-                if waiting:
-                    detail = f"{waiting} (no other answer within {timeout:g}s)"
-                reports.append(CheckReport(cid, connector.channel, False, self.redact(detail)))
-            except Exception as exc:
-                detail = self.redact(describe_error(exc))
-                reports.append(CheckReport(cid, connector.channel, False, detail))
-        return reports
+        """Every connection's credentials, tried at once (so unreachable ones cost one
+        `timeout` in all, not one each), reported in the config's order."""
+        return list(
+            await asyncio.gather(
+                *(
+                    self._check_one(cid, connector, timeout)
+                    for cid, connector in self._connectors.items()
+                )
+            )
+        )
+
+    async def _check_one(self, cid: str, connector: Talk, timeout: float) -> CheckReport:
+        if not isinstance(connector, CredentialCheck):
+            return CheckReport(cid, connector.channel, True, "nothing to check")
+        try:
+            async with asyncio.timeout(timeout):
+                detail = await connector.check()
+            return CheckReport(cid, connector.channel, True, detail)
+        except TimeoutError:
+            detail = f"no answer within {timeout:g}s"
+            waiting = connector.check_waiting() if isinstance(connector, CheckWaiting) else None
+            if waiting:
+                detail = f"{waiting} (no other answer within {timeout:g}s)"
+            return CheckReport(cid, connector.channel, False, self.redact(detail))
+        except Exception as exc:
+            return CheckReport(cid, connector.channel, False, self.redact(describe_error(exc)))

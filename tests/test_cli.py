@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import websockets
+from aiohttp import web
 
 import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
@@ -24,7 +25,7 @@ from talkbridge.config import ConnectionConfig, load_config
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
-from tests.peers.http import free_port
+from tests.peers.http import free_port, serve
 from tests.peers.openai import ChatCompletionsPeer
 from tests.peers.redis import redis_url
 from tests.support.cli import finish, talkbridge
@@ -147,6 +148,32 @@ async def test_a_second_run_on_the_same_port_says_one_fatal_line_and_no_warning(
     ]
 
 
+async def test_a_second_run_on_the_same_sqlite_store_stops_at_start_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    """A second bridge on one SQLite file would take the first's messages under way for left
+    over from a crash, and answer them again."""
+    first = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    try:
+        await _url_of(first)
+        code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+        assert code == 1 and "http://" not in out, err
+        assert err == (
+            "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
+            f"(pid {first.pid}): a SQLite store serves one bridge at a time (several share a "
+            "redis:// store)\n"
+        )
+        code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+        assert code == 0 and out == "no pending pairings\n", err  # the store's commands work
+    finally:
+        first.send_signal(signal.SIGINT)
+        assert (await finish(first))[0] == 0
+    again = await talkbridge("run", "--port", "0", cwd=tmp_path)  # the lock went with it
+    await _url_of(again)
+    again.send_signal(signal.SIGINT)
+    assert (await finish(again))[0] == 0
+
+
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
     assert code == 2 and "http://" not in out
@@ -208,6 +235,19 @@ async def test_bad_config_exits_2_naming_the_key_and_hiding_secrets(tmp_path: Pa
         assert "s3cr3t" not in err + out and "AAAAAAAA" not in err + out
 
 
+async def test_connections_that_are_no_list_are_named_with_the_file_and_the_rest(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "talkbridge.yaml").write_text("connections: {id: bot}\nwebchat: {port: x}\n")
+    code, _, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2
+    assert err.splitlines() == [
+        "talkbridge: invalid config (talkbridge.yaml):",
+        "  connections: must be a list of connections",
+        "  webchat.port: must be a valid integer, unable to parse string as an integer",
+    ]
+
+
 async def test_missing_config_file_and_unknown_command(tmp_path: Path) -> None:
     code, _, err = await finish(await talkbridge("run", "--config", "nope.yaml", cwd=tmp_path))
     assert code == 2 and "nope.yaml" in err
@@ -265,6 +305,170 @@ async def test_pair_list_and_approve(tmp_path: Path) -> None:
 async def test_check_with_only_the_webchat(tmp_path: Path) -> None:
     code, out, _ = await finish(await talkbridge("check", cwd=tmp_path))
     assert code == 0 and "config: ok" in out and "no connections to check" in out
+
+
+async def test_a_login_in_a_url_whose_requests_carry_a_token_header_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    """Slack's, Discord's and an openai agent's requests carry their token in the Authorization
+    header, so a proxy login in the URL could never work: aiohttp refuses each request."""
+    login = "http://proxyuser:proxy-pw-77@127.0.0.1:1"
+    (tmp_path / "talkbridge.yaml").write_text(
+        "agents:\n  definitions:\n"
+        f"    ai: {{kind: openai, base_url: '{login}/v1', model: m, api_key: sk-abcd}}\n"
+        "connections:\n"
+        f"  - {{id: sl, channel: slack, bot_token: xoxb-1-2, app_token: xapp-1-2, "
+        f"api_base: '{login}/api/'}}\n"
+        f"  - {{id: dc, channel: discord, token: abc.def.ghi, api_base: '{login}/api/v10'}}\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2, out + err
+    assert "connections[0].api_base: cannot hold a user:password@: requests to Slack's" in err
+    assert "connections[1].api_base: cannot hold a user:password@: requests to Discord's" in err
+    assert "agents.definitions.ai.api_key: cannot be used with a base_url holding a" in err
+    assert "proxy-pw-77" not in out + err
+
+    (tmp_path / "talkbridge.yaml").write_text(  # the login alone, or in a Bot API's path: fine
+        f"agents: {{definitions: {{ai: {{kind: openai, base_url: '{login}/v1', model: m}}}}}}\n"
+        f"connections: [{{id: tg, channel: telegram, token: '1:x', api_base: '{login}'}}]\n"
+    )
+    code, out, err = await finish(await talkbridge("check", "--timeout", "5", cwd=tmp_path))
+    assert "config: ok (1 connection(s))" in out, err
+    assert "proxy-pw-77" not in out + err
+
+
+async def test_a_section_whose_lines_are_all_commented_out_keeps_its_defaults(
+    tmp_path: Path,
+) -> None:
+    """Every key is optional, and `connections:` left empty was fine: so is any other section."""
+    (tmp_path / "talkbridge.yaml").write_text(
+        "store:\nwebchat:\n  # port: 8765\nagents:\n  # default: echo\nhooks:\n"
+        "  # - hooks/channel-message/keyword-router\nrouter:\nconnections:\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0 and "config: ok (0 connection(s))" in out, err
+    assert f"sqlite:///{tmp_path}/talkbridge.db" in out
+
+
+async def test_check_tries_every_connection_at_once(tmp_path: Path) -> None:
+    """Several unreachable connections cost one `--timeout` in all, not one each: this Bot API
+    answers no bot until all three ask at once, so checks made one by one each time out."""
+    asked: set[str] = set()
+    all_asked = asyncio.Event()
+
+    async def get_me(request: web.Request) -> web.Response:
+        asked.add(request.match_info["token"])
+        if len(asked) == 3:
+            all_asked.set()
+        await all_asked.wait()
+        bot = {"id": len(request.match_info["token"]), "is_bot": True, "first_name": "b"}
+        return web.json_response({"ok": True, "result": {**bot, "username": "bot"}})
+
+    app = web.Application()
+    app.router.add_post("/bot{token}/getMe", get_me)
+    runner, port = await serve(app)
+    try:
+        (tmp_path / "talkbridge.yaml").write_text(
+            "connections:\n"
+            + "".join(
+                f"  - {{id: b{n}, channel: telegram, token: '{n}:x', "
+                f"api_base: 'http://127.0.0.1:{port}'}}\n"
+                for n in (1, 2, 3)
+            )
+        )
+        code, out, err = await finish(await talkbridge("check", "--timeout", "15", cwd=tmp_path))
+    finally:
+        await runner.cleanup()
+    assert code == 0, out + err
+    assert [line.split()[:2] for line in out.splitlines()[2:]] == [
+        ["ok", "b1"],
+        ["ok", "b2"],
+        ["ok", "b3"],
+    ]
+
+
+async def test_a_reference_with_a_shell_default_is_an_error_not_a_literal_token(
+    tmp_path: Path,
+) -> None:
+    """`${WEBCHAT_TOKEN:-x}` names no variable: taken as is, that text was the token, and the
+    bridge ran with a password anyone reading the file knew."""
+    (tmp_path / "talkbridge.yaml").write_text(
+        'webchat: {tokens: ["${WEBCHAT_TOKEN:-changeme-pw}"]}\n'
+        'agents: {definitions: {a: {kind: openai, base_url: "http://127.0.0.1:1/v1", model: m, '
+        'system_prompt: "Write $${NAME:-x} as is"}}}\n'
+    )
+    for command in (("check",), ("run", "--port", "0")):
+        code, out, err = await finish(await talkbridge(*command, cwd=tmp_path))
+        assert code == 2 and "http://" not in out, err
+        assert err.splitlines()[1:] == [
+            "  webchat.tokens[0]: a ${...} that is no environment variable name (letters, "
+            "digits and _; there are no defaults such as ${NAME:-x}); $${...} is the text itself"
+        ]
+
+
+async def test_a_reader_that_closed_the_output_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`talkbridge check | head -1`: the lines nobody reads are no internal error."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "talkbridge",
+            "check",
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    finally:
+        os.close(write_end)
+    assert process.stderr is not None
+    err = (await asyncio.wait_for(process.stderr.read(), 60)).decode()
+    assert await process.wait() == 1 and err == "", err
+
+
+async def test_check_names_an_empty_answer_from_a_wrong_api_base(tmp_path: Path) -> None:
+    """A proxy's bare 404 (no body) was "not JSON (a proxy's error page?): " and then nothing."""
+
+    async def bare_404(_: web.Request) -> web.Response:
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", bare_404)
+    runner, port = await serve(app)
+    try:
+        (tmp_path / "talkbridge.yaml").write_text(
+            f"connections: [{{id: b, channel: telegram, token: '1:x', "
+            f"api_base: 'http://127.0.0.1:{port}'}}]\n"
+        )
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    finally:
+        await runner.cleanup()
+    assert code == 1, err
+    assert out.splitlines()[-1] == (
+        "FAIL  b  telegram  the Bot API answered with an empty body, not JSON (a proxy's error "
+        "page, a wrong api_base?)"
+    )
+
+
+async def test_check_fails_a_sqlite_store_that_the_first_run_could_not_create(
+    tmp_path: Path,
+) -> None:
+    """`check` creates no store, but it must not call one `ok` that `run` then cannot open."""
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///talkbridge.yaml/bridge.db\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 1, err
+    assert (
+        f"FAIL  store  sqlite:///{tmp_path}/talkbridge.yaml/bridge.db  cannot be created: "
+        f"{tmp_path}/talkbridge.yaml is a file, not a folder"
+    ) in out
+    code, _, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+    assert code == 1 and "cannot open the sqlite store" in err, err
+
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///new/folder/bridge.db\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0 and "not created yet: the first run creates it" in out, err
+    assert not (tmp_path / "new").exists()
 
 
 # -- the review's findings: each test failed on the code before its fix ----------------------------
@@ -618,6 +822,16 @@ _BROKEN = {
         "store: postgres://x\n",
         {},
         "store: unsupported URL scheme 'postgres'",
+    ),
+    "a redis store URL with a parameter redis-py does not take": (
+        'store: "redis://:pw@127.0.0.1:1/0?sockettimeout=5"\n',
+        {},
+        "store: the redis URL has a parameter 'sockettimeout' the redis client does not take",
+    ),
+    "a redis store URL with a parameter value redis-py refuses": (
+        'store: "redis://:pw@127.0.0.1:1/0?protocol=9"\n',
+        {},
+        "store: the redis URL is not valid: protocol must be either 2 or 3",
     ),
 }
 

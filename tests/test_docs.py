@@ -98,3 +98,15 @@ def test_the_config_examples_of_the_docs_are_valid(
     for data in configs:
         assert set(data) <= set(BridgeConfig.model_fields), data
         parse_config(data)
+
+
+def test_the_readme_chooses_a_webchat_token_in_the_starter_config_and_exports_it() -> None:
+    """Pasted as a block of its own, `webchat:` would be a key given twice in the starter; and
+    a `${WEBCHAT_TOKEN}` nobody exported is a config error."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## 3. Chat in the webchat", 1)[1].split("\n## ", 1)[0]
+    shown = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    starter = (TEMPLATE / "talkbridge.yaml").read_text()
+    block = starter.split("\nwebchat:\n", 1)[1].split("\n\n", 1)[0]
+    assert shown == "webchat:\n" + block.replace("  # tokens:", "  tokens:") + "\n"
+    assert "export WEBCHAT_TOKEN=" in section

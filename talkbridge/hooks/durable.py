@@ -153,6 +153,7 @@ class DurableHooks:
         lease_grace: float = 5.0,
         max_concurrency: int = 16,
         clock: Callable[[], datetime] = utcnow,
+        redact: Callable[[str], str] = str,
     ) -> None:
         if retries < 0 or capacity < 1 or attempt_timeout <= 0 or max_concurrency < 1:
             raise ValueError(
@@ -171,6 +172,9 @@ class DurableHooks:
         self.lease_grace = lease_grace
         self.max_concurrency = max_concurrency
         self.clock = clock
+        self.redact = redact
+        """Applied to a failure before the store keeps it: `hooks dead-letters list` prints it,
+        and loads no connection's secrets to scrub it with."""
         self._handlers: dict[str, Handler] = {}
         self._enabled = True
         self._task: asyncio.Task[None] | None = None
@@ -409,6 +413,7 @@ class DurableHooks:
 
     async def _failed(self, delivery: HookDelivery, error: str) -> None:
         attempts = delivery.attempts + 1
+        error = self.redact(error)
         try:
             if attempts > self.retries:
                 await self.store.fail_hook_delivery(delivery.id, error, retry_at=None)

@@ -141,9 +141,34 @@ def _check_redis_url(url: str) -> None:
         parse_url(url)  # its query parameters (`?socket_timeout=abc`), as the client reads them
     except ValueError as exc:  # its words name the parameter, never a value
         raise ConfigError(f"store: the redis URL is not valid: {exc}") from None
+    _check_redis_parameters(url)
     database = parts.path.strip("/")
     if database and not database.isdigit():
         raise ConfigError(
             "store: the part after the host of a redis URL is the database number "
             "(redis://host:6379/0), not a name"
         )
+
+
+_UNKNOWN_ARGUMENT = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _check_redis_parameters(url: str) -> None:
+    """A query parameter redis-py does not know (`?sockettimeout=5`) is handed on to its
+    connection class, which refuses it only at the first command: a traceback at start. The
+    connection is built here (it opens nothing) so the parameter is named now, not its value."""
+    from redis.asyncio import ConnectionPool
+    from redis.exceptions import RedisError
+
+    try:
+        pool = ConnectionPool.from_url(url)
+        pool.connection_class(**pool.connection_kwargs)
+    except RedisError as exc:  # a value it refuses (`?protocol=9`), named in its own words
+        raise ConfigError(f"store: the redis URL is not valid: {exc}") from None
+    except TypeError as exc:
+        found = _UNKNOWN_ARGUMENT.search(str(exc))
+        name = found.group(1) if found else ""
+        hint = " (ssl_ parameters are for rediss://)" if name.startswith("ssl_") else ""
+        raise ConfigError(
+            f"store: the redis URL has a parameter {name!r} the redis client does not take{hint}"
+        ) from None

@@ -459,3 +459,41 @@ async def test_a_durable_hook_folder_gets_every_completed_turn(tmp_path: Path) -
         assert bridge.audited == ["chat-1"]  # type: ignore[attr-defined]
     finally:
         await bridge.stop()
+
+
+async def test_a_dead_letters_error_keeps_no_secret_for_the_cli_to_print(tmp_path: Path) -> None:
+    """`hooks dead-letters list` loads only the store's keys, so it has no connection's secret
+    to scrub with: the bridge scrubs the error before the store keeps it."""
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import parse_config
+    from tests.test_cli import finish, talkbridge
+
+    class Leaky(Recorder):
+        async def __call__(self, event: TurnCompleted | JobCompleted) -> None:
+            await super().__call__(event)
+            if event.event_id == "bad":
+                raise RuntimeError("the CRM refused key dead-letter-secret-99")
+
+    data = {
+        "store": f"sqlite:///{tmp_path}/talkbridge.db",
+        "webchat": {"tokens": ["dead-letter-secret-99"]},
+    }
+    config, secrets = parse_config(data, tmp_path)
+    bridge = Bridge(config, secrets, with_webchat=False, app_id="app")
+    bridge.durable.retries, bridge.durable.backoff = 0, lambda retry: 0.0
+    handler = Leaky()
+    bridge.durable.register("crm", handler)
+    await bridge.store.open()
+    try:
+        await bridge.durable.emit(turn("bad"))
+        await bridge.durable.emit(turn("next"))  # delivered once "bad" is a dead letter
+        await bridge.durable.start()
+        await handler.wait(lambda calls: "next" in calls)
+        await bridge.durable.stop()
+        [dead] = await bridge.durable.dead_letters()
+    finally:
+        await bridge.store.close()
+    assert dead.last_error == "RuntimeError: the CRM refused key ***"
+    code, out, err = await finish(await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path))
+    assert code == 0 and "the CRM refused key ***" in out, err
+    assert "dead-letter-secret-99" not in out + err

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from talkbridge.config import ConnectionConfig, http_base_url
+from talkbridge.config import ConnectionConfig, http_base_url, without_login
 
 if TYPE_CHECKING:
     from talkbridge.message import NormalizedMessage
@@ -63,7 +63,8 @@ class DiscordConfig(ConnectionConfig):
         if value is None:
             return None
         if info.field_name == "api_base":
-            return http_base_url(value, "https://discord.com/api/v10").rstrip("/")
+            url = http_base_url(value, "https://discord.com/api/v10").rstrip("/")
+            return without_login(url, "Discord's REST API")
         if not value.startswith(("ws://", "wss://")):
             raise ValueError("must start with ws:// or wss://")
         return value

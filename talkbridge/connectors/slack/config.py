@@ -6,7 +6,13 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from talkbridge.config import ConnectionConfig, ListenHost, ListenPort, http_base_url
+from talkbridge.config import (
+    ConnectionConfig,
+    ListenHost,
+    ListenPort,
+    http_base_url,
+    without_login,
+)
 
 DEFAULT_API_BASE = "https://slack.com/api/"
 
@@ -58,7 +64,7 @@ class SlackConfig(ConnectionConfig):
     @field_validator("api_base")
     @classmethod
     def _trailing_slash(cls, value: str) -> str:
-        value = http_base_url(value, "https://slack.com/api/")
+        value = without_login(http_base_url(value, "https://slack.com/api/"), "Slack's Web API")
         return value if value.endswith("/") else value + "/"
 
     @model_validator(mode="after")

@@ -72,9 +72,10 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     if isinstance(exc, tg.ClientDecodeError):
         if isinstance(exc.data, str):  # the body was not JSON at all
             page = scrub(" ".join(exc.data.split())[:80], token)
-            return TransientError(
-                f"the Bot API answered something that is not JSON (a proxy's error page?): {page}"
-            )
+            said = f"something that is not JSON (a proxy's error page?): {page}"
+            if not page:  # a proxy's bare 404 (a wrong api_base)
+                said = "with an empty body, not JSON (a proxy's error page, a wrong api_base?)"
+            return TransientError(f"the Bot API answered {said}")
         return TransientError(f"the Bot API's answer did not fit aiogram's models: {exc.message}")
     if isinstance(exc, UnicodeDecodeError):
         return boundary.not_the_api("the Bot API", exc)
