@@ -42,6 +42,7 @@ from talkbridge.errors import (
 )
 
 if TYPE_CHECKING:
+    from talkbridge.agents.base import AgentCheck
     from talkbridge.bridge import Bridge
     from talkbridge.store import Store
 
@@ -444,24 +445,27 @@ async def _check_connections(bridge: Bridge, timeout: float) -> bool:
 
 
 async def _check_agents(bridge: Bridge, timeout: float, redact: Callable[[str], str]) -> bool:
-    """Try each agent that calls a model (its server, key and model): one line each."""
+    """Try each agent that calls a model (its server, key and model) at once, as connections
+    are: one line each, in name order."""
     from talkbridge.agents.base import AgentCheck
 
-    ok = True
-    for name in bridge.runner.agent_names:
-        agent = bridge.runner.agent(name)
-        if not isinstance(agent, AgentCheck):
-            continue  # answers in process (echo, sentinel, a python agent): nothing to reach
-        try:
-            async with asyncio.timeout(timeout):
-                works, detail = True, await agent.check()
-        except TimeoutError:
-            works, detail = False, f"no answer within {timeout:g}s"
-        except AgentUnavailableError as exc:
-            works, detail = False, str(exc)
-        ok = ok and works
+    runner = bridge.runner
+    checked = [(n, a) for n in runner.agent_names if isinstance(a := runner.agent(n), AgentCheck)]
+    # Others answer in process (echo, sentinel, a python agent): nothing to reach.
+    verdicts = await asyncio.gather(*(_check_agent(agent, timeout) for _, agent in checked))
+    for (name, _), (works, detail) in zip(checked, verdicts, strict=True):
         _console.out(f"{'ok  ' if works else 'FAIL'}  agent {name}  {redact(detail)}")
-    return ok
+    return all(works for works, _ in verdicts)
+
+
+async def _check_agent(agent: AgentCheck, timeout: float) -> tuple[bool, str]:
+    try:
+        async with asyncio.timeout(timeout):
+            return True, await agent.check()
+    except TimeoutError:
+        return False, f"no answer within {timeout:g}s"
+    except AgentUnavailableError as exc:
+        return False, str(exc)
 
 
 # -- pair and hooks dead-letters: the store only ---------------------------------------------------
