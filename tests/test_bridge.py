@@ -442,6 +442,52 @@ async def test_drop_modify_and_forward(tmp_path: Path) -> None:
     await bridge.stop()
 
 
+async def test_a_stray_cancelled_error_from_a_hook_middleware_or_agent_is_their_failure(
+    tmp_path: Path,
+) -> None:
+    """User code awaiting a task that something else cancelled raises CancelledError although
+    the bridge cancelled nothing: a failure like any other (the hook is skipped, the turn gets
+    the apology), not the end of the task serving the conversation, which then never answered
+    again."""
+
+    async def cancelled() -> None:
+        task = asyncio.create_task(asyncio.Event().wait())
+        await asyncio.sleep(0)
+        task.cancel()
+        await task  # raises CancelledError here, in the caller
+
+    hooks = HookRegistry()
+
+    @hooks.channel_message()
+    async def lookup(msg: NormalizedMessage) -> None:
+        if msg.text == "hook":
+            await cancelled()
+
+    @hooks.turn_middleware()
+    async def audit(ctx: TurnContext, next: Any) -> None:
+        if ctx.input.prompt == "middleware":
+            await cancelled()
+        await next()
+
+    class Agent:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            if ctx.input.prompt == "agent":
+                await cancelled()
+            yield Result(text=f"ok {ctx.input.prompt}")
+
+    bridge, conns = await _bridge(tmp_path, hooks=hooks, agents={"echo": Agent()})
+    conn = conns["test"]
+    for text in ("hook", "middleware", "agent", "still there?"):
+        await conn.inject(make_message(text, thread_id="one"))
+    await conn.wait_sent(4)
+    await bridge.router.join()
+    assert conn.texts() == ["ok hook", "ok middleware", SORRY, "ok still there?"]
+    assert await bridge.store.pending_inbound() == []
+    await bridge.stop()
+
+
 async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) -> None:
     typing_seen = asyncio.Event()
 
