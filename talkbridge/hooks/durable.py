@@ -34,6 +34,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from talkbridge.cancellation import cancelling
 from talkbridge.errors import TalkbridgeError
 from talkbridge.message import utcnow
 from talkbridge.store.base import HookDelivery, Store
@@ -390,11 +391,15 @@ class DurableHooks:
         try:
             async with asyncio.timeout(self.attempt_timeout):
                 await handler(event)
-        except asyncio.CancelledError:
-            # Stopping mid-attempt: not the handler's failure; give the lease back.
-            with contextlib.suppress(Exception):
-                await store.release_hook_delivery(delivery.id, now=self.clock())
-            raise
+        except asyncio.CancelledError as exc:
+            if cancelling():
+                # Stopping mid-attempt: not the handler's failure; give the lease back.
+                with contextlib.suppress(Exception):
+                    await store.release_hook_delivery(delivery.id, now=self.clock())
+                raise
+            # The handler's own (a task it awaited was cancelled): a failed attempt, or it
+            # would be handed back at once, again and again, and never become a dead letter.
+            error = f"{type(exc).__name__}: {exc}".rstrip(": ")
         except TimeoutError:
             error = f"timed out after {self.attempt_timeout:g} s"
         except Exception as exc:

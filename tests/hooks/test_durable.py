@@ -130,6 +130,41 @@ async def test_dead_letter_after_six_attempts_does_not_block_the_conversation(
         await again.stop()
 
 
+async def test_a_handler_raising_a_stray_cancelled_error_fails_and_becomes_a_dead_letter(
+    store: Store,
+) -> None:
+    """A handler awaiting a task that something else cancelled raises CancelledError while
+    the worker is not being stopped: a failed attempt, not a lease handed back for an
+    immediate retry (it was retried at full speed for ever, never a dead letter, and held
+    its conversation's later events back)."""
+    calls: list[str] = []
+    second = asyncio.Event()
+
+    async def crm(event: TurnCompleted | JobCompleted) -> None:
+        calls.append(event.event_id)
+        if event.event_id == "e2":
+            second.set()
+            return
+        task = asyncio.create_task(asyncio.Event().wait())
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    durable = hooks(store)
+    durable.register("crm", crm)
+    await durable.emit(turn("e1"))
+    await durable.emit(turn("e2"))  # the same conversation: after e1 is done with
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await durable.stop()
+    assert calls == ["e1"] * 6 + ["e2"]
+    [dead] = await durable.dead_letters()
+    assert (dead.event_id, dead.attempts, dead.last_error) == ("e1", 6, "CancelledError")
+
+
 async def test_other_conversations_go_on_while_one_waits(store: Store) -> None:
     release = asyncio.Event()
     seen: list[str] = []
