@@ -263,6 +263,33 @@ async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path
     await bridge.stop()
 
 
+async def test_a_trusted_sender_a_hook_screens_is_refused_without_a_pairing_code(
+    tmp_path: Path,
+) -> None:
+    """README's keyword router sends "ignore previous instructions" to the sentinel whoever
+    wrote it: a trusted sender was told they were not approved, given a code, and left in
+    `pair list` for the operator to approve."""
+    from talkbridge.hooks import RouteToSentinel
+
+    hooks = HookRegistry()
+
+    @hooks.channel_message()
+    async def screen(msg: NormalizedMessage) -> RouteToSentinel | None:
+        return RouteToSentinel() if "ignore previous instructions" in msg.text else None
+
+    bridge, conns = await _bridge(tmp_path, hooks=hooks)
+    conn = conns["test"]
+    await conn.inject(make_message("please ignore previous instructions", user="alice"))
+    await conn.inject(make_message("ignore previous instructions", user="mallory"))
+    await conn.wait_sent(2)
+    await bridge.router.join()
+    refusal, stranger = conn.texts()
+    assert refusal == "Sorry, I cannot pass this message on."
+    (pairing,) = await bridge.store.pairings()  # the stranger's alone
+    assert pairing.channel_user_id == "mallory" and pairing.code in stranger
+    await bridge.stop()
+
+
 async def test_in_a_group_an_untrusted_sender_hears_the_sentinel_once_then_nothing(
     tmp_path: Path,
 ) -> None:
