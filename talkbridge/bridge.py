@@ -527,7 +527,9 @@ class Bridge:
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
             await replies.remember(self.store, cid, message.id, result.message_ids)
         if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
-            await self.durable.emit_turn_completed(outcome.session, outcome.status)
+            await self.durable.emit_turn_completed(
+                outcome.session, outcome.status, message_id=message.id
+            )
 
     def _edits_or_deletes(self, connection_id: str) -> bool:
         feature = self.router.feature
