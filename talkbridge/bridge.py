@@ -359,9 +359,21 @@ class Bridge:
         return Route(self.config.agents.default if trusted else sentinel, trust, None, message)
 
     async def is_trusted(self, message: NormalizedMessage) -> bool:
+        """Trusted by config, or by approved pairings: of its sender, and of everyone else the
+        answer reaches whom the config does not trust (a stranger on an email's Cc)."""
         if self._trusted_by_config(message):
             return True
-        return await self.store.is_trusted(message.connection_id, message.channel_user_id)
+        cid = message.connection_id
+        config = self.registry.config(cid)
+        strangers = (
+            ()
+            if config is None
+            else tuple(a for a in config.others_answered(message) if not config.trusts(a))
+        )
+        for who in (message.channel_user_id, *strangers):
+            if not await self.store.is_trusted(cid, who):
+                return False
+        return True
 
     def _trusted_by_config(self, message: NormalizedMessage) -> bool:
         config = self.registry.config(message.connection_id)

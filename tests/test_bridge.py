@@ -290,6 +290,58 @@ async def test_a_trusted_sender_a_hook_screens_is_refused_without_a_pairing_code
     await bridge.stop()
 
 
+async def test_an_approved_mail_sender_with_a_stranger_on_cc_meets_the_sentinel(
+    tmp_path: Path,
+) -> None:
+    """A mail is trusted only when everyone a reply-all reaches is: approving a sender's
+    pairing trusted every mail they sent, a stranger on Cc included, who then read the
+    default agent's answer."""
+    from datetime import UTC, datetime
+
+    from talkbridge.connectors.email.codec import decode_mail
+    from talkbridge.connectors.email.config import EmailConfig
+
+    spy = SpyAgent()
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'bridge.db'}", "agents": {"default": "spy"}}
+    )
+    bridge = Bridge(config, agents={"spy": spy}, with_webchat=False)
+    conn = TalkConnector("mail", channel="email")
+    mailbox = {
+        "id": "mail",
+        "channel": "email",
+        "address": "help@example.com",
+        "imap": {"host": "imap.example.com", "username": "h", "password": "p"},
+        "smtp": {"host": "smtp.example.com"},
+        "trusted": ["*@example.org"],
+    }
+    bridge.registry.add(conn, EmailConfig.model_validate(mailbox))
+    await bridge.start()
+
+    def mail(n: int, cc: str) -> NormalizedMessage:
+        raw = (
+            f"From: Bob <bob@elsewhere.test>\r\nTo: help@example.com\r\n{cc}"
+            f"Message-ID: <m{n}@elsewhere.test>\r\nSubject: q{n}\r\n\r\nquestion {n}\r\n"
+        ).encode()
+        msg = decode_mail(
+            raw, connection_id="mail", address="help@example.com", received_at=datetime.now(UTC)
+        )
+        assert msg is not None and msg.channel_user_id == "bob@elsewhere.test"
+        return msg
+
+    await conn.inject(mail(1, ""))
+    await conn.wait_sent(1)
+    (pairing,) = await bridge.store.pairings()
+    assert await bridge.approve_pairing(pairing.code)
+    await conn.inject(mail(2, "Cc: alice@example.org\r\n"))  # a trusted colleague: fine
+    await conn.inject(mail(3, "Cc: eve@attacker.test\r\n"))
+    await conn.wait_sent(3)
+    await bridge.router.join()
+    await bridge.stop()
+    assert [prompt for _, prompt in spy.prompts] == ["question 2"]
+    assert conn.texts()[2] == GROUP_NOTICE  # the sentinel's: nothing for the stranger to read
+
+
 async def test_in_a_group_an_untrusted_sender_hears_the_sentinel_once_then_nothing(
     tmp_path: Path,
 ) -> None:
