@@ -16,7 +16,7 @@ import json
 import logging
 import secrets as pysecrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -359,9 +359,21 @@ class Bridge:
         return Route(self.config.agents.default if trusted else sentinel, trust, None, message)
 
     async def is_trusted(self, message: NormalizedMessage) -> bool:
+        """Trusted by config, or by approved pairings: of its sender, and of everyone else the
+        answer reaches whom the config does not trust (a stranger on an email's Cc)."""
         if self._trusted_by_config(message):
             return True
-        return await self.store.is_trusted(message.connection_id, message.channel_user_id)
+        cid = message.connection_id
+        config = self.registry.config(cid)
+        strangers = (
+            ()
+            if config is None
+            else tuple(a for a in config.others_answered(message) if not config.trusts(a))
+        )
+        for who in (message.channel_user_id, *strangers):
+            if not await self.store.is_trusted(cid, who):
+                return False
+        return True
 
     def _trusted_by_config(self, message: NormalizedMessage) -> bool:
         config = self.registry.config(message.connection_id)
@@ -379,27 +391,32 @@ class Bridge:
                 route.routed_by,
             )
             return
+        untrusted = route.trust != "trusted"
         if route.forward is not None:
+            if untrusted:  # passed on to a connection, not to an agent
+                await self._screen(route.message)
             await self._forward(route)
             return
         agent = route.agent
         assert agent is not None
         if agent not in self.runner.agent_names:
+            if untrusted:
+                await self._screen(route.message)
             known = ", ".join(sorted(self.runner.agent_names))
             await self._apologize(
                 route.message,
                 f"hook {route.routed_by!r} routed the message to agent {agent!r}, which is not "
                 f"defined (agents: {known})",
+                screen=untrusted,
             )
             return
-        if (
-            route.trust != "trusted"
-            and agent != self.config.agents.sentinel
-            and not route.routed_by
-        ):
-            agent = self.config.agents.sentinel  # never reached: the default routing guarantees it
-        if agent == self.config.agents.sentinel:
+        sentinel = self.config.agents.sentinel
+        if untrusted and agent != sentinel and not route.routed_by:
+            agent = sentinel  # never reached: the default routing guarantees it
+        if agent == sentinel:
             await self._screen(route.message)
+        elif untrusted:  # a hook routed it to `agent`: no other agent sees it as history
+            await self._screen(route.message, visible_to=agent)
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
@@ -411,16 +428,23 @@ class Bridge:
         if outcome is not None and outcome.text:
             await self._reply(routed, outcome)
 
-    async def _screen(self, message: NormalizedMessage) -> None:
-        """Remember that `message` was screened (the sentinel answered it) or dropped: its text
-        stays in the thread's history, but agents never see it there (`_agent_history`).
+    async def _screen(
+        self, message: NormalizedMessage, *, visible_to: str | None = None, ids: Sequence[str] = ()
+    ) -> None:
+        """Remember that `message` (or our replies `ids` in its thread) was screened: the
+        sentinel answered it, a hook dropped or forwarded it, or it came from an untrusted
+        sender. Its text stays in the thread's history, but agents never see it there
+        (`_agent_history`), except `visible_to`, the agent a hook routed it to.
         Messages of one thread are handled one at a time, so this update cannot race itself."""
         key = _SCREENED_KEY + message.thread_key
-        screened = _screened_ids(await self.store.get_state(key))
-        if message.id in screened:
+        screened = _screened(await self.store.get_state(key))
+        new = [i for i in (ids or (message.id,)) if i not in screened]
+        if not new:
             return  # the same message again (run again after a restart)
-        screened.append(message.id)
-        await self.store.set_state(key, json.dumps(screened[-_SCREENED_KEPT:]))
+        for message_id in new:
+            screened[message_id] = visible_to
+        entries = [i if a is None else [i, a] for i, a in screened.items()]
+        await self.store.set_state(key, json.dumps(entries[-_SCREENED_KEPT:]))
 
     async def _agent_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
         """What an agent sees of its thread's past (`ctx.history`): never a message the
@@ -431,14 +455,13 @@ class Bridge:
         At most `MAX_AGENT_HISTORY` entries: the screened ids kept per thread cover every
         screened message among that many, and no more."""
         entries = await self.store.history(message.thread_key, limit=min(limit, MAX_AGENT_HISTORY))
-        screened = set(
-            _screened_ids(await self.store.get_state(_SCREENED_KEY + message.thread_key))
-        )
+        screened = _screened(await self.store.get_state(_SCREENED_KEY + message.thread_key))
         sentinel = self.config.agents.sentinel
+        agent = message.routing.agent if message.routing is not None else None
         return [
             entry
             for entry in entries
-            if not (entry.role == "user" and entry.message_id in screened)
+            if not (entry.message_id in screened and screened[entry.message_id] != agent)
             and not (entry.role == "assistant" and entry.sender == sentinel)
         ]
 
@@ -506,10 +529,19 @@ class Bridge:
         except SendFailedError as exc:  # recorded by the queue; nothing else to do here
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
+        routing = message.routing
+        if (
+            routing is not None
+            and routing.trust != "trusted"
+            and routing.agent != self.config.agents.sentinel
+        ):  # it answers words that agent alone saw
+            await self._screen(message, visible_to=routing.agent, ids=result.message_ids)
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
             await replies.remember(self.store, cid, message.id, result.message_ids)
         if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
-            await self.durable.emit_turn_completed(outcome.session, outcome.status)
+            await self.durable.emit_turn_completed(
+                outcome.session, outcome.status, message_id=message.id
+            )
 
     def _edits_or_deletes(self, connection_id: str) -> bool:
         feature = self.router.feature
@@ -596,9 +628,12 @@ class Bridge:
                 message,
                 f"hook {route.routed_by!r} forwarded the message to connection "
                 f"{forward.connection_id!r}, which is not configured (connections: {known})",
+                screen=route.trust != "trusted",
             )
 
-    async def _apologize(self, message: NormalizedMessage, problem: str) -> None:
+    async def _apologize(
+        self, message: NormalizedMessage, problem: str, *, screen: bool = False
+    ) -> None:
         """A hook's decision that cannot be carried out: the operator's log says which hook and
         why, and the sender is not left waiting in silence (the detail only in development,
         as for a failed turn)."""
@@ -611,9 +646,12 @@ class Bridge:
             idempotency_key=f"reply:{message.id}",
         )
         try:
-            await self.router.send(message.connection_id, reply)
+            result = await self.router.send(message.connection_id, reply)
         except SendFailedError as exc:
             log.error("apology to %s/%s not delivered: %s", message.connection_id, message.id, exc)
+            return
+        if screen:  # it answers a screened message: no agent sees it either
+            await self._screen(message, ids=result.message_ids)
 
     # -- operator actions -----------------------------------------------------------------------
 
@@ -629,14 +667,22 @@ _SCREENED_KEPT = MAX_AGENT_HISTORY
 every screened message in it is known."""
 
 
-def _screened_ids(value: str | None) -> list[str]:
+def _screened(value: str | None) -> dict[str, str | None]:
+    """The screened ids of a thread, oldest first, each with the one agent that may see it
+    (None: no agent). Stored as a JSON list of ids and `[id, agent]` pairs."""
     if not value:
-        return []
+        return {}
     try:
-        ids = json.loads(value)
+        items = json.loads(value)
     except ValueError:
-        return []
-    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+        return {}
+    screened: dict[str, str | None] = {}
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, str):
+            screened[item] = None
+        elif isinstance(item, list) and len(item) == 2 and all(isinstance(i, str) for i in item):
+            screened[item[0]] = item[1]
+    return screened
 
 
 @functools.lru_cache(maxsize=1024)

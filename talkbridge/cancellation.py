@@ -19,6 +19,18 @@ def raise_if_cancelling() -> None:
         raise asyncio.CancelledError
 
 
+def cancelling() -> bool:
+    """Whether the running task is being cancelled.
+
+    A `CancelledError` raised while it is not came from user code (a hook or an agent awaiting
+    a task that something else cancelled): that code's failure, to handle like any other error.
+    Re-raising it as a cancellation would end the task handling a conversation, which then
+    stalls for good.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def cancel_and_wait(
     *tasks: asyncio.Task[Any], again_after: float = 0.25, within: float | None = None
 ) -> int:

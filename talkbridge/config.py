@@ -177,6 +177,11 @@ class ConnectionConfig(_Model):
         than the sender id (Discord roles) override this."""
         return self.trusts(message.channel_user_id)
 
+    def others_answered(self, message: Any) -> tuple[str, ...]:
+        """Who besides its sender an answer to `message` reaches and must be trusted too (an
+        email's Cc): an approved pairing trusts its sender alone. None on most channels."""
+        return ()
+
     def secret_values(self) -> list[str]:
         found: list[str] = []
         _collect_secrets(self, found)

@@ -26,6 +26,7 @@ from talkbridge.agents.base import (
     TurnInput,
     TurnSession,
 )
+from talkbridge.cancellation import cancelling
 from talkbridge.errors import TurnAbortedError
 from talkbridge.ids import unique_id
 from talkbridge.message import NormalizedMessage, utcnow
@@ -205,11 +206,13 @@ class AgentRunner:
         except TurnAbortedError as exc:
             status, error = "error", str(exc)
             await emit(Error(message=str(exc), code="refused"))
-        except asyncio.CancelledError:
-            status, error = "interrupted", "the turn was interrupted"
-            hooks.lifecycle.finished(ctx, status, error=error)
-            raise
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and cancelling():
+                status, error = "interrupted", "the turn was interrupted"
+                hooks.lifecycle.finished(ctx, status, error=error)
+                raise
+            # A stray CancelledError (the agent awaited a task something else cancelled) fails
+            # the turn like any error: re-raised, it would stall the conversation for good.
             status = "error"
             error = self._sanitize(exc)
             log.exception("turn %s of %s failed", session.turn_id, agent_name)

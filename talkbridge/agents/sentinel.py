@@ -1,7 +1,8 @@
 """The sentinel: the only agent an untrusted sender reaches unless a hook routes them elsewhere.
 
 It answers from fixed text (never from the sender's words, never passing them to another agent or
-model), issues a pairing code an operator can approve, and flags likely prompt injection.
+model), issues a pairing code an operator can approve, and flags likely prompt injection. A trusted
+sender a hook routed here gets a short refusal instead of a code: they are approved already.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ GROUP_NOTICE = (
 )
 
 
+SCREENED_NOTICE = "Sorry, I cannot pass this message on."
+"""What a trusted sender a hook routed to the sentinel reads: they need no approval."""
+
+
 class SentinelAgent:
     name = "sentinel"
 
@@ -69,6 +74,13 @@ class SentinelAgent:
                 message.connection_id,
                 ", ".join(flags),
             )
+        routing = message.routing
+        if routing is not None and routing.trust == "trusted":
+            # A hook screened this one message of a trusted sender (README's keyword router on
+            # "ignore previous instructions"): a code would tell them they are not approved,
+            # and leave the operator a pairing to approve for someone trusted already.
+            yield Result(text=SCREENED_NOTICE)
+            return
         code = new_pairing_code()
         pairing = await self._store.create_pairing(
             Pairing(

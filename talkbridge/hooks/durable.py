@@ -34,6 +34,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from talkbridge.cancellation import cancelling
 from talkbridge.errors import TalkbridgeError
 from talkbridge.message import utcnow
 from talkbridge.store.base import HookDelivery, Store
@@ -51,6 +52,17 @@ CAPACITY: Final = 1000
 
 def new_event_id() -> str:
     return uuid.uuid4().hex
+
+
+_TURN_EVENTS: Final = uuid.UUID("5d0c8f4e-8a0b-4a53-9a8e-2f7c2b1d6e41")
+
+
+def turn_event_id(app_id: str, connection_id: str, message_id: str) -> str:
+    """The `event_id` of the turn answering one inbound message: the same each time that turn
+    runs. A bridge that dies after queueing the event, before the message is marked done,
+    runs the turn again at the next start (its reply is not sent twice), and a handler that
+    dedupes on `event_id`, as it is told to, must see the same id again."""
+    return uuid.uuid5(_TURN_EVENTS, f"{app_id}\x1f{connection_id}\x1f{message_id}").hex
 
 
 class TurnRef(BaseModel):
@@ -261,8 +273,11 @@ class DurableHooks:
         """Whether `emit_turn_completed` would do anything (checked before making the call)."""
         return bool(self._handlers) and self._enabled
 
-    async def emit_turn_completed(self, session: Any, status: str) -> None:
-        """For the Bridge after a reply was sent: never raises into the message path."""
+    async def emit_turn_completed(
+        self, session: Any, status: str, *, message_id: str | None = None
+    ) -> None:
+        """For the Bridge after a reply was sent: never raises into the message path.
+        `message_id`: the inbound message the turn answered, which fixes its `event_id`."""
         if not self.wants_turn_completed:
             return
         try:
@@ -273,7 +288,14 @@ class DurableHooks:
                 connection_id=session.connection_id,
                 thread_id=session.thread_id,
             )
-            await self.emit(TurnCompleted(app_id=self.app_id, turn=ref, status=status))
+            event_id = (
+                new_event_id()
+                if message_id is None
+                else turn_event_id(self.app_id, session.connection_id, message_id)
+            )
+            await self.emit(
+                TurnCompleted(event_id=event_id, app_id=self.app_id, turn=ref, status=status)
+            )
         except (TalkbridgeError, ValueError) as exc:
             log.error("could not queue %s for turn %s: %s", TURN_COMPLETED, session.turn_id, exc)
 
@@ -394,11 +416,15 @@ class DurableHooks:
         try:
             async with asyncio.timeout(self.attempt_timeout):
                 await handler(event)
-        except asyncio.CancelledError:
-            # Stopping mid-attempt: not the handler's failure; give the lease back.
-            with contextlib.suppress(Exception):
-                await store.release_hook_delivery(delivery.id, now=self.clock())
-            raise
+        except asyncio.CancelledError as exc:
+            if cancelling():
+                # Stopping mid-attempt: not the handler's failure; give the lease back.
+                with contextlib.suppress(Exception):
+                    await store.release_hook_delivery(delivery.id, now=self.clock())
+                raise
+            # The handler's own (a task it awaited was cancelled): a failed attempt, or it
+            # would be handed back at once, again and again, and never become a dead letter.
+            error = f"{type(exc).__name__}: {exc}".rstrip(": ")
         except TimeoutError:
             error = f"timed out after {self.attempt_timeout:g} s"
         except Exception as exc:

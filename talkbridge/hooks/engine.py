@@ -30,7 +30,7 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from talkbridge.cancellation import drain_tasks
+from talkbridge.cancellation import cancelling, drain_tasks
 
 E = TypeVar("E")
 
@@ -674,6 +674,12 @@ class HookChain(Generic[E]):
                             result = await _bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
+                except asyncio.CancelledError as exc:
+                    if cancelling():
+                        raise
+                    failure = HookFailure(  # not ours: a task the hook awaited was cancelled
+                        reg.name, "exception", "raised CancelledError", reg.on_error, exc
+                    )
                 except Exception as exc:
                     failure = HookFailure(
                         reg.name,

@@ -13,12 +13,14 @@ turn.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
+from talkbridge.cancellation import cancelling
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
 
 log = logging.getLogger("talkbridge.hooks")
@@ -76,9 +78,11 @@ async def _layer(
     nxt = _Next(inner, ctx, name)
     try:
         await mw.handle(ctx, nxt)
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
         if exc is nxt.inner_error:
             raise  # an inner layer's (or the agent's) failure, not this middleware's
+        if isinstance(exc, asyncio.CancelledError) and cancelling():
+            raise  # the turn is being cancelled; a stray one is the middleware's failure
         when = "after calling next()" if nxt.called else "before calling next()"
         if on_error == "fail-closed":
             log.error("turn middleware %r failed %s; ending the turn", name, when, exc_info=exc)

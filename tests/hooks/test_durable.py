@@ -130,6 +130,41 @@ async def test_dead_letter_after_six_attempts_does_not_block_the_conversation(
         await again.stop()
 
 
+async def test_a_handler_raising_a_stray_cancelled_error_fails_and_becomes_a_dead_letter(
+    store: Store,
+) -> None:
+    """A handler awaiting a task that something else cancelled raises CancelledError while
+    the worker is not being stopped: a failed attempt, not a lease handed back for an
+    immediate retry (it was retried at full speed for ever, never a dead letter, and held
+    its conversation's later events back)."""
+    calls: list[str] = []
+    second = asyncio.Event()
+
+    async def crm(event: TurnCompleted | JobCompleted) -> None:
+        calls.append(event.event_id)
+        if event.event_id == "e2":
+            second.set()
+            return
+        task = asyncio.create_task(asyncio.Event().wait())
+        await asyncio.sleep(0)
+        task.cancel()
+        await task
+
+    durable = hooks(store)
+    durable.register("crm", crm)
+    await durable.emit(turn("e1"))
+    await durable.emit(turn("e2"))  # the same conversation: after e1 is done with
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await durable.stop()
+    assert calls == ["e1"] * 6 + ["e2"]
+    [dead] = await durable.dead_letters()
+    assert (dead.event_id, dead.attempts, dead.last_error) == ("e1", 6, "CancelledError")
+
+
 async def test_other_conversations_go_on_while_one_waits(store: Store) -> None:
     release = asyncio.Event()
     seen: list[str] = []
@@ -382,6 +417,60 @@ async def test_the_bridge_emits_turn_completed_after_the_reply(tmp_path: Path) -
     )
     assert (event.turn.connection_id, event.turn.thread_id) == ("test", "chat-1")
     assert sent_before == [1]  # the reply went out first
+
+
+async def test_a_turn_run_again_after_a_crash_emits_the_same_event_id(tmp_path: Path) -> None:
+    """The bridge dies after it queued a turn's event, before the message was marked done: the
+    next start runs that turn again (its reply is not sent twice) and queues the event again.
+    The handler, which dedupes on `event_id` as the docs say, must be able to tell; the second
+    event had a new random id, so a CRM or a bill counted the turn twice."""
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import BridgeConfig, ConnectionConfig
+    from talkbridge.message import NormalizedMessage
+    from tests.support.talk_connector import TalkConnector, make_message
+
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'b.db'}"})
+    got: list[str] = []
+    arrived = asyncio.Event()
+
+    async def audit(event: TurnCompleted | JobCompleted) -> None:
+        got.append(event.event_id)
+        arrived.set()
+
+    async def start() -> tuple[Bridge, TalkConnector]:
+        bridge = Bridge(config, with_webchat=False, app_id="app")
+        conn = TalkConnector("test")
+        bridge.registry.add(
+            conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"])
+        )
+        bridge.durable.register("audit", audit)
+        await bridge.start()
+        return bridge, conn
+
+    bridge, conn = await start()
+    never = asyncio.Event()
+
+    async def stuck(message: NormalizedMessage) -> None:
+        await never.wait()  # the crash comes after the turn, before the message is done
+
+    bridge.router.subscribe_all(stuck)
+    await conn.inject(make_message("bill me", message_id="n1"))
+    async with asyncio.timeout(WAIT):
+        await arrived.wait()
+    await bridge.stop(drain_timeout=0.01)
+    assert len(conn.sent) == 1
+
+    arrived.clear()
+    bridge, conn = await start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await arrived.wait()
+        await bridge.router.join()
+    finally:
+        await bridge.stop()
+    assert conn.sent == []  # the reply went out once
+    first, again = got
+    assert again == first
 
 
 async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:

@@ -132,10 +132,17 @@ class EmailConfig(ConnectionConfig):
         return tuple(patterns)
 
     def trusts_message(self, message: Any) -> bool:
+        return all(
+            self.trusts(a)
+            for a in [message.channel_user_id.lower(), *self.others_answered(message)]
+        )
+
+    def others_answered(self, message: Any) -> tuple[str, ...]:
+        """Every address a reply-all reaches, in lower case; our own aliases are no strangers."""
         raw = message.raw_event if isinstance(message.raw_event, dict) else {}
-        ours = "@" + self.domain.lower()  # our own aliases on To/Cc are no strangers
-        others = [a for a in raw.get("answered", ()) if isinstance(a, str) and not a.endswith(ours)]
-        return all(self.trusts(a.lower()) for a in [message.channel_user_id, *others])
+        ours = "@" + self.domain.lower()
+        answered = (a.lower() for a in raw.get("answered", ()) if isinstance(a, str))
+        return tuple(a for a in answered if not a.endswith(ours))
 
     @property
     def domain(self) -> str:
