@@ -12,7 +12,8 @@ What it does like Slack:
 - messages kept per channel with unique `ts`, threads by `thread_ts`: chat.postMessage/update/
   delete, reactions.add, conversations.history/replies/info, users.info, auth.test, the files
   upload flow (getUploadURLExternal -> POST bytes -> completeUploadExternal), files.info and an
-  authenticated download, assistant.threads.setStatus;
+  authenticated download, assistant.threads.setStatus; a block's text over 3,000 characters is
+  `invalid_blocks`;
 - Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
   `disconnect` messages, redelivers envelopes, and can be dropped without a close frame;
@@ -524,6 +525,9 @@ class SlackPeer(Waitable):
             return "no_text"
         if len(text) > 40000:
             return "msg_too_long"
+        blocks = params.get("blocks") or []
+        if any(len(str(t.get("text") or "")) > 3000 for t in _section_texts(blocks)):
+            return "invalid_blocks"  # a section's text object holds at most 3,000 characters
         message = {
             "type": "message",
             "user": ws.bot_user_id,
@@ -691,6 +695,20 @@ class SlackPeer(Waitable):
     async def _m_assistant_threads_setStatus(self, token: str, params: dict[str, Any]) -> Any:
         self.statuses.append(dict(params))
         return {}
+
+
+# ---- what Slack checks in a posted message -----------------------------------------------------
+
+
+def _section_texts(blocks: Any) -> list[dict[str, Any]]:
+    """The text objects of the blocks: each block's `text` and its `fields`."""
+    found: list[dict[str, Any]] = []
+    for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(block, dict):
+            continue
+        items = [block.get("text"), *(block.get("fields") or [])]
+        found += [item for item in items if isinstance(item, dict)]
+    return found
 
 
 # ---- event builders (Events API shapes) -------------------------------------------------------

@@ -171,3 +171,9 @@ def test_buttons_become_block_kit_with_their_values() -> None:
         button_blocks("x", [("", "v")])
     with pytest.raises(ValueError, match="at most 25"):
         button_blocks("x", [(str(i), str(i)) for i in range(26)])
+
+
+def test_button_text_over_a_sections_limit_is_refused_not_cut() -> None:
+    assert button_blocks("x" * 3000, [("Yes", "yes")])[0]["text"]["text"] == "x" * 3000
+    with pytest.raises(ValueError, match="3000"):
+        button_blocks("x" * 3001, [("Yes", "yes")])
