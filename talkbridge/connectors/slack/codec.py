@@ -415,6 +415,9 @@ def button_blocks(text_mrkdwn: str, buttons: Sequence[tuple[str, str]]) -> list[
         )
     blocks: list[dict[str, Any]] = []
     if text_mrkdwn.strip():
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text_mrkdwn}})
+        # verbatim: Slack parses a block's mrkdwn for mentions unless told not to, and a plain
+        # "@channel" in text we were handed would then notify the whole channel.
+        text = {"type": "mrkdwn", "text": text_mrkdwn, "verbatim": True}
+        blocks.append({"type": "section", "text": text})
     blocks.append({"type": "actions", "elements": elements})
     return blocks

@@ -162,7 +162,9 @@ def test_thread_and_message_ids_round_trip_and_refuse_garbage() -> None:
 
 def test_buttons_become_block_kit_with_their_values() -> None:
     blocks = button_blocks("*Pick*", [("Yes", "yes"), ("No", "no")])
-    assert blocks[0] == {"type": "section", "text": {"type": "mrkdwn", "text": "*Pick*"}}
+    # verbatim: no automatic parsing, so a plain "@here" in the text stays text
+    text = {"type": "mrkdwn", "text": "*Pick*", "verbatim": True}
+    assert blocks[0] == {"type": "section", "text": text}
     assert [(e["text"]["text"], e["value"]) for e in blocks[1]["elements"]] == [
         ("Yes", "yes"),
         ("No", "no"),

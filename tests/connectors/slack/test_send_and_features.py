@@ -279,3 +279,18 @@ async def test_the_text_above_buttons_is_split_to_fit_its_section_not_cut(
     assert " ".join(shown).split() == text.split()  # every word shown, once
     assert posts[-1]["blocks"][-1]["type"] == "actions"
     await connector.close()
+
+
+async def test_mentions_written_above_buttons_notify_nobody(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "@channel and @here: vote <!everyone>"  # an agent quoting a user, say
+    await connector.send(
+        OutboundMessage(thread_id="C0GENERAL1", text=text, buttons=(("Yes", "yes"),))
+    )
+    await connector.send(OutboundMessage(thread_id="C0GENERAL1", text=text))
+    with_buttons, without = peer.messages["C0GENERAL1"]
+    assert with_buttons["blocks"][0]["text"]["text"].startswith("@channel and @here")
+    assert with_buttons["pings"] == without["pings"] == []
+    await connector.close()
