@@ -12,7 +12,9 @@ What it does like Slack:
 - messages kept per channel with unique `ts`, threads by `thread_ts`: chat.postMessage/update/
   delete, reactions.add, conversations.history/replies/info, users.info, auth.test, the files
   upload flow (getUploadURLExternal -> POST bytes -> completeUploadExternal), files.info and an
-  authenticated download, assistant.threads.setStatus;
+  authenticated download, assistant.threads.setStatus; a block's text over 3,000 characters is
+  `invalid_blocks`; each posted message records the `@here`/`@channel`/`@everyone` it would
+  notify (`pings`), with Slack's automatic parsing of block text that is not `verbatim`;
 - Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
   `disconnect` messages, redelivers envelopes, and can be dropped without a close frame;
@@ -29,6 +31,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -524,7 +527,10 @@ class SlackPeer(Waitable):
             return "no_text"
         if len(text) > 40000:
             return "msg_too_long"
-        message = {
+        blocks = params.get("blocks") or []
+        if any(len(str(t.get("text") or "")) > 3000 for t in _section_texts(blocks)):
+            return "invalid_blocks"  # a section's text object holds at most 3,000 characters
+        message: dict[str, Any] = {
             "type": "message",
             "user": ws.bot_user_id,
             "bot_id": ws.bot_id,
@@ -536,6 +542,7 @@ class SlackPeer(Waitable):
             message["thread_ts"] = params["thread_ts"]
         if params.get("blocks"):
             message["blocks"] = params["blocks"]
+        message["pings"] = pings(text, blocks)
         self.messages.setdefault(channel, []).append(message)
         return {"channel": channel, "ts": message["ts"], "message": message}
 
@@ -691,6 +698,40 @@ class SlackPeer(Waitable):
     async def _m_assistant_threads_setStatus(self, token: str, params: dict[str, Any]) -> Any:
         self.statuses.append(dict(params))
         return {}
+
+
+# ---- what Slack checks in a posted message -----------------------------------------------------
+
+
+def _section_texts(blocks: Any) -> list[dict[str, Any]]:
+    """The text objects of the blocks: each block's `text` and its `fields`."""
+    found: list[dict[str, Any]] = []
+    for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(block, dict):
+            continue
+        items = [block.get("text"), *(block.get("fields") or [])]
+        found += [item for item in items if isinstance(item, dict)]
+    return found
+
+
+_MANUAL = re.compile(r"<!(here|channel|everyone)(?:\|[^>]*)?>")
+_AUTOMATIC = re.compile(r"(?<![\w@])@(here|channel|everyone)\b")
+
+
+def pings(text: str, blocks: Any) -> list[str]:
+    """The special mentions (`here`, `channel`, `everyone`) a posted message notifies people of.
+
+    `<!here>` always does. The message's `text` is posted with `parse=none` (chat.postMessage's
+    default), so a plain `@here` there stays text; a block's `mrkdwn` text object is parsed
+    automatically unless it says `verbatim: true`, and there a plain `@here` notifies too.
+    """
+    found: list[str] = _MANUAL.findall(text)
+    for item in _section_texts(blocks):
+        value = str(item.get("text") or "")
+        found += _MANUAL.findall(value)
+        if item.get("type") == "mrkdwn" and not item.get("verbatim"):
+            found += _AUTOMATIC.findall(value)
+    return found
 
 
 # ---- event builders (Events API shapes) -------------------------------------------------------

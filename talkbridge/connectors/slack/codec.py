@@ -28,6 +28,7 @@ from talkbridge.connectors.slack.mrkdwn import (
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
+    "SECTION_TEXT_LIMIT",
     "SLACK_TEXT_LIMIT",
     "Deletion",
     "Identity",
@@ -376,12 +377,24 @@ def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
 
 _BUTTON_LABEL_LIMIT = 75
 _BUTTON_VALUE_LIMIT = 2000
+SECTION_TEXT_LIMIT = 3000
+"""A section's mrkdwn text object holds at most this many characters (Slack refuses more with
+`invalid_blocks`); a message with buttons shows its blocks, not its `text`, so the text above the
+buttons is split at this limit instead of the message limit."""
 
 
 def button_blocks(text_mrkdwn: str, buttons: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Block Kit for a text with (label, value) buttons; a click comes back as `block_actions`."""
+    """Block Kit for a text with (label, value) buttons; a click comes back as `block_actions`.
+
+    The text must already fit one section (`SECTION_TEXT_LIMIT`): cutting it here would lose its
+    end, or leave half an entity or link, where the user reads it."""
     if not buttons:
         raise ValueError("no buttons given")
+    if len(text_mrkdwn) > SECTION_TEXT_LIMIT:
+        raise ValueError(
+            f"the text above buttons must be at most {SECTION_TEXT_LIMIT} characters "
+            "(split it first)"
+        )
     if len(buttons) > 25:
         raise ValueError("Slack allows at most 25 buttons in one actions block")
     elements = []
@@ -402,6 +415,9 @@ def button_blocks(text_mrkdwn: str, buttons: Sequence[tuple[str, str]]) -> list[
         )
     blocks: list[dict[str, Any]] = []
     if text_mrkdwn.strip():
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": text_mrkdwn[:3000]}})
+        # verbatim: Slack parses a block's mrkdwn for mentions unless told not to, and a plain
+        # "@channel" in text we were handed would then notify the whole channel.
+        text = {"type": "mrkdwn", "text": text_mrkdwn, "verbatim": True}
+        blocks.append({"type": "section", "text": text})
     blocks.append({"type": "actions", "elements": elements})
     return blocks

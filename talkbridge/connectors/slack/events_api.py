@@ -5,7 +5,8 @@ Every request is checked before anything else: `X-Slack-Signature` must be the H
 `SignatureVerifier`), the timestamp within five minutes, and the signature not seen before (a
 captured request replayed inside the window is refused too). `url_verification` is answered
 with its challenge. An event is answered 200 only once the router accepted it; otherwise 500,
-and Slack retries (`X-Slack-Retry-Num`), which the dedupe in the connector absorbs.
+its signature is forgotten, and Slack retries (`X-Slack-Retry-Num`), which the dedupe in the
+connector absorbs.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ class RequestCheck:
         self._seen[signature] = now
         return None
 
+    def forget(self, signature: str | None) -> None:
+        """A request that was not accepted may come again: Slack's retry is the same body, and
+        one signed within the same second carries the same signature, which is no replay."""
+        if signature is not None:
+            self._seen.pop(signature, None)
+
 
 class EventsServer:
     """An aiohttp server for one connection's Request URL (events and interactivity)."""
@@ -102,10 +109,9 @@ class EventsServer:
 
     async def _on_request(self, request: web.Request) -> web.Response:
         body = await request.read()
+        signature = request.headers.get("X-Slack-Signature")
         refused = self._check.refuse(
-            body,
-            request.headers.get("X-Slack-Request-Timestamp"),
-            request.headers.get("X-Slack-Signature"),
+            body, request.headers.get("X-Slack-Request-Timestamp"), signature
         )
         if refused is not None:
             self._log.warning("refused a request from %s: %s", request.remote, refused)
@@ -123,6 +129,7 @@ class EventsServer:
             await self._handle(payload, retry)
         except Exception as exc:
             self._log.warning("event not accepted yet (Slack will retry): %s", exc)
+            self._check.forget(signature)
             return web.Response(status=500, text="not accepted, retry later")
         return web.Response(status=200)
 

@@ -29,6 +29,7 @@ from talkbridge.connectors.base import BaseConnector, ConnectionStatus, Connecto
 from talkbridge.connectors.boundary import permanent, readable, scrub
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
+    SECTION_TEXT_LIMIT,
     SLACK_TEXT_LIMIT,
     Deletion,
     Identity,
@@ -373,7 +374,9 @@ class SlackConnector(BaseConnector):
 
     async def send(self, message: OutboundMessage) -> SendResult:
         channel, thread_ts = self._target(message)
-        chunks = render_chunks(message.text, message.markup) if message.text else []
+        # With buttons the last chunk is shown as a section block, which holds less.
+        limit = SECTION_TEXT_LIMIT if message.buttons else SLACK_TEXT_LIMIT
+        chunks = render_chunks(message.text, message.markup, limit) if message.text else []
         links = [a.ref for a in message.attachments if a.data is None and a.ref]
         if links:
             chunks.append("\n".join(f"<{link}>" for link in links))

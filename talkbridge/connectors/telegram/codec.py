@@ -204,6 +204,42 @@ def _attachments(message: Mapping[str, Any]) -> tuple[Attachment, ...]:
     return tuple(found)
 
 
+def _with_links(text: str, entities: Any) -> str:
+    """`text` with each hidden link spelled out after its words: "the docs (https://…)".
+
+    Formatting entities are dropped, but a `text_link` is the only place its URL is written;
+    without it the agent reads "the docs" and never sees where they are (Slack's links read the
+    same way). Offsets count UTF-16 units, as Telegram counts them; an entity that does not fit
+    the text leaves it as it is.
+    """
+    if not isinstance(entities, list):
+        return text
+    data = text.encode("utf-16-le")
+    links: list[tuple[int, int, str]] = []
+    for entity in entities:
+        if not isinstance(entity, Mapping) or entity.get("type") != "text_link":
+            continue
+        offset, length, url = entity.get("offset"), entity.get("length"), entity.get("url")
+        if isinstance(offset, int) and isinstance(length, int) and isinstance(url, str) and url:
+            links.append((2 * offset, 2 * (offset + length), url))
+    if not links:
+        return text
+    pieces: list[str] = []
+    done = 0
+    try:
+        for start, end, url in sorted(links, key=lambda link: link[1]):
+            if not 0 <= start <= end <= len(data) or end < done:
+                return text
+            pieces.append(data[done:end].decode("utf-16-le"))
+            if data[start:end].decode("utf-16-le").strip() != url:
+                pieces.append(f" ({url})")
+            done = end
+        pieces.append(data[done:].decode("utf-16-le"))
+    except UnicodeDecodeError:  # an offset inside a surrogate pair: not Telegram's
+        return text
+    return "".join(pieces)
+
+
 def _reply_to(message: Mapping[str, Any]) -> ReplyTo | None:
     replied = message.get("reply_to_message")
     if not isinstance(replied, Mapping):
@@ -237,7 +273,10 @@ def _decode_message(
     message_id = message.get("message_id")
     if chat_id is None or message_id is None:
         return None
-    text = message.get("text") or message.get("caption") or ""
+    if message.get("text"):
+        text = _with_links(str(message["text"]), message.get("entities"))
+    else:
+        text = _with_links(str(message.get("caption") or ""), message.get("caption_entities"))
     attachments = _attachments(message)
     if not text and not attachments:
         return None  # service messages: joins, pins, topic changes …

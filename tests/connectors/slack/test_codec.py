@@ -162,7 +162,9 @@ def test_thread_and_message_ids_round_trip_and_refuse_garbage() -> None:
 
 def test_buttons_become_block_kit_with_their_values() -> None:
     blocks = button_blocks("*Pick*", [("Yes", "yes"), ("No", "no")])
-    assert blocks[0] == {"type": "section", "text": {"type": "mrkdwn", "text": "*Pick*"}}
+    # verbatim: no automatic parsing, so a plain "@here" in the text stays text
+    text = {"type": "mrkdwn", "text": "*Pick*", "verbatim": True}
+    assert blocks[0] == {"type": "section", "text": text}
     assert [(e["text"]["text"], e["value"]) for e in blocks[1]["elements"]] == [
         ("Yes", "yes"),
         ("No", "no"),
@@ -171,3 +173,9 @@ def test_buttons_become_block_kit_with_their_values() -> None:
         button_blocks("x", [("", "v")])
     with pytest.raises(ValueError, match="at most 25"):
         button_blocks("x", [(str(i), str(i)) for i in range(26)])
+
+
+def test_button_text_over_a_sections_limit_is_refused_not_cut() -> None:
+    assert button_blocks("x" * 3000, [("Yes", "yes")])[0]["text"]["text"] == "x" * 3000
+    with pytest.raises(ValueError, match="3000"):
+        button_blocks("x" * 3001, [("Yes", "yes")])

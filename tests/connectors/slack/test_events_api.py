@@ -110,6 +110,29 @@ async def test_an_event_not_accepted_is_answered_500_so_slack_retries_it(
     assert events.inbox.texts == ["flaky store"]
 
 
+async def test_a_retry_signed_in_the_same_second_as_a_refused_attempt_is_taken(
+    peer: SlackPeer, events: Running
+) -> None:
+    # Slack retries a 500 at once with the same body; signed within the same second, it has the
+    # same signature. That is no replay: the first attempt was not accepted.
+    event = message_event("U0ADA0001", "quick retry", ts="1700000000.000200")
+    events.inbox.fail_on.add("D0DM00001:1700000000.000200")
+    payload = peer.event_callback(event)
+    stamp = int(time.time())
+    first, _ = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, timestamp=stamp
+    )
+    retry, body = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, timestamp=stamp, retry_num=1
+    )
+    assert (first, retry) == (500, 200), body
+    assert events.inbox.texts == ["quick retry"]
+    replay, body = await peer.post_event(  # once accepted, the same request is a replay
+        events.events_url, payload, secret=SIGNING_SECRET, timestamp=stamp, retry_num=1
+    )
+    assert replay == 401 and "replayed" in body
+
+
 async def test_a_button_click_arrives_as_a_signed_interactivity_form(
     peer: SlackPeer, events: Running
 ) -> None:

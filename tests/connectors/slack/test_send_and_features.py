@@ -259,3 +259,38 @@ async def test_typing_sets_an_assistant_thread_status_and_stops_where_not_allowe
     await connector.typing(f"{DM}:1700000000.000100")
     assert len(peer.calls_of("assistant.threads.setStatus", ok=None)) == 2
     await connector.close()
+
+
+async def test_the_text_above_buttons_is_split_to_fit_its_section_not_cut(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "Start. " + "lorem ipsum " * 280 + "THE END"  # over a section's 3,000, under 4,000
+    await connector.send(OutboundMessage(thread_id=DM, text=text, buttons=(("Yes", "yes"),)))
+    posts = peer.posted()
+    # A message with blocks shows its blocks; its `text` is only the notification's fallback.
+    shown = [
+        " ".join(b["text"]["text"] for b in p["blocks"] if b["type"] == "section")
+        if p.get("blocks")
+        else p["text"]
+        for p in posts
+    ]
+    assert len(posts) == 2 and shown[0].startswith("Start.") and shown[-1].endswith("THE END")
+    assert " ".join(shown).split() == text.split()  # every word shown, once
+    assert posts[-1]["blocks"][-1]["type"] == "actions"
+    await connector.close()
+
+
+async def test_mentions_written_above_buttons_notify_nobody(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "@channel and @here: vote <!everyone>"  # an agent quoting a user, say
+    await connector.send(
+        OutboundMessage(thread_id="C0GENERAL1", text=text, buttons=(("Yes", "yes"),))
+    )
+    await connector.send(OutboundMessage(thread_id="C0GENERAL1", text=text))
+    with_buttons, without = peer.messages["C0GENERAL1"]
+    assert with_buttons["blocks"][0]["text"]["text"].startswith("@channel and @here")
+    assert with_buttons["pings"] == without["pings"] == []
+    await connector.close()

@@ -59,6 +59,39 @@ def test_entities_are_removed_leaving_plain_text() -> None:
     assert must("docs_entities.json").text == "Bold and italics"
 
 
+def test_a_hidden_link_is_spelled_out_after_its_words() -> None:
+    # Offsets count UTF-16 units: the emoji before the link takes two.
+    message = {
+        "message_id": 7,
+        "from": {"id": 777, "is_bot": False, "first_name": "Ada"},
+        "chat": {"id": 777, "type": "private", "first_name": "Ada"},
+        "date": 1700000000,
+        "text": "👋 read the docs, then https://x.test/faq",
+        "entities": [
+            {"type": "bold", "offset": 0, "length": 2},
+            {"type": "text_link", "offset": 8, "length": 8, "url": "https://x.test/docs"},
+            {"type": "url", "offset": 23, "length": 18},
+        ],
+    }
+    decoded = decode_update({"update_id": 1, "message": message}, connection_id="tg")
+    assert decoded is not None
+    assert decoded.text == "👋 read the docs (https://x.test/docs), then https://x.test/faq"
+    caption = {
+        **{k: v for k, v in message.items() if k not in ("text", "entities")},
+        "photo": [{"file_id": "P", "file_unique_id": "p", "width": 1, "height": 1}],
+        "caption": "🖼 source",
+        "caption_entities": [{"type": "text_link", "offset": 3, "length": 6, "url": "tg://x"}],
+    }
+    decoded = decode_update({"update_id": 2, "message": caption}, connection_id="tg")
+    assert decoded is not None and decoded.text == "🖼 source (tg://x)"
+    broken = {
+        **message,
+        "entities": [{"type": "text_link", "offset": 30, "length": 99, "url": "u"}],
+    }
+    decoded = decode_update({"update_id": 3, "message": broken}, connection_id="tg")
+    assert decoded is not None and decoded.text == message["text"]
+
+
 def test_forwarded_message_keeps_its_text() -> None:
     assert must("docs_forwarded.json").text == "/start"
 

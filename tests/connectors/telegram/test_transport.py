@@ -63,6 +63,19 @@ async def test_the_bots_own_messages_are_not_delivered(
     assert running.inbox.texts == ["real"]
 
 
+async def test_a_hidden_links_url_reaches_the_bridge(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    update = private_text(777, "😀 see the docs", message_id=6)
+    update["message"]["entities"] = [
+        {"type": "text_link", "offset": 7, "length": 8, "url": "https://example.com/docs"}
+    ]
+    peer.push_update(update)
+    [message] = await running.inbox.wait_count(1)
+    assert message.text == "😀 see the docs (https://example.com/docs)"
+
+
 async def test_edited_message_arrives_as_an_edit(peer: TelegramBotAPIPeer, start: Start) -> None:
     running = await start()
     original = private_text(777, "helo", message_id=9)
