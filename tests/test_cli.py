@@ -760,6 +760,14 @@ _BROKEN = {
         },
         "filter.connection_ids: support-bot matches nothing here",
     ),
+    "a hook filter for outbound messages, which hooks never see": (
+        "hooks: [h]\n",
+        {
+            "h/channel-message/hook.py": "def create_hook(deps):\n    return lambda m: None\n",
+            "h/channel-message/hook.yaml": "filter: {direction: outbound}\n",
+        },
+        "filter.direction: outbound matches nothing: hooks see the messages that come in",
+    ),
     "an unknown default agent": (
         "agents: {default: nobody}\n",
         {},

@@ -101,6 +101,12 @@ def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
     spec = item.filter
     if spec is None:
         return
+    if spec.direction == "outbound":  # the filter exists for events that may carry either
+        raise HookLoadError(
+            f"hook folder {item.folder}: hook.yaml: filter.direction: outbound matches nothing: "
+            "hooks see the messages that come in (to change a reply, use turn middleware); "
+            "the hook would never run"
+        )
     for key, given, known in (
         ("channels", spec.channels, known_channels()),
         ("connection_ids", spec.connection_ids, connection_ids),
