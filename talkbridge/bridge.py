@@ -538,7 +538,12 @@ class Bridge:
             await self._screen(message, visible_to=routing.agent, ids=result.message_ids)
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
             await replies.remember(self.store, cid, message.id, result.message_ids)
-        if outcome.ok and self.durable.wants_turn_completed:  # durable hooks (issue 5)
+        await self._turn_completed(message, outcome)
+
+    async def _turn_completed(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
+        """Durable hooks' `TurnCompleted` once a turn's answer is out (a reply, or an edit of
+        the earlier one); `message` fixes its event id, so a turn run again repeats it."""
+        if outcome.ok and self.durable.wants_turn_completed:
             await self.durable.emit_turn_completed(
                 outcome.session, outcome.status, message_id=message.id
             )
@@ -573,6 +578,7 @@ class Bridge:
             )
         else:
             await self._delete_replies(message, later)  # the old answer's later parts
+            await self._turn_completed(message, outcome)
             return
         reply = OutboundMessage(
             thread_id=message.thread_id,
@@ -587,6 +593,7 @@ class Bridge:
             return
         await self._delete_replies(message, [earlier_reply, *later])  # replaced: it goes
         await replies.remember(self.store, cid, message.edit_of, result.message_ids)
+        await self._turn_completed(message, outcome)
 
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
         """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""

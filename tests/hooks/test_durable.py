@@ -419,6 +419,43 @@ async def test_the_bridge_emits_turn_completed_after_the_reply(tmp_path: Path) -
     assert sent_before == [1]  # the reply went out first
 
 
+async def test_an_edit_answered_again_emits_its_own_turn_completed(tmp_path: Path) -> None:
+    """An edited message is a turn of its own: its answer (the earlier reply edited in place)
+    is reported like any other, with an event id of its own."""
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import BridgeConfig, ConnectionConfig
+    from tests.support.talk_connector import TalkConnector, make_message
+
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'b.db'}"})
+    bridge = Bridge(config, with_webchat=False, app_id="app")
+    conn = TalkConnector("test")
+    edited: asyncio.Queue[str] = asyncio.Queue()
+
+    class Editor:
+        async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+            await edited.put(text)
+
+    conn.features["edit"] = Editor()
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"]))
+    got: asyncio.Queue[TurnCompleted | JobCompleted] = asyncio.Queue()
+    bridge.durable.register("audit", got.put)
+    await bridge.start()
+    try:
+        first = make_message("helo", thread_id="chat-1")
+        await conn.inject(first)
+        async with asyncio.timeout(WAIT):
+            answered = await got.get()
+            await conn.inject(make_message("hello", thread_id="chat-1", edit_of=first.id))
+            assert await edited.get() == "hello"
+            re_answered = await got.get()
+    finally:
+        await bridge.stop()
+    assert isinstance(re_answered, TurnCompleted)
+    assert re_answered.status == "completed"
+    assert re_answered.turn.thread_id == "chat-1"
+    assert re_answered.event_id != answered.event_id
+
+
 async def test_a_turn_run_again_after_a_crash_emits_the_same_event_id(tmp_path: Path) -> None:
     """The bridge dies after it queued a turn's event, before the message was marked done: the
     next start runs that turn again (its reply is not sent twice) and queues the event again.
