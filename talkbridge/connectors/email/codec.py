@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.email.safety import own_tag, skip_reason
-from talkbridge.connectors.email.text import html_to_text, trim_reply
+from talkbridge.connectors.email.text import html_to_text, trim_reply, unflow
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 if TYPE_CHECKING:
@@ -345,6 +345,8 @@ def read_mail(
     plain, html = _body_parts(msg)
     html_text = part_text(html) if html is not None else None
     full = part_text(plain) if plain is not None else ""
+    if plain is not None and str(plain.get_param("format", "")).lower() == "flowed":
+        full = unflow(full, delsp=str(plain.get_param("delsp", "")).lower() == "yes")
     if not full.strip() and html_text is not None:
         full = html_to_text(html_text)
     full = full.replace("\r\n", "\n").strip()
