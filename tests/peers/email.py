@@ -458,6 +458,9 @@ class SmtpPeer(Waitable):
     """Recipient address -> callable handed each mail's bytes (e.g. a Dovecot `deliver`)."""
     port: int = 0
     auth_attempts: list[tuple[str, bool]] = field(default_factory=list)
+    auth_answer: str | None = None
+    """When set, every AUTH is answered with this failure (`454 4.7.0 …`: the server's
+    authentication backend is down for now), whatever the password."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
     _rcpt_failures: list[str] = field(default_factory=list)
@@ -515,8 +518,12 @@ class SmtpPeer(Waitable):
         if isinstance(data, LoginPassword):
             login = data.login.decode()
             ok = self.users.get(login) == data.password.decode()
+        if self.auth_answer is not None:
+            ok = False
         self.auth_attempts.append((login, ok))
         self._notify()
+        if self.auth_answer is not None:
+            return AuthResult(success=False, handled=False, message=self.auth_answer)
         # handled=False: aiosmtpd answers 535 itself; with True the client would hang.
         return AuthResult(success=ok, handled=False, auth_data=login if ok else None)
 

@@ -96,6 +96,8 @@ _CATCH_UP_SECONDS = 15.0
 """A channel's catch-up gives up after this long (discord.py retries a 500 for ~25 s): its
 live messages are held until it is in."""
 _CATCH_UP_PARALLEL = 4
+_CUT = "\n…"
+"""Ends an edit whose text was longer than one message."""
 
 
 def _take_all(queue: asyncio.Queue[_T]) -> list[_T]:
@@ -722,8 +724,11 @@ class DiscordConnector(BaseConnector):
         channel_id, mid = _message(message_id)
         chunks = render_chunks(text, "markdown") or [text[:DISCORD_TEXT_LIMIT]]
         content = chunks[0]
-        if len(chunks) > 1:  # an edit cannot add messages: keep what fits, say it was cut
-            content = content[: DISCORD_TEXT_LIMIT - 2] + " …"
+        if len(chunks) > 1:
+            # An edit cannot add messages: keep the first chunk of a split that leaves room
+            # for the mark, so the cut falls on a line or word with code fences closed
+            # (slicing the chunk cut its closing fence, and the rest showed as raw Markdown).
+            content = render_chunks(text, "markdown", DISCORD_TEXT_LIMIT - len(_CUT))[0] + _CUT
         partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
         with translated(self._token, scope="thread"):
             await partial.edit(content=content, allowed_mentions=discord.AllowedMentions.none())

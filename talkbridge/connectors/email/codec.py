@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.email.safety import own_tag, skip_reason
-from talkbridge.connectors.email.text import html_to_text, trim_reply
+from talkbridge.connectors.email.text import html_to_text, trim_reply, unflow
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def header(msg: Message, name: str) -> str:
         value = raw[0] if raw else None
     if value is None:
         return ""
-    return re.sub(r"\s+", " ", str(value)).strip()
+    return re.sub(r"\s+", " ", windows_1252(str(value))).strip()
 
 
 def message_ids(value: str) -> list[str]:
@@ -100,7 +100,7 @@ def addresses(msg: Message, *names: str) -> list[tuple[str, str]]:
         except Exception:
             values = [v for k, v in msg.raw_items() if k.lower() == name.lower()]
         parsed = [
-            (display.strip(), addr.strip().lower())
+            (windows_1252(display.strip()), addr.strip().lower())
             for display, addr in getaddresses(values)
             if "@" in addr and " " not in addr.strip()
         ]
@@ -140,6 +140,26 @@ def _timestamp(msg: Message, received_at: datetime) -> datetime:
 # ---- bodies and attachments ----------------------------------------------------------------
 
 
+_C1 = re.compile(r"[\x80-\x9f]")
+
+
+def _c1_as_cp1252(match: re.Match[str]) -> str:
+    try:
+        return match.group().encode("latin-1").decode("cp1252")
+    except UnicodeDecodeError:  # 0x81, 0x8d, 0x8f, 0x90, 0x9d: no Windows-1252 meaning
+        return match.group()
+
+
+def windows_1252(text: str) -> str:
+    """C1 control characters read as the Windows-1252 characters they were meant as.
+
+    Outlook and many webmailers label Windows-1252 text `iso-8859-1`; decoded as labelled, its
+    curly quotes, dashes and euro sign (bytes 0x80-0x9f) become invisible control characters.
+    Mail clients read the label as Windows-1252 (as the WHATWG Encoding standard says); so do we.
+    """
+    return _C1.sub(_c1_as_cp1252, text) if _C1.search(text) else text
+
+
 def part_text(part: Message) -> str:
     """A text part's content in any declared charset; wrong or unknown declarations degrade
     to UTF-8, then Windows-1252, with replacement characters instead of an exception."""
@@ -151,7 +171,7 @@ def part_text(part: Message) -> str:
     for charset in attempts:
         try:
             codecs.lookup(charset)
-            return payload.decode(charset)
+            return windows_1252(payload.decode(charset))
         except (LookupError, UnicodeDecodeError):
             continue
     return payload.decode("utf-8", "replace")
@@ -325,6 +345,8 @@ def read_mail(
     plain, html = _body_parts(msg)
     html_text = part_text(html) if html is not None else None
     full = part_text(plain) if plain is not None else ""
+    if plain is not None and str(plain.get_param("format", "")).lower() == "flowed":
+        full = unflow(full, delsp=str(plain.get_param("delsp", "")).lower() == "yes")
     if not full.strip() and html_text is not None:
         full = html_to_text(html_text)
     full = full.replace("\r\n", "\n").strip()

@@ -63,6 +63,12 @@ def translate_smtp(exc: BaseException, where: str, *secrets: str | None) -> Conn
     detail = scrub(_describe(exc), *secrets)
     if _tls_failure(exc):
         return PermanentError(f"TLS with the SMTP server {where} failed: {detail}")
+    if isinstance(exc, aiosmtplib.SMTPAuthenticationError) and 400 <= exc.code < 500:
+        # RFC 4954: 454 is a temporary failure (the server's auth backend is down), not a
+        # wrong password: retried, and the connection is not stopped over it.
+        return TransientError(
+            f"SMTP server {where} cannot log in for now ({exc.code} {scrub(exc.message, *secrets)})"
+        )
     if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
         return UnauthorizedError(
             f"SMTP server {where} refused the login ({exc.code} {scrub(exc.message, *secrets)})"

@@ -141,6 +141,45 @@ def html_to_text(html: str) -> str:
     return parser.text()
 
 
+# ---- format=flowed ------------------------------------------------------------------------
+
+
+def unflow(text: str, *, delsp: bool = False) -> str:
+    """A `format=flowed` body (RFC 3676) as its writer typed it: Thunderbird, Apple Mail and
+    others wrap long lines at ~72 characters, ending each wrapped line with a space; a line
+    ending in a space joins the next one of the same quote depth. Space-stuffing is undone and
+    quoted lines come out as `> text`; with `delsp=yes` the space that marks the wrap goes too.
+    """
+    out: list[str] = []
+    current: str | None = None
+    depth_of_current = 0
+
+    def flush() -> None:
+        nonlocal current
+        if current is not None:
+            prefix = ">" * depth_of_current
+            out.append(f"{prefix} {current}" if prefix and current else prefix + current)
+        current = None
+
+    for line in text.replace("\r\n", "\n").split("\n"):
+        depth = len(line) - len(line.lstrip(">"))
+        body = line[depth:]
+        if body.startswith(" "):
+            body = body[1:]  # space-stuffing (or the space after the quote marks)
+        flowed = body.endswith(" ") and body != "-- "
+        if current is not None and depth != depth_of_current:
+            flush()  # a quote depth change ends a paragraph, wrapped or not (RFC 3676, 4.5)
+        piece = body[:-1] if flowed and delsp else body
+        if current is None:
+            current, depth_of_current = piece, depth
+        else:
+            current += piece
+        if not flowed:
+            flush()
+    flush()
+    return "\n".join(out)
+
+
 # ---- trimming -----------------------------------------------------------------------------
 
 _ATTRIBUTION = [

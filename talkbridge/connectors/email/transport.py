@@ -85,6 +85,8 @@ class EmailConnector(BaseConnector):
         self.handled = 0
         """Mails delivered to subscribers and marked seen since start."""
         self._progress = asyncio.Event()
+        self._checking: dict[str, str | None] = {}
+        """The latest `check`'s verdict per server (IMAP, SMTP); None while waited for."""
         self.provide("inbound_media", self)
 
     # ---- Transport -------------------------------------------------------------------------
@@ -304,32 +306,15 @@ class EmailConnector(BaseConnector):
     # ---- check -----------------------------------------------------------------------------
 
     async def check(self) -> str:
-        """Log in to IMAP and to SMTP; report each (raises naming the one that failed)."""
-        results: list[str] = []
-        failure: ConnectorError | None = None
-        session = ImapSession(self.config.imap, self.config.timeout)
-        try:
-            await session.open()
-            results.append(
-                f"IMAP ok ({self.config.imap.username}@{session.where}, "
-                f"{self.config.imap.folder}: {session.exists} messages)"
-            )
-        except ConnectorError as exc:
-            failure = exc
-            results.append(f"IMAP failed: {exc}")
-        finally:
-            await session.close()
-        try:
-            async with self._smtp() as smtp:
-                # A sender probe, then RSET: a server that wants a login, or does not take
-                # our address as sender, says so here (a NOOP passed both).
-                with smtp_errors(self._smtp_where, *self._secrets):
-                    await smtp.mail(self.config.address)
-                    await smtp.rset()
-            results.append(f"SMTP ok ({self._smtp_where})")
-        except ConnectorError as exc:
-            failure = failure or exc
-            results.append(f"SMTP failed: {exc}")
+        """Log in to IMAP and to SMTP, both at once; report each (raises naming what failed).
+
+        At once, so a server that never answers costs one timeout and the other's verdict is
+        in by then: `check_waiting` names the one still waited for.
+        """
+        self._checking = {"IMAP": None, "SMTP": None}
+        outcomes = await asyncio.gather(self._check_imap(), self._check_smtp())
+        results = [text for text, _ in outcomes]
+        failure = next((error for _, error in outcomes if error is not None), None)
         summary = "; ".join(results)
         if failure is not None:
             kind = type(failure)
@@ -338,10 +323,55 @@ class EmailConnector(BaseConnector):
             raise kind(summary)
         return f"{self.config.address}: {summary}"
 
+    def check_waiting(self) -> str | None:
+        """Which server the latest `check` was still waiting for, with the other's verdict."""
+        parts = self._checking
+        if not parts or all(text is not None for text in parts.values()):
+            return None
+        where = {"IMAP": self._imap_where, "SMTP": self._smtp_where}
+        return "; ".join(
+            text if text is not None else f"{name} server {where[name]} has not answered"
+            for name, text in parts.items()
+        )
+
+    async def _check_imap(self) -> tuple[str, ConnectorError | None]:
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open()
+            result: tuple[str, ConnectorError | None] = (
+                f"IMAP ok ({self.config.imap.username}@{session.where}, "
+                f"{self.config.imap.folder}: {session.exists} messages)",
+                None,
+            )
+        except ConnectorError as exc:
+            result = (f"IMAP failed: {exc}", exc)
+        finally:
+            await session.close()
+        self._checking["IMAP"] = result[0]
+        return result
+
+    async def _check_smtp(self) -> tuple[str, ConnectorError | None]:
+        try:
+            async with self._smtp() as smtp:
+                # A sender probe, then RSET: a server that wants a login, or does not take
+                # our address as sender, says so here (a NOOP passed both).
+                with smtp_errors(self._smtp_where, *self._secrets):
+                    await smtp.mail(self.config.address)
+                    await smtp.rset()
+            result: tuple[str, ConnectorError | None] = (f"SMTP ok ({self._smtp_where})", None)
+        except ConnectorError as exc:
+            result = (f"SMTP failed: {exc}", exc)
+        self._checking["SMTP"] = result[0]
+        return result
+
     async def close(self) -> None:
         return None
 
     # ---- send ------------------------------------------------------------------------------
+
+    @property
+    def _imap_where(self) -> str:
+        return f"{self.config.imap.host}:{self.config.imap.effective_port}"
 
     @property
     def _smtp_where(self) -> str:

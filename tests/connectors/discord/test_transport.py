@@ -269,6 +269,21 @@ async def test_features_edit_delete_react_typing_history_directory(
         await connector.delete(GENERAL, sent.message_id)
 
 
+async def test_an_edit_longer_than_a_message_is_cut_between_lines_with_its_code_closed(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    sent = await running.connector.send(OutboundMessage(thread_id=GENERAL, text="draft"))
+    # Its first 2,000-character chunk ends with the closing fence, the chunk being 1,999 long.
+    code = "\n".join(f"x = {i}  " for i in range(400))
+    await running.connector.edit(GENERAL, sent.message_id, f"```py\n{code}\n```")
+    [patch] = peer.calls_of("PATCH", "/channels/{channel_id}/messages/{message_id}")
+    content = patch.json["content"]
+    assert len(content) <= 2000 and content.endswith("\n```\n…"), content[-20:]
+    body = content.removeprefix("```py\n").removesuffix("\n```\n…").split("\n")
+    assert body == [f"x = {i}  " for i in range(len(body))]  # whole lines, none cut
+
+
 async def test_buttons_are_sent_and_a_click_arrives_as_a_message(
     peer: DiscordPeer, start: Callable[..., Any]
 ) -> None:

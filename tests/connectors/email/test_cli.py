@@ -80,3 +80,34 @@ async def test_an_imap_password_with_quotes_and_backslashes_stays_out_of_the_deb
         out, err = await asyncio.wait_for(process.communicate(), 60)
     text = "".join(seen) + out.decode() + err.decode()
     assert "SEKRIT" not in text
+
+
+async def test_a_server_that_never_answers_is_named_and_the_others_verdict_still_given(
+    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
+) -> None:
+    # An IMAP port that takes the connection and never greets (a firewall's tarpit, a hung
+    # server): the check's timeout runs out on it, and SMTP has answered by then.
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\nconnections:"
+        + entry(dovecot, smtp, "helpdesk", "help", SMTP_USERS["help"]).replace(
+            f"port: {dovecot.port}", f"port: {port}"
+        ),
+        encoding="utf-8",
+    )
+    async with listener:
+        process = await talkbridge(
+            "check", "--config", str(config), "--timeout", "2", env={"IMAP_PASSWORD": "x"}
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, out.decode() + err.decode()
+    [line] = [line for line in out.decode().splitlines() if "helpdesk" in line]
+    assert line.startswith("FAIL"), line
+    assert f"IMAP server 127.0.0.1:{port} has not answered" in line
+    assert f"SMTP ok (127.0.0.1:{smtp.port})" in line

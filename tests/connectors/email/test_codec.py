@@ -325,3 +325,50 @@ def test_the_reply_limiter_forgets_threads_whose_window_is_over() -> None:
     assert limiter.threads <= 2 * 60 + 1024  # not 5000: only recent threads are kept
     limiter.record("t4999", 4999.5)
     assert not limiter.allowed("t4999", 4999.6)  # a recent thread's count is intact
+
+
+def test_windows_1252_text_labelled_iso_8859_1_keeps_its_quotes_dashes_and_euro() -> None:
+    # Outlook's classic: Windows-1252 bytes under an iso-8859-1 label, in body and headers.
+    raw = (
+        b"From: =?iso-8859-1?q?Ren=E9_=93Bob=94?= <bob@example.org>\r\n"
+        b"To: help@example.com\r\nMessage-ID: <cp@example.org>\r\n"
+        b"Subject: =?iso-8859-1?q?=93Invoice=94_=96_=80_40?=\r\n"
+        b"Content-Type: text/plain; charset=iso-8859-1\r\n"
+        b"Content-Transfer-Encoding: quoted-printable\r\n\r\n"
+        b"He said =93it costs =80 40=94 =96 caf=E9.\r\n"
+    )
+    msg = decode_mail(raw, connection_id="help", address=ADDRESS, received_at=NOW)
+    assert msg is not None
+    assert msg.text == "He said \u201cit costs \u20ac 40\u201d \u2013 caf\u00e9."
+    assert msg.thread_name == "\u201cInvoice\u201d \u2013 \u20ac 40"
+    assert msg.display_name == "Ren\u00e9 \u201cBob\u201d"
+
+
+@pytest.mark.parametrize(
+    ("params", "wrapped", "expected"),
+    [
+        ("format=flowed", "the printer on the second floor \r\njams", "second floor jams"),
+        (
+            "format=flowed; delsp=yes",
+            "the printer on the second fl \r\noor jams",
+            "second floor jams",
+        ),
+    ],
+)
+def test_a_format_flowed_body_reads_as_its_writer_typed_it(
+    params: str, wrapped: str, expected: str
+) -> None:
+    delsp = "delsp=yes" in params  # the space that marks a wrap is then one more than the text
+    # Thunderbird and Apple Mail wrap at ~72 characters, a trailing space marking each wrap
+    # (RFC 3676); the quote of the earlier mail is wrapped and space-stuffed the same way.
+    raw = (
+        b"From: bob@example.org\r\nTo: help@example.com\r\nMessage-ID: <fl@example.org>\r\n"
+        b"Content-Type: text/plain; charset=utf-8; " + params.encode() + b"\r\n\r\n"
+        b"Since Monday " + wrapped.encode() + b" every morning.\r\n \r\n"
+        b"On Mon, 3 Jun 2024, Help wrote:\r\n> Is the printer" + b" " * (1 + delsp) + b"\r\n"
+        b"> still jammed?\r\n"
+    )
+    msg = decode_mail(raw, connection_id="help", address=ADDRESS, received_at=NOW)
+    assert msg is not None
+    assert msg.text == f"Since Monday the printer on the {expected} every morning."
+    assert msg.raw_event["full_text"].endswith("> Is the printer still jammed?")

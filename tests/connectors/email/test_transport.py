@@ -256,6 +256,22 @@ async def test_an_imap_login_refused_for_now_is_retried_not_a_wrong_password(
     await connector.close()
 
 
+async def test_an_smtp_login_refused_for_now_is_retried_not_a_wrong_password(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    # RFC 4954: 454 is the server's authentication backend being down, not a wrong password.
+    smtp.auth_answer = "454 4.7.0 Temporary authentication failure"
+    connector = make_connector()
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", meta={"subject": "Hello"})
+    with pytest.raises(TransientError, match=r"cannot log in for now \(454 4\.7\.0"):
+        await connector.send(out)
+    with pytest.raises(TransientError, match=r"SMTP failed: .*cannot log in for now"):
+        await connector.check()
+    smtp.auth_answer = None
+    await connector.send(out)  # the retry goes through once the server can log in again
+    assert [m.rcpt_tos for m in smtp.received] == [["bob@example.net"]]
+
+
 @pytest.mark.parametrize(
     ("greeting", "error", "says"),
     [
