@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.outage import Outage
+from talkbridge.outage import Outage
 
 log = logging.getLogger("talkbridge.cluster.fanout")
 

@@ -34,10 +34,10 @@ from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import SURE_OF_LEASE, Lease, Membership
-from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
+from talkbridge.outage import Outage
 from talkbridge.store.redis import _SEP, _history_json
 
 log = logging.getLogger("talkbridge.cluster.inbound")

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from talkbridge.cluster.fanout import WebchatFanout
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.outage import Outage
+from talkbridge.outage import Outage
 from talkbridge.store.redis import reconnecting
 from tests.cluster.conftest import wait_until
 from tests.conftest import require
