@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster.keys import ClusterKeys
+from talkbridge.outage import Outage
 
 log = logging.getLogger("talkbridge.cluster.fanout")
 
@@ -59,17 +60,19 @@ class WebchatFanout:
 
     async def _listen(self) -> None:
         pattern = self._keys.webchat_pattern()
+        listening = Outage("the webchat fan-out listener", log)
         while True:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.psubscribe(pattern)
+                listening.worked()
                 self.ready.set()
                 async for item in pubsub.listen():
                     self._deliver(item.get("data"))
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                log.warning("webchat fan-out listener failed: %s; reconnecting", exc)
+                listening.failed(exc)
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(RedisError, OSError):

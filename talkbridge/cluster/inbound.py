@@ -34,10 +34,10 @@ from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import SURE_OF_LEASE, Lease, Membership
-from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
+from talkbridge.outage import Outage
 from talkbridge.store.redis import _SEP, _history_json
 
 log = logging.getLogger("talkbridge.cluster.inbound")
@@ -87,6 +87,10 @@ class InboundBus:
         self._config = config
         self._take: Take | None = None
         self._held: dict[int, _Shard] = {}
+        self._work: dict[int, tuple[set[str], asyncio.Event]] = {}
+        """Per shard number, the entries this node is handling and the event set when none
+        are: kept across a lease lost and taken again (a Redis outage longer than the TTL), so
+        the claim on retaking it does not hand this node's own unfinished entries over twice."""
         self._by_stream: dict[str, _Shard] = {}
         self._accept = client.register_script(scripts.ACCEPT_PUBLISH)
         self._complete = client.register_script(scripts.COMPLETE_ACK)
@@ -226,7 +230,8 @@ class InboundBus:
         lease = Lease(self._client, self._keys.lease("shard", str(number)), self._node, self._ttl)
         if not (await lease.acquire()).held:
             return None
-        shard = _Shard(number, self._keys.bus_in(number), lease)
+        inflight, idle = self._work.setdefault(number, (set(), asyncio.Event()))
+        shard = _Shard(number, self._keys.bus_in(number), lease, inflight=inflight, idle=idle)
         shard.renewed_at = asyncio.get_running_loop().time()
         self._held[number] = shard
         self._by_stream[shard.stream] = shard

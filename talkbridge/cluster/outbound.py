@@ -29,10 +29,10 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.outage import Outage
 from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
 from talkbridge.errors import SendFailedError
 from talkbridge.message import OutboundMessage, SendResult
+from talkbridge.outage import Outage
 
 log = logging.getLogger("talkbridge.cluster.outbound")
 

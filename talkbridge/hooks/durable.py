@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from talkbridge.cancellation import cancelling
 from talkbridge.errors import TalkbridgeError
 from talkbridge.message import utcnow
+from talkbridge.outage import Outage
 from talkbridge.store.base import HookDelivery, Store
 
 log = logging.getLogger("talkbridge.hooks.durable")
@@ -195,6 +196,8 @@ class DurableHooks:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
+        self._reading = Outage("durable hooks: reading the queue", log)
+        """The queue is read every `poll_interval`: a store that is down is said once."""
 
     # -- registration ---------------------------------------------------------------------------
 
@@ -363,8 +366,9 @@ class DurableHooks:
                 self.app_id, list(self._handlers), now=now, lease_until=lease, limit=free
             )
         except TalkbridgeError as exc:
-            log.error("durable hooks: cannot read the queue: %s", exc)
+            self._reading.failed(exc)
             return
+        self._reading.worked()
         for delivery in claimed:
             # Claimed again while its last attempt is still finishing (it failed and was due at
             # once): the new attempt waits for the old one to end.

@@ -205,3 +205,50 @@ async def test_a_stopping_node_hands_back_each_shard_once_its_own_work_there_is_
         gate.set()
         await b.stop()
         await a.stop()
+
+
+async def test_a_node_that_takes_back_a_shard_it_lost_does_not_hand_its_own_work_over_twice(
+    store: RedisStore,
+) -> None:
+    # A Redis outage longer than the lease TTL: the node's shard lease runs out while a turn
+    # of it is under way, and the node takes the shard again once Redis answers. The claim
+    # of the shard's unacknowledged entries must not start that turn a second time.
+    a = Node(store, CONFIG, "a")
+    gate = asyncio.Event()
+    taken: list[str] = []
+    working: set[asyncio.Task[None]] = set()
+
+    async def work(ack: Callable[[], Awaitable[None]]) -> None:
+        await gate.wait()
+        await ack()
+
+    async def take(
+        message: NormalizedMessage, recovered: bool, ack: Callable[[], Awaitable[None]]
+    ) -> None:  # queues the turn and returns, as the router does
+        taken.append(message.id)
+        working.add(asyncio.create_task(work(ack)))
+
+    a.inbound.set_handler(take)  # type: ignore[arg-type]
+    await a.start()
+    await a.inbound.start()
+    message = make_message(thread_id="t0", message_id="m1")
+    busy = a.inbound.shard_of(message.thread_key)
+    lease = a.keys.lease("shard", str(busy))
+    client = aioredis.Redis.from_url(store.url, decode_responses=True)
+    try:
+        assert await a.inbound.publish(message, record_history=True)
+        await wait_until(lambda: taken == ["m1"])
+        await client.set(lease, "elsewhere", px=60_000)  # ran out and was taken meanwhile
+        await wait_until(lambda: busy not in a.inbound.held)
+        await client.delete(lease)  # free again: a takes it back and claims what is pending
+        await wait_until(lambda: busy in a.inbound.held)
+        assert taken == ["m1"]
+        gate.set()
+        await asyncio.gather(*working)
+        pending = await client.xpending(a.keys.bus_in(busy), GROUP)
+        assert pending["pending"] == 0 and taken == ["m1"]
+    finally:
+        gate.set()
+        await client.delete(lease)
+        await client.aclose()
+        await a.stop()

@@ -1,5 +1,6 @@
-"""A loop's Redis trouble, said once: the loops retry every second or faster while Redis is down,
-and a warning on each retry (about four a second from one node) buries what else is logged."""
+"""A loop's store trouble, said once: the cluster's loops and the durable hook worker retry every
+second or faster while Redis is down, and a warning on each retry (about four a second from one
+node) buries what else is logged. Outside `talkbridge.cluster`, which needs the redis extra."""
 
 from __future__ import annotations
 
