@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -13,9 +12,7 @@ from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.outage import Outage
 from talkbridge.store.redis import reconnecting
 from tests.cluster.conftest import wait_until
-from tests.conftest import require
-from tests.peers.http import free_port
-from tests.peers.redis import start_redis, stop_redis
+from tests.peers.redis import outage_redis
 
 
 def test_an_outage_is_one_warning_then_quiet_until_it_ends(
@@ -42,31 +39,22 @@ async def test_the_webchat_fan_out_says_a_redis_outage_once_and_its_end(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # It reconnects every half second: a warning each time buried the log for the whole outage.
-    port = free_port()
-    server = start_redis(port)
-    require(server is not None, "no redis-server installed")
-    assert server is not None
-    client = aioredis.Redis.from_url(
-        f"redis://127.0.0.1:{port}/0", decode_responses=True, **reconnecting()
-    )
-    fanout = WebchatFanout(client, ClusterKeys("tbtest-outage"), "a")
-    caplog.set_level(logging.DEBUG, logger="talkbridge.cluster.fanout")
-
     def said(level: int) -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelno == level]
 
-    try:
-        await fanout.start()
-        stop_redis(server)
-        await wait_until(lambda: len(said(logging.DEBUG)) >= 3)  # it keeps retrying
-        server = await asyncio.to_thread(start_redis, port)
-        assert server is not None
-        await wait_until(lambda: bool(said(logging.INFO)))
-        assert len(said(logging.WARNING)) == 1
-        assert said(logging.WARNING)[0].startswith("the webchat fan-out listener failed: ")
-        assert said(logging.INFO)[0].startswith("the webchat fan-out listener works again")
-    finally:
-        await fanout.stop()
-        await client.aclose()
-        if server is not None:
-            stop_redis(server)
+    caplog.set_level(logging.DEBUG, logger="talkbridge.cluster.fanout")
+    async with outage_redis() as server:
+        client = aioredis.Redis.from_url(server.url, decode_responses=True, **reconnecting())
+        fanout = WebchatFanout(client, ClusterKeys("tbtest-outage"), "a")
+        try:
+            await fanout.start()
+            server.stop()
+            await wait_until(lambda: len(said(logging.DEBUG)) >= 3)  # it keeps retrying
+            await server.start()
+            await wait_until(lambda: bool(said(logging.INFO)))
+        finally:
+            await fanout.stop()
+            await client.aclose()
+    assert len(said(logging.WARNING)) == 1
+    assert said(logging.WARNING)[0].startswith("the webchat fan-out listener failed: ")
+    assert said(logging.INFO)[0].startswith("the webchat fan-out listener works again")

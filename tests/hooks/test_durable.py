@@ -632,43 +632,30 @@ async def test_a_store_outage_is_said_once_and_its_end_too(
     # The worker reads the queue every poll: an error line each time buried the log while
     # Redis was down (once a second on every node).
     from talkbridge.store.redis import RedisStore
-    from tests.conftest import require
-    from tests.peers.http import free_port
-    from tests.peers.redis import start_redis, stop_redis
-
-    port = free_port()
-    server = start_redis(port)
-    require(server is not None, "no redis-server installed")
-    assert server is not None
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="tbtest-durable-outage")
-    await store.open()
-    durable = hooks(store, poll_interval=0.01)
-    recorder = Recorder()
-    durable.register("audit", recorder)
-    caplog.set_level(logging.DEBUG, logger="talkbridge.hooks.durable")
+    from tests.cluster.conftest import wait_until
+    from tests.peers.redis import outage_redis
 
     def said(level: int) -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelno == level]
 
-    async def until(condition: Callable[[], bool]) -> None:  # log lines signal nothing
-        async with asyncio.timeout(WAIT):
-            while not condition():  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
-
-    try:
-        await durable.start()
-        stop_redis(server)
-        await until(lambda: len(said(logging.DEBUG)) >= 3)  # it keeps polling
-        server = await asyncio.to_thread(start_redis, port)
-        assert server is not None
-        await until(lambda: bool(said(logging.INFO)))
-        assert len(said(logging.WARNING)) == 1 and not said(logging.ERROR)
-        assert said(logging.WARNING)[0].startswith("durable hooks: reading the queue failed: ")
-        assert said(logging.INFO)[0].startswith("durable hooks: reading the queue works again")
-        await durable.emit(turn("e1"))
-        await recorder.wait(lambda calls: calls == ["e1"])
-    finally:
-        await durable.stop()
-        await store.close()
-        if server is not None:
-            stop_redis(server)
+    caplog.set_level(logging.DEBUG, logger="talkbridge.hooks.durable")
+    async with outage_redis() as server:
+        store = RedisStore(server.url, prefix="tbtest-durable-outage")
+        await store.open()
+        durable = hooks(store, poll_interval=0.01)
+        recorder = Recorder()
+        durable.register("audit", recorder)
+        try:
+            await durable.start()
+            server.stop()
+            await wait_until(lambda: len(said(logging.DEBUG)) >= 3)  # it keeps polling
+            await server.start()
+            await wait_until(lambda: bool(said(logging.INFO)))
+            await durable.emit(turn("e1"))
+            await recorder.wait(lambda calls: calls == ["e1"])
+        finally:
+            await durable.stop()
+            await store.close()
+    assert len(said(logging.WARNING)) == 1 and not said(logging.ERROR)
+    assert said(logging.WARNING)[0].startswith("durable hooks: reading the queue failed: ")
+    assert said(logging.INFO)[0].startswith("durable hooks: reading the queue works again")

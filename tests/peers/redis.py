@@ -6,13 +6,14 @@ started once per test process on a free port and stopped when the process exits.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from tests.peers.http import free_port
 
@@ -83,3 +84,37 @@ def private_redis() -> Iterator[str | None]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         stop_redis(proc)
+
+
+class OutageRedis:
+    """A redis-server of one test alone, which the test stops and starts again: an outage."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            stop_redis(self._proc)
+            self._proc = None
+
+    async def start(self) -> None:
+        """(Again:) on the same port, once it answers."""
+        self._proc = await asyncio.to_thread(start_redis, self.port)
+        assert self._proc is not None, f"redis-server did not start again on {self.port}"
+
+
+@contextlib.asynccontextmanager
+async def outage_redis() -> AsyncIterator[OutageRedis]:
+    """A running `OutageRedis`, stopped at the end; the test is skipped (failed on CI) when
+    no redis-server is installed."""
+    from tests.conftest import require
+
+    require(shutil.which("redis-server") is not None, "redis-server is not installed")
+    server = OutageRedis()
+    await server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -18,8 +18,7 @@ from talkbridge.message import NormalizedMessage
 from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
-from tests.peers.http import free_port
-from tests.peers.redis import private_redis, redis_url, start_redis, stop_redis
+from tests.peers.redis import outage_redis, private_redis, redis_url
 from tests.support.talk_connector import make_message
 
 
@@ -262,28 +261,25 @@ async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back(
 
     watch = Watch()
     logging.getLogger("talkbridge.store").addHandler(watch)
-    port = free_port()
-    proc = start_redis(port)
-    require(proc is not None, "redis-server is not installed")
-    assert proc is not None
-    store = RedisStore(f"redis://127.0.0.1:{port}/0", prefix="p")
     try:
-        await store.open()
-        stop_redis(proc)
-        await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept, not dropped
-        await asyncio.wait_for(said["sending them again"].wait(), 30)
-        health = store.health()  # what /healthz shows meanwhile
-        assert health["state"] == "down" and f"127.0.0.1:{port}" in health["error"]
-        proc = start_redis(port)
-        assert proc is not None
-        await asyncio.wait_for(said["went through"].wait(), 60)
-        assert await store.sent_result("c", "reply:1") == ["m1"]
-        assert store.health() == {"state": "up"}
+        async with outage_redis() as server:
+            store = RedisStore(server.url, prefix="p")
+            try:
+                await store.open()
+                server.stop()
+                await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept
+                await asyncio.wait_for(said["sending them again"].wait(), 30)
+                health = store.health()  # what /healthz shows meanwhile
+                assert health["state"] == "down"
+                assert f"127.0.0.1:{server.port}" in health["error"]
+                await server.start()
+                await asyncio.wait_for(said["went through"].wait(), 60)
+                assert await store.sent_result("c", "reply:1") == ["m1"]
+                assert store.health() == {"state": "up"}
+            finally:
+                await store.close()
     finally:
         logging.getLogger("talkbridge.store").removeHandler(watch)
-        await store.close()
-        if proc is not None:
-            stop_redis(proc)
 
 
 @pytest.mark.parametrize(
