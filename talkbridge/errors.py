@@ -70,6 +70,12 @@ class AgentUnavailableError(TalkbridgeError):
     server does not offer); the message says which, never the key."""
 
 
+class LeaseLostError(TalkbridgeError):
+    """Distributed mode: this node no longer surely holds the inbound shard of the message it
+    was answering (a Redis outage longer than the lease), so the shard's new holder answers it;
+    what this node has not sent yet, it does not send."""
+
+
 class StoreError(TalkbridgeError):
     """The store failed; the message names the store (path or host), never a credential."""
 

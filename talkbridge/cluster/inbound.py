@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
@@ -45,9 +45,24 @@ log = logging.getLogger("talkbridge.cluster.inbound")
 GROUP = "workers"
 READ_COUNT = 256
 
-Ack = Callable[[], Awaitable[None]]
+FRESH_LEASE = 0.5
+"""A reply leaves only while the shard's lease was renewed within this part of its TTL: the
+rest covers the send itself. Renewals come every third of the TTL, so normally at once."""
+
+
+class Ack(Protocol):
+    """How the handler finishes a message it took from the bus."""
+
+    async def __call__(self) -> None:
+        """Handled: acknowledge it."""
+
+    def abandon(self) -> None:
+        """Not handled here (the shard was lost mid-way): leave it pending for the shard's
+        holder, this node included should it take the shard back."""
+
+
 Take = Callable[[NormalizedMessage, bool, Ack], Awaitable[None]]
-"""(message, recovered, ack): queue the message for its thread; call `ack` once handled."""
+"""(message, recovered, ack): queue the message for its thread; finish it with `ack`."""
 
 
 def shard_of(thread_key: str, shards: int) -> int:
@@ -99,6 +114,8 @@ class InboundBus:
         self._reader: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._lease_news = asyncio.Event()
+        """Set (and replaced) whenever a lease is renewed or lost: `still_holds` waits on it."""
         self._cycles = Cycles()
         self._reading = False
         self.block_ms = max(10, min(1000, round(config.lease_ttl * 1000 / 6)))
@@ -113,6 +130,26 @@ class InboundBus:
     def held(self) -> list[int]:
         """Shards this node reads now."""
         return sorted(n for n, s in self._held.items() if s.active)
+
+    async def still_holds(self, thread_key: str) -> bool:
+        """Whether this node surely still holds the shard of `thread_key`, so a reply to one of
+        its messages may leave. While unsure (renewals failing: Redis slow or away), wait for
+        the next renewal or the loss. A node whose lease ran out during an outage would
+        otherwise send its answer beside that of the shard's new holder."""
+        number = self.shard_of(thread_key)
+        loop = asyncio.get_running_loop()
+        while True:
+            news = self._lease_news
+            shard = self._held.get(number)
+            if shard is None:
+                return False
+            if loop.time() - shard.renewed_at <= self._ttl * FRESH_LEASE:
+                return True
+            await news.wait()
+
+    def _lease_changed(self) -> None:
+        news, self._lease_news = self._lease_news, asyncio.Event()
+        news.set()
 
     # -- publishing (on the node that received the message) -----------------------------------
 
@@ -212,6 +249,7 @@ class InboundBus:
             try:
                 if await shard.lease.renew():
                     shard.renewed_at = loop.time()
+                    self._lease_changed()
                     continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
@@ -225,6 +263,7 @@ class InboundBus:
         shard.active = False
         self._held.pop(shard.number, None)
         self._by_stream.pop(shard.stream, None)
+        self._lease_changed()
 
     async def _try_take(self, number: int) -> _Shard | None:
         lease = Lease(self._client, self._keys.lease("shard", str(number)), self._node, self._ttl)
@@ -362,14 +401,37 @@ class InboundBus:
         member = message.connection_id + _SEP + message.id
         keys = [self._keys.pending(), self._keys.bodies(), shard.stream]
 
-        async def ack() -> None:
-            try:
-                await self._complete(keys=keys, args=[member, GROUP, entry_id])
-            except (RedisError, OSError) as exc:  # stays pending: handled again, idempotently
-                log.warning("acknowledging %s failed: %s", entry_id, exc)
-            finally:
-                shard.inflight.discard(entry_id)
-                if not shard.inflight:
-                    shard.idle.set()
+        await self._take(message, recovered, _EntryAck(self, shard, entry_id, keys, member))
 
-        await self._take(message, recovered, ack)
+    def _finished(self, shard: _Shard, entry_id: str) -> None:
+        shard.inflight.discard(entry_id)
+        if not shard.inflight:
+            shard.idle.set()
+
+
+class _EntryAck:
+    """`Ack` of one bus entry."""
+
+    __slots__ = ("_bus", "_entry_id", "_keys", "_member", "_shard")
+
+    def __init__(
+        self, bus: InboundBus, shard: _Shard, entry_id: str, keys: list[str], member: str
+    ) -> None:
+        self._bus, self._shard, self._entry_id = bus, shard, entry_id
+        self._keys, self._member = keys, member
+
+    async def __call__(self) -> None:
+        try:
+            await self._bus._complete(keys=self._keys, args=[self._member, GROUP, self._entry_id])
+        except (RedisError, OSError) as exc:  # stays pending: handled again, idempotently
+            log.warning("acknowledging %s failed: %s", self._entry_id, exc)
+        finally:
+            self._bus._finished(self._shard, self._entry_id)
+
+    def abandon(self) -> None:
+        log.info(
+            "shard %d: lost while %s was being answered; its new holder answers it",
+            self._shard.number,
+            self._entry_id,
+        )
+        self._bus._finished(self._shard, self._entry_id)

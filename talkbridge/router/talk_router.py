@@ -14,14 +14,15 @@ executor, and a send to a connection another node owns goes to that node (`talkb
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import RouterConfig
-from talkbridge.errors import UnknownConnectionError
+from talkbridge.errors import LeaseLostError, UnknownConnectionError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue, TroubleListener
@@ -32,12 +33,17 @@ from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
+    from talkbridge.cluster.inbound import Ack
 
 log = logging.getLogger("talkbridge.router")
 
 ArrivalListener = Callable[[NormalizedMessage], None]
-Ack = Callable[[], Awaitable[None]]
-_Item = tuple[NormalizedMessage, asyncio.Future[bool] | None, Ack | None]
+_Item = tuple[NormalizedMessage, asyncio.Future[bool] | None, "Ack | None"]
+_answering: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "talkbridge_answering", default=None
+)
+"""In distributed mode, the thread key of the bus message the current task is handling: its
+sends leave only while this node still holds that message's shard (`InboundBus.still_holds`)."""
 """(message, the store's dedupe verdict still to come, the bus acknowledgement)."""
 
 
@@ -284,12 +290,22 @@ class TalkRouter:
                 return  # the delivery was abandoned before the store took it
             except Exception:  # the store refused it: `deliver` raised to the connector already
                 return
-        for handlers in (self._handlers.get(message.connection_id, ()), self._all_handlers):
-            for handler in handlers:
-                try:
-                    await handler(message)
-                except Exception:
-                    log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
+        answering = _answering.set(message.thread_key if ack is not None else None)
+        try:
+            for handlers in (self._handlers.get(message.connection_id, ()), self._all_handlers):
+                for handler in handlers:
+                    try:
+                        await handler(message)
+                    except LeaseLostError:
+                        assert ack is not None  # raised only for a message from the bus
+                        ack.abandon()
+                        return
+                    except Exception:
+                        log.exception(
+                            "a subscriber failed on %s/%s", message.connection_id, message.id
+                        )
+        finally:
+            _answering.reset(answering)
         # Not reached when cancelled (shutdown, crash): the message stays pending and is
         # handled again by `recover()` at the next start (or by the shard's next holder).
         if ack is not None:
@@ -332,6 +348,15 @@ class TalkRouter:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
         queue = self.outbound(connection_id)
         cluster = self._cluster
+        answering = _answering.get()
+        if (
+            cluster is not None
+            and answering is not None
+            and not await cluster.inbound.still_holds(answering)
+        ):
+            raise LeaseLostError(
+                f"no longer holding the shard of {answering!r}: its new holder answers it"
+            )
         if cluster is not None and cluster.is_remote(connection_id):
             result = await cluster.outbound.request(connection_id, message, check_sent=check_sent)
         else:

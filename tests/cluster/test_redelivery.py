@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
+from talkbridge.agents.base import Result, TurnContext
 from talkbridge.cluster import Cluster as Node
 from talkbridge.cluster.inbound import GROUP
 from talkbridge.config import ClusterConfig
@@ -250,5 +252,98 @@ async def test_a_node_that_takes_back_a_shard_it_lost_does_not_hand_its_own_work
     finally:
         gate.set()
         await client.delete(lease)
+        await client.aclose()
+        await a.stop()
+
+
+class GatedEcho:
+    """The default agent, answering only once its gate opens: a turn under way."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.turns = 0
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        self.turns += 1
+        self.started.set()
+        await self.gate.wait()
+        yield Result(text=f"answer to {ctx.input.prompt}")
+
+
+async def test_a_node_that_lost_a_shard_mid_turn_leaves_the_answer_to_its_new_holder(
+    cluster: Cluster,
+) -> None:
+    # Redis stalled longer than the lease TTL while node a ran a turn: the shard's lease ran out
+    # (and another node may hold it now). a's answer must not leave beside the new holder's;
+    # the message stays pending, and whoever holds the shard next answers it once.
+    agent = GatedEcho()
+    a = await cluster.node("a", prepare=lambda bridge: bridge.runner.add_agent(agent, "echo"))
+    assert a.cluster is not None
+    inbound = a.cluster.inbound
+    await wait_until(lambda: owner([a]) is a and len(inbound.held) == 4)
+    message = make_message("hello", message_id="m1")
+    busy = inbound.shard_of(message.thread_key)
+    lease = a.cluster.keys.lease("shard", str(busy))
+    stream = a.cluster.keys.bus_in(busy)
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        await connector(a).inject(message)
+        await asyncio.wait_for(agent.started.wait(), 10)
+        await client.set(lease, "elsewhere", px=60_000)  # ran out, and was taken meanwhile
+        await wait_until(lambda: busy not in inbound.held)
+        agent.gate.set()  # the turn ends: its answer is ready
+        await wait_until(lambda: a.router.turns_running == 0)
+        assert connector(a).sent == []
+        assert (await client.xpending(stream, GROUP))["pending"] == 1  # left for the holder
+        await client.delete(lease)  # the holder (a again, alone here) answers it, once
+        (sent,) = await connector(a).wait_sent(1)
+        assert sent.message.text == "answer to hello"
+        await wait_until(lambda: a.router.turns_running == 0)
+        assert agent.turns == 2 and len(connector(a).sent) == 1
+    finally:
+        agent.gate.set()
+        await client.delete(lease)
+        await client.aclose()
+
+
+async def test_a_reply_waits_while_the_lease_is_unsure_and_goes_once_it_is_renewed(
+    store: RedisStore,
+) -> None:
+    # Renewals failing for a while (Redis slow): not sure the shard is still ours, nor that it
+    # is not. The reply waits for the next renewal (it goes) or the loss (it does not).
+    a = Node(store, CONFIG, "a")
+
+    async def take(message: NormalizedMessage, recovered: bool, ack: Any) -> None:
+        await ack()
+
+    a.inbound.set_handler(take)
+    await a.start()
+    await a.inbound.start()
+    balancer = a.inbound._balancer
+    assert balancer is not None
+    balancer.cancel()  # renewals happen when the test says so
+    key = make_message(thread_id="t0").thread_key
+    busy = a.inbound.shard_of(key)
+    client = aioredis.Redis.from_url(store.url, decode_responses=True)
+    try:
+        shard = a.inbound._held[busy]
+        shard.renewed_at -= CONFIG.lease_ttl  # last renewed a whole TTL ago
+        waiting = asyncio.create_task(a.inbound.still_holds(key))
+        for _ in range(5):
+            await asyncio.sleep(0)  # let it run up to its wait
+        assert not waiting.done()
+        await a.inbound._renew()
+        assert await asyncio.wait_for(waiting, 5) is True
+
+        shard.renewed_at -= CONFIG.lease_ttl
+        waiting = asyncio.create_task(a.inbound.still_holds(key))
+        await client.set(a.keys.lease("shard", str(busy)), "elsewhere", px=60_000)
+        await a.inbound._renew()  # the renewal finds it lost
+        assert await asyncio.wait_for(waiting, 5) is False
+    finally:
+        await client.delete(a.keys.lease("shard", str(busy)))
         await client.aclose()
         await a.stop()
