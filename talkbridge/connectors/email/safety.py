@@ -17,6 +17,11 @@ _BOUNCE_SENDERS = {"mailer-daemon", "postmaster", "mail-daemon", "mailerdaemon"}
 _BULK_PRECEDENCE = {"bulk", "list", "junk", "auto_reply"}
 _LIST_HEADERS = ("List-Id", "List-Unsubscribe", "List-Post")
 _SUPPRESS = {"all", "autoreply", "oof"}
+_REPORT_PARTS = {
+    "message/delivery-status",  # RFC 3464: a bounce or a delay warning
+    "message/disposition-notification",  # RFC 8098: a read receipt
+    "message/feedback-report",  # RFC 5965: an abuse report
+}
 
 
 def own_tag(address: str) -> str:
@@ -56,16 +61,40 @@ def skip_reason(msg: EmailMessage, *, address: str, message_id: str) -> str | No
         return "the sender asked for no automatic replies (X-Auto-Response-Suppress)"
     if msg.get_content_type() == "multipart/report":
         return "delivery or read report (multipart/report)"
-    if _header(msg, "Return-Path") == "<>":
+    report = _report_part(msg)
+    if report is not None:  # a report sent as multipart/mixed by an older gateway
+        return f"delivery or read report ({report})"
+    return_path = _header(msg, "Return-Path")
+    if return_path == "<>":
         return "bounce (empty Return-Path)"
+    bouncer = [a for _, a in getaddresses([return_path]) if _is_bounce_sender(a)]
+    if bouncer:  # the envelope sender of a bounce whose From looks like anyone's
+        return f"bounce (Return-Path {bouncer[0]})"
+    if _header(msg, "X-Failed-Recipients"):
+        return "bounce (X-Failed-Recipients)"
     senders = [addr.lower() for _, addr in getaddresses([_header(msg, "From")]) if addr]
     for sender in senders:
-        if sender.partition("@")[0] in _BOUNCE_SENDERS:
+        if _is_bounce_sender(sender):
             return f"mailer-daemon mail from {sender}"
         if sender == address.lower():
             return "mail from our own address"
     if is_own_message_id(message_id, address):
         return "a message we sent (our own Message-ID)"
+    return None
+
+
+def _is_bounce_sender(address: str) -> bool:
+    return address.lower().partition("@")[0] in _BOUNCE_SENDERS
+
+
+def _report_part(msg: EmailMessage) -> str | None:
+    """The content type of a delivery, read or abuse report part anywhere in the mail."""
+    try:
+        for part in msg.walk():
+            if part.get_content_type() in _REPORT_PARTS:
+                return part.get_content_type()
+    except Exception:  # a structure too broken to walk: judged by its headers alone
+        return None
     return None
 
 
