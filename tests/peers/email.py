@@ -461,6 +461,8 @@ class SmtpPeer(Waitable):
     auth_answer: str | None = None
     """When set, every AUTH is answered with this failure (`454 4.7.0 …`: the server's
     authentication backend is down for now), whatever the password."""
+    offers_auth: bool = True
+    """False: logins only over TLS, so no AUTH in a plain connection's EHLO answer."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
     _rcpt_failures: list[str] = field(default_factory=list)
@@ -504,7 +506,8 @@ class SmtpPeer(Waitable):
                 hostname="smtp.test",
                 authenticator=self._authenticate,
                 auth_required=bool(self.users),
-                auth_require_tls=False,
+                # Offered over TLS only (no TLS here): no AUTH in the EHLO answer at all.
+                auth_require_tls=not self.offers_auth,
                 # TLS from the first byte is the server's (`tls_port`); STARTTLS is aiosmtpd's.
                 tls_context=None if implicit_tls else self.tls,
                 require_starttls=self.tls is not None and not implicit_tls,

@@ -515,6 +515,7 @@ class _SmtpSession:
             await self.client.connect()
             try:
                 if self._config.username and self._config.password:
+                    await self._check_login_offered()
                     await self.client.login(
                         self._config.username, self._config.password.get_secret_value()
                     )
@@ -522,6 +523,23 @@ class _SmtpSession:
                 self.client.close()
                 raise
         return self.client
+
+    async def _check_login_offered(self) -> None:
+        """A server that offers no AUTH never will on a retry: a config error, said now (the
+        client's own error would be taken for a passing failure and retried for minutes)."""
+        if self.client.last_ehlo_response is None:  # connect greets with EHLO only for TLS
+            await self.client.ehlo()
+        if self.client.supports_extension("auth"):
+            return
+        hint = (
+            "; servers often offer it only over TLS: set smtp.security to starttls or ssl"
+            if self._config.security == "none"
+            else ""
+        )
+        raise PermanentError(
+            f"the SMTP server {self.where} offers no login (no AUTH in its EHLO answer), "
+            f"but smtp.username is set{hint}"
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         try:

@@ -272,6 +272,22 @@ async def test_an_smtp_login_refused_for_now_is_retried_not_a_wrong_password(
     assert [m.rcpt_tos for m in smtp.received] == [["bob@example.net"]]
 
 
+async def test_a_login_set_for_a_server_that_offers_none_is_a_clear_permanent_error(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    # No AUTH in the EHLO answer: no retry will change that. The client's own error was taken
+    # for a passing failure, and each send retried for minutes before giving up.
+    smtp.offers_auth = False
+    connector = make_connector()
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", meta={"subject": "Hello"})
+    said = r"offers no login \(no AUTH in its EHLO answer\), but smtp.username is set"
+    with pytest.raises(PermanentError, match=said):
+        await connector.send(out)
+    with pytest.raises(PermanentError, match=said):
+        await connector.check()
+    assert smtp.received == []
+
+
 @pytest.mark.parametrize(
     ("greeting", "error", "says"),
     [
