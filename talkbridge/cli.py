@@ -44,7 +44,7 @@ from talkbridge.errors import (
 if TYPE_CHECKING:
     from talkbridge.agents.base import AgentCheck
     from talkbridge.bridge import Bridge
-    from talkbridge.store import Store
+    from talkbridge.store import Pairing, Store
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -501,6 +501,8 @@ async def _pair(args: argparse.Namespace) -> int:
     async with _existing_store(args) as store:
         if args.pair_command == "approve":
             return await _approve(store, args.code)
+        if args.pair_command == "revoke":
+            return await _revoke(store, args.code)
         pairings = [] if store is None else await store.pairings(include_approved=args.all)
         if not pairings:
             _console.out("no pairings" if args.all else "no pending pairings")
@@ -533,25 +535,57 @@ def _shown(text: str, limit: int = 40) -> str:
     return safe if len(safe) <= limit else safe[: limit - 1] + "…"
 
 
-async def _approve(store: Store | None, code: str) -> int:
-    wanted = _code_key(code)
-    if not _PAIRING_CODE.fullmatch(wanted):
+async def _pairing(store: Store | None, code: str, wanted: str) -> Pairing | int:
+    """The pairing with this code, or the exit code after saying why there is none."""
+    key = _code_key(code)
+    if not _PAIRING_CODE.fullmatch(key):
         _console.err(
             f"{_shown(code, 20)!r} is not a pairing code: a code is 8 letters and digits, "
             "like ABCD-EFGH (the sentinel's message to the sender gives it)"
         )
         return EXIT_USAGE
     known = [] if store is None else await store.pairings(include_approved=True)
-    found = next((p for p in known if _code_key(p.code) == wanted), None)
-    if store is None or found is None:
-        _console.err(f"no pending pairing with code {code!r}")
+    found = next((p for p in known if _code_key(p.code) == key), None)
+    if found is None:
+        _console.err(f"no {wanted} with code {code!r}")
         return EXIT_RUNTIME
-    who = f"{_shown(found.display_name or found.channel_user_id)} ({_shown(found.channel_user_id)})"
+    return found
+
+
+def _who(pairing: Pairing) -> str:
+    name = _shown(pairing.display_name or pairing.channel_user_id)
+    return f"{name} ({_shown(pairing.channel_user_id)})"
+
+
+async def _approve(store: Store | None, code: str) -> int:
+    found = await _pairing(store, code, "pending pairing")
+    if isinstance(found, int):
+        return found
+    assert store is not None
+    who = _who(found)
     if found.approved:
         _console.out(f"already approved: {who} on {found.connection_id} is trusted")
         return EXIT_OK
     await store.approve_pairing(found.code)
     _console.out(f"approved: {who} on {found.connection_id} is now trusted")
+    return EXIT_OK
+
+
+async def _revoke(store: Store | None, code: str) -> int:
+    """Undo an approval (or drop a pending code): the sender meets the sentinel again."""
+    found = await _pairing(store, code, "pairing")
+    if isinstance(found, int):
+        return found
+    assert store is not None
+    await store.revoke_pairing(found.code)
+    if not found.approved:
+        _console.out(f"dropped the pending pairing of {_who(found)} on {found.connection_id}")
+        return EXIT_OK
+    _console.out(
+        f"revoked: {_who(found)} on {found.connection_id} is no longer trusted by pairing "
+        "(a running bridge sees it within seconds; a `trusted:` entry of the config still "
+        "counts)"
+    )
     return EXIT_OK
 
 
@@ -747,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("directory", nargs="?", default=".")
     init.add_argument("--force", action="store_true", help="overwrite existing files")
 
-    pair = sub.add_parser("pair", help="list or approve sentinel pairing codes")
+    pair = sub.add_parser("pair", help="list, approve or revoke sentinel pairing codes")
     pair_sub = pair.add_subparsers(dest="pair_command", required=True)
     pair_list = pair_sub.add_parser("list", help="pending pairing codes")
     config_arg(pair_list)
@@ -755,6 +789,11 @@ def build_parser() -> argparse.ArgumentParser:
     approve = pair_sub.add_parser("approve", help="trust the sender who got CODE")
     config_arg(approve)
     approve.add_argument("code")
+    revoke = pair_sub.add_parser(
+        "revoke", help="stop trusting the sender who got CODE (or drop a pending CODE)"
+    )
+    config_arg(revoke)
+    revoke.add_argument("code")
 
     hooks = sub.add_parser("hooks", help="durable hook queue")
     hooks_sub = hooks.add_subparsers(dest="hooks_command", required=True)

@@ -1030,6 +1030,29 @@ async def test_ctrl_c_while_starting_stops_and_a_second_one_stops_at_once(
     assert "stopped at once" in err and "Open the webchat" not in out
 
 
+async def test_pair_revoke_undoes_an_approval_and_drops_a_pending_code(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    for code, user in (("ABCD-EFGH", "4242"), ("WXYZ-2345", "777")):
+        await store.create_pairing(Pairing(code, "support", user, "Grace", utcnow(), False))
+    await store.approve_pairing("ABCD-EFGH")
+    await store.close()
+    code, _, err = await finish(await talkbridge("pair", "revoke", "ZZZZ-ZZZZ", cwd=tmp_path))
+    assert code == 1 and "no pairing with code 'ZZZZ-ZZZZ'" in err
+    code, out, err = await finish(await talkbridge("pair", "revoke", "abcd-efgh", cwd=tmp_path))
+    assert code == 0, err
+    assert out.startswith("revoked: Grace (4242) on support is no longer trusted by pairing")
+    code, out, err = await finish(await talkbridge("pair", "revoke", "WXYZ-2345", cwd=tmp_path))
+    assert code == 0 and out.startswith("dropped the pending pairing of Grace (777)"), err
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    try:
+        assert not await store.is_trusted("support", "4242")
+        assert list(await store.pairings(include_approved=True)) == []
+    finally:
+        await store.close()
+
+
 async def test_pair_approve_twice_and_pair_list_without_a_store(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
     assert code == 0 and "no pending pairings" in out and "does not exist yet" in err

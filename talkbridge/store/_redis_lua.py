@@ -215,6 +215,18 @@ redis.call('SADD', p.tk, p.channel_user_id)
 return raw
 """
 
+# KEYS: pairings, order, pending  ARGV: code key  -> the pairing JSON it was, or nil
+REVOKE_PAIRING: Final = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local p = cjson.decode(raw)
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+if redis.call('HGET', KEYS[3], p.pf) == ARGV[1] then redis.call('HDEL', KEYS[3], p.pf) end
+redis.call('SREM', p.tk, p.channel_user_id)
+return raw
+"""
+
 # KEYS: pairings, order
 PAIRINGS: Final = (
     _HMGET_CHUNKED

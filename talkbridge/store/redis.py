@@ -931,6 +931,16 @@ class RedisStore:
         )
         return found
 
+    async def revoke_pairing(self, code: str) -> Pairing | None:
+        k = self.keys
+        found: Pairing | None = await self._script(
+            "REVOKE_PAIRING",
+            [k.pairings(), k.pairing_order(), k.pairing_pending()],
+            [_code_key(code)],
+            parse=lambda raw: None if raw is None else _pairing(raw),
+        )
+        return found
+
     # -- state ------------------------------------------------------------------------------
 
     async def get_state(self, key: str) -> str | None:

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -171,6 +172,9 @@ _MIGRATIONS: tuple[str, ...] = (
 
 _ROLES = frozenset(get_args(Role))
 _CACHE_MAX = 100_000
+TRUST_CACHE_SECONDS = 5.0
+"""How long a sender found trusted is taken as such without asking the writer again: how late
+a revocation made by another process (`talkbridge pair revoke`) reaches a running bridge."""
 """Entries kept in the per-thread seq cache and the trust cache before they are dropped."""
 
 _ACCEPT_HEAD = "INSERT INTO inbound (connection_id, message_id, body)"
@@ -241,6 +245,7 @@ _INSERT_PAIRING = (
 _CODE_IN_USE = "SELECT 1 FROM pairings WHERE code_key = ?"
 _PAIRING_BY_CODE = f"SELECT {_PAIRING_COLS} FROM pairings WHERE code_key = ?"
 _APPROVE = "UPDATE pairings SET approved = 1 WHERE code_key = ?"
+_FORGET_PAIRING = "DELETE FROM pairings WHERE code_key = ?"
 _PAIRINGS_ALL = f"SELECT {_PAIRING_COLS} FROM pairings ORDER BY id"
 _PAIRINGS_PENDING = f"SELECT {_PAIRING_COLS} FROM pairings WHERE approved = 0 ORDER BY id"
 _GET_STATE = "SELECT value FROM state WHERE key = ?"
@@ -669,6 +674,17 @@ class _SqliteOps:
             approved=True,
         )
 
+    def revoke_pairing(self, code: str) -> Pairing | None:
+        cur = self._cur
+        key = _code_key(code)
+        row = cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
+        if row is None:
+            return None
+        found = _pairing(row)
+        cur.execute(_FORGET_PAIRING, (key,))
+        cur.execute(_DISTRUST, (found.connection_id, found.channel_user_id))
+        return found
+
     # -- state ------------------------------------------------------------------------------
 
     def set_state(self, key: str, value: str) -> None:
@@ -811,6 +827,10 @@ class SqliteStore:
     A cancelled call may still be applied: its operation is already queued for the writer.
     """
 
+    trust_cache_seconds = TRUST_CACHE_SECONDS
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    """What the trust cache's times are read from."""
+
     def __init__(
         self, path: str | Path, *, writer: Literal["process", "thread"] | None = None
     ) -> None:
@@ -824,7 +844,8 @@ class SqliteStore:
         self._in_process = (writer or "process") == "process" and _process.available()
         """The writer runs in a child process (the default), else on a thread."""
         self._writer = self._new_writer()
-        self._trust: dict[tuple[str, str], bool] = {}
+        self._trust: dict[tuple[str, str], float] = {}
+        """Senders known trusted, until when (`clock()`)."""
         self._trust_gen = 0
         """Bumped by every trust write, so a read that raced a write does not fill the cache."""
 
@@ -1020,9 +1041,11 @@ class SqliteStore:
 
     async def is_trusted(self, connection_id: str, channel_user_id: str) -> bool:
         # Only "trusted" is cached: an approval made by another process (`talkbridge pair
-        # approve` while the bridge runs) must be seen at the sender's next message.
+        # approve` while the bridge runs) must be seen at the sender's next message. And only
+        # for `trust_cache_seconds`: so is a revocation (`talkbridge pair revoke`), soon after.
         key = (connection_id, channel_user_id)
-        if key in self._trust:
+        now = self.clock()
+        if self._trust.get(key, 0.0) > now:
             return True
         gen = self._trust_gen
         row = await self._writer.submit(self._ops.lookup, _IS_TRUSTED, *key)
@@ -1030,7 +1053,7 @@ class SqliteStore:
         if trusted and gen == self._trust_gen:
             if len(self._trust) >= _CACHE_MAX:
                 self._trust.clear()
-            self._trust[key] = True
+            self._trust[key] = now + self.trust_cache_seconds
         return trusted
 
     def _invalidate_trust(self, key: tuple[str, str] | None = None) -> None:
@@ -1059,6 +1082,13 @@ class SqliteStore:
         if approved is not None:
             self._trust.pop((approved.connection_id, approved.channel_user_id), None)
         return approved
+
+    async def revoke_pairing(self, code: str) -> Pairing | None:
+        self._invalidate_trust()
+        revoked: Pairing | None = await self._writer.submit(self._ops.revoke_pairing, code)
+        if revoked is not None:
+            self._trust.pop((revoked.connection_id, revoked.channel_user_id), None)
+        return revoked
 
     # -- state ------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -305,6 +306,29 @@ async def test_an_approval_by_another_process_is_seen_at_once(tmp_path: Path) ->
         assert not await bridge_side.is_trusted("c", "u")
         assert await cli_side.approve_pairing("AAAA-BBBB") is not None
         assert await bridge_side.is_trusted("c", "u")
+    finally:
+        await bridge_side.close()
+        await cli_side.close()
+
+
+async def test_a_revocation_by_another_process_is_seen_once_the_trust_cache_expires(
+    tmp_path: Path,
+) -> None:
+    from talkbridge.message import utcnow
+    from talkbridge.store import Pairing
+
+    bridge_side, cli_side = SqliteStore(tmp_path / "s.db"), SqliteStore(tmp_path / "s.db")
+    await bridge_side.open()
+    await cli_side.open()
+    try:
+        await bridge_side.create_pairing(Pairing("AAAA-BBBB", "c", "u", "U", utcnow(), False))
+        await cli_side.approve_pairing("AAAA-BBBB")
+        assert await bridge_side.is_trusted("c", "u")  # cached from now on
+        assert await cli_side.revoke_pairing("AAAA-BBBB") is not None
+        assert await bridge_side.is_trusted("c", "u")  # for a few seconds more
+        later = time.monotonic() + SqliteStore.trust_cache_seconds + 1
+        bridge_side.clock = lambda: later  # type: ignore[method-assign]
+        assert not await bridge_side.is_trusted("c", "u")
     finally:
         await bridge_side.close()
         await cli_side.close()

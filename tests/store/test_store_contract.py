@@ -383,6 +383,31 @@ async def test_approve_pairing_trusts_the_sender(store: Store, reopen: Reopen) -
     assert await store.is_trusted("tg", "u1") is True
 
 
+async def test_revoke_pairing_forgets_it_and_the_trust_it_gave(
+    store: Store, reopen: Reopen
+) -> None:
+    await store.create_pairing(pairing("ABC123"))
+    await store.approve_pairing("ABC123")
+    assert await store.is_trusted("tg", "u1") is True  # may now be cached: revocation must win
+    assert await store.revoke_pairing("nope") is None
+
+    revoked = await store.revoke_pairing("abc123")
+    assert revoked is not None and revoked.approved is True  # as it was
+    assert (revoked.code, revoked.channel_user_id) == ("ABC123", "u1")
+    assert await store.is_trusted("tg", "u1") is False
+    assert list(await store.pairings(include_approved=True)) == []
+
+    # The sender meets the sentinel again and gets a new code; a pending one can be dropped.
+    fresh = await store.create_pairing(pairing("NEW777"))
+    assert fresh.code == "NEW777"
+    dropped = await store.revoke_pairing("NEW777")
+    assert dropped is not None and dropped.approved is False
+    assert (await store.create_pairing(pairing("THIRD3"))).code == "THIRD3"
+    store = await reopen()
+    assert [p.code for p in await store.pairings()] == ["THIRD3"]
+    assert await store.is_trusted("tg", "u1") is False
+
+
 # -- state -----------------------------------------------------------------------------------
 
 
