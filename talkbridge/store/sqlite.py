@@ -8,6 +8,7 @@ its future. Reads go through the same writer, so they always see every write que
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import sqlite3
@@ -656,34 +657,28 @@ class _SqliteOps:
         sql = _PAIRINGS_ALL if include_approved else _PAIRINGS_PENDING
         return [_pairing(row) for row in self._cur.execute(sql).fetchall()]
 
-    def approve_pairing(self, code: str) -> Pairing | None:
-        cur = self._cur
+    def _pairing_by_code(self, code: str) -> tuple[str, Pairing] | None:
         key = _code_key(code)
-        row = cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
-        if row is None:
+        row = self._cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
+        return None if row is None else (key, _pairing(row))
+
+    def approve_pairing(self, code: str) -> Pairing | None:
+        found = self._pairing_by_code(code)
+        if found is None:
             return None
-        found = _pairing(row)
-        cur.execute(_APPROVE, (key,))
-        cur.execute(_TRUST, (found.connection_id, found.channel_user_id))
-        return Pairing(
-            code=found.code,
-            connection_id=found.connection_id,
-            channel_user_id=found.channel_user_id,
-            display_name=found.display_name,
-            created_at=found.created_at,
-            approved=True,
-        )
+        key, pairing = found
+        self._cur.execute(_APPROVE, (key,))
+        self._cur.execute(_TRUST, (pairing.connection_id, pairing.channel_user_id))
+        return dataclasses.replace(pairing, approved=True)
 
     def revoke_pairing(self, code: str) -> Pairing | None:
-        cur = self._cur
-        key = _code_key(code)
-        row = cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
-        if row is None:
+        found = self._pairing_by_code(code)
+        if found is None:
             return None
-        found = _pairing(row)
-        cur.execute(_FORGET_PAIRING, (key,))
-        cur.execute(_DISTRUST, (found.connection_id, found.channel_user_id))
-        return found
+        key, pairing = found
+        self._cur.execute(_FORGET_PAIRING, (key,))
+        self._cur.execute(_DISTRUST, (pairing.connection_id, pairing.channel_user_id))
+        return pairing
 
     # -- state ------------------------------------------------------------------------------
 
