@@ -330,13 +330,17 @@ async def test_a_reply_waits_while_the_lease_is_unsure_and_goes_once_it_is_renew
     client = aioredis.Redis.from_url(store.url, decode_responses=True)
     try:
         shard = a.inbound._held[busy]
-        shard.renewed_at -= CONFIG.lease_ttl  # last renewed a whole TTL ago
-        waiting = asyncio.create_task(a.inbound.still_holds(key))
-        for _ in range(5):
-            await asyncio.sleep(0)  # let it run up to its wait
-        assert not waiting.done()
-        await a.inbound._renew()
-        assert await asyncio.wait_for(waiting, 5) is True
+        stale = shard.renewed_at - CONFIG.lease_ttl
+        shard.renewed_at = stale  # last renewed a whole TTL ago
+
+        async def answer_and_when() -> tuple[bool, float]:
+            held = await a.inbound.still_holds(key)
+            return held, shard.renewed_at  # the renewal it answered after, if any
+
+        waiting = asyncio.create_task(answer_and_when())
+        await a.inbound._renew()  # the task runs meanwhile: unsure, it must wait for this
+        held, renewed_at = await asyncio.wait_for(waiting, 5)
+        assert held is True and renewed_at > stale
 
         shard.renewed_at -= CONFIG.lease_ttl
         waiting = asyncio.create_task(a.inbound.still_holds(key))
