@@ -287,12 +287,12 @@ class Bridge:
             self.registry.states,
             node_info=self._node_info,
             generated_token=self.webchat_token is not None,
-            first_failure_reported=self.reports_webchat_failure,
             dedupe_for=timedelta(days=self.config.retention.dedupe_days),
         )
         self.registry.add(
             self.webchat,
             ConnectionConfig(id="webchat", channel="webchat", trusted=settings.trusted),
+            caller_reports_first_failure=self.reports_webchat_failure,
         )
 
     async def _generated_token(self) -> str:

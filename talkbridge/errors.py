@@ -82,9 +82,6 @@ class StoreError(TalkbridgeError):
 
 class ConnectorError(TalkbridgeError):
     retryable = False
-    reported = False
-    """True on a failure its caller was told of and reports itself (`talkbridge run` stops on
-    a webchat that cannot listen, saying why): the registry does not log it as well."""
 
 
 class RateLimitedError(ConnectorError):

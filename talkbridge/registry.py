@@ -143,6 +143,8 @@ class ConnectionRegistry:
         self._connectors: dict[str, Talk] = {}
         self._configs: dict[str, ConnectionConfig] = {}
         self._health: dict[str, ConnectionHealth] = {}
+        self._first_failure_reported: set[str] = set()
+        """Connections whose first failed attempt their caller reports (`add`)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._waiters: list[
             tuple[str, frozenset[ConnectionState], asyncio.Future[ConnectionHealth]]
@@ -158,12 +160,24 @@ class ConnectionRegistry:
 
     # -- building -------------------------------------------------------------------------------
 
-    def add(self, connector: Talk, config: ConnectionConfig | None = None) -> None:
-        """Register a connector built in code (the webchat, tests, embedding apps)."""
+    def add(
+        self,
+        connector: Talk,
+        config: ConnectionConfig | None = None,
+        *,
+        caller_reports_first_failure: bool = False,
+    ) -> None:
+        """Register a connector built in code (the webchat, tests, embedding apps).
+
+        `caller_reports_first_failure`: the caller waits for the first attempt and says itself
+        why it failed (`talkbridge run` stops on a webchat that cannot listen), so that failure
+        is not logged here too; later ones are, as usual."""
         cid = connector.connection_id
         if cid in self._connectors:
             raise ValueError(f"connection {cid!r} is already registered")
         self._connectors[cid] = connector
+        if caller_reports_first_failure:
+            self._first_failure_reported.add(cid)
         if config is not None:
             self._configs[cid] = config
             for value in config.secret_values():
@@ -295,9 +309,9 @@ class ConnectionRegistry:
     async def _supervise(self, cid: str, transport: Transport) -> None:
         backoff = self._new_backoff()
         loop = asyncio.get_running_loop()
+        first = True
         while True:
             status = _Status(self, cid)
-            reported = False
             try:
                 await transport.run(status)
                 reason = "the transport stopped by itself"
@@ -310,12 +324,14 @@ class ConnectionRegistry:
                 return
             except Exception as exc:
                 reason = self.redact(describe_error(exc))
-                reported = isinstance(exc, ConnectorError) and exc.reported
             if status.went_up_at is not None and loop.time() - status.went_up_at > STABLE_AFTER:
                 backoff.reset()
             delay = backoff.next()
             self._health[cid].restarts += 1
-            if not reported:  # a reported one: its caller says it (and may stop on it)
+            # A first attempt that never came up, whose caller says why (and may stop on it).
+            reported = first and status.went_up_at is None and cid in self._first_failure_reported
+            first = False
+            if not reported:
                 log.warning("%s: %s; reconnecting in %.1fs", cid, reason, delay)
             self._set_state(cid, ConnectionState.DEGRADED, reason)
             await asyncio.sleep(delay)

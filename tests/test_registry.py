@@ -224,9 +224,8 @@ async def test_a_webchat_failure_its_caller_reports_is_not_logged_too_but_later_
         ConnectorContext(sqlite_store, logging.getLogger("test.webchat")),
         ["a-webchat-token"],
         registry.states,
-        first_failure_reported=reported,
     )
-    registry.add(webchat)
+    registry.add(webchat, caller_reports_first_failure=reported)
     warned = _Warned()
     logging.getLogger("talkbridge.registry").addHandler(warned)
     try:

@@ -129,7 +129,6 @@ class WebchatConnector(BaseConnector):
         *,
         node_info: Callable[[], dict[str, Any]] | None = None,
         generated_token: bool = False,
-        first_failure_reported: bool = False,
         dedupe_for: timedelta = timedelta(days=7),
     ) -> None:
         if not all(tokens) or not (tokens or config.issuer):
@@ -155,8 +154,6 @@ class WebchatConnector(BaseConnector):
         self._attempted = asyncio.Event()
         self._closing: set[asyncio.Future[None]] = set()
         """Sockets being closed as their token expired (held so the task is not collected)."""
-        self._first_failure_reported = first_failure_reported
-        """Whether the caller of `listening` reports a failed first attempt (see `run`)."""
         self._dedupe_for = dedupe_for
         """How long the router remembers a message it handled (`retention.dedupe_days`)."""
         self.provide("streaming", self)
@@ -195,12 +192,8 @@ class WebchatConnector(BaseConnector):
             )
         except OSError as exc:
             self.listen_error = _listen_error(self.config.host, self.config.port, exc)
-            error = TransientError(self.listen_error)
-            # The first failure goes to `listening`'s caller; one that says it reports it
-            # (`talkbridge run`, which stops) would otherwise follow a registry warning.
-            error.reported = self._first_failure_reported and not self._attempted.is_set()
             self._attempted.set()
-            raise error from exc
+            raise TransientError(self.listen_error) from exc
         try:
             self.port = next(iter(server.sockets)).getsockname()[1]
             status.up()
