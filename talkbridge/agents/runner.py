@@ -208,7 +208,7 @@ class AgentRunner:
             await emit(Error(message=str(exc), code="refused"))
         except (Exception, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and cancelling():
-                status, error = "interrupted", "the turn was interrupted"
+                status, error = "interrupted", _why_interrupted(exc)
                 hooks.lifecycle.finished(ctx, status, error=error)
                 raise
             # A stray CancelledError (the agent awaited a task something else cancelled) fails
@@ -294,6 +294,12 @@ def _ignore(ctx: TurnContext, agent_name: str, event: Any) -> None:
             agent_name,
             what,
         )
+
+
+def _why_interrupted(exc: asyncio.CancelledError) -> str:
+    """The reason whoever cancelled the turn gave (`task.cancel(msg)`), if it gave one."""
+    reason = exc.args[0] if exc.args else None
+    return reason if isinstance(reason, str) and reason else "the turn was interrupted"
 
 
 def _count_of(ignored: list[str]) -> str:

@@ -11,6 +11,12 @@ extras (after finishing what it had read of them), so load spreads when nodes jo
 takes a shard first claims whatever the previous holder left unacknowledged (XAUTOCLAIM, any
 consumer, no idle minimum: the lease makes it the only reader) and hands those over marked
 *recovered*, before reading new entries.
+
+A node that learns it lost a shard's lease (renewals failing for most of the TTL, or another
+node holding it) cancels its turns of that shard's messages at once, and starts none of those
+waiting for their thread: each is left unacknowledged for the shard's new holder. A turn that is
+sending at that moment is cancelled once the send is over: cut mid-call, nobody would know
+whether the platform took it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import logging
 import math
 import random
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -45,6 +51,12 @@ log = logging.getLogger("talkbridge.cluster.inbound")
 GROUP = "workers"
 READ_COUNT = 256
 
+LOST_SHARD = (
+    "the turn was interrupted: this node lost its thread's shard to another node, "
+    "which answers the message"
+)
+"""The reason a turn cancelled because its shard was lost gives (the watchers' `output.error`)."""
+
 FRESH_LEASE = 0.5
 """A reply leaves only while the shard's lease was renewed within this part of its TTL: the
 rest covers the send itself. Renewals come every third of the TTL, so normally at once."""
@@ -59,6 +71,21 @@ class Ack(Protocol):
     def abandon(self) -> None:
         """Not handled here (the shard was lost mid-way): leave it pending for the shard's
         holder, this node included should it take the shard back."""
+
+    def begin(self) -> bool:
+        """The running task starts on the message: it is cancelled should the shard be lost
+        (see `interrupted`). False when it is lost already: leave the message (`abandon`)."""
+
+    def end(self) -> None:
+        """The task is done with the message (before `__call__` or `abandon`)."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the task was cancelled because the shard was lost (its `CancelledError` is
+        this, not a stop: `uncancel` it)."""
+
+    def sending(self) -> contextlib.AbstractContextManager[None]:
+        """Around a send: a loss of the shard meanwhile cancels the task only once it is over."""
 
 
 Take = Callable[[NormalizedMessage, bool, Ack], Awaitable[None]]
@@ -81,6 +108,8 @@ class _Shard:
     renewed_at: float = 0.0
     inflight: set[str] = field(default_factory=set)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    turns: set[_EntryAck] = field(default_factory=set)
+    """The acks of the entries whose turns run now: cancelled if the lease is lost."""
 
 
 class InboundBus:
@@ -257,13 +286,25 @@ class InboundBus:
                     log.info("shard %d: renewal failed (%s); retrying", shard.number, exc)
                     continue
             log.warning("shard %d: lease lost; no longer reading it", shard.number)
-            self._drop(shard)
+            self._lost(shard)
 
     def _drop(self, shard: _Shard) -> None:
         shard.active = False
         self._held.pop(shard.number, None)
         self._by_stream.pop(shard.stream, None)
         self._lease_changed()
+
+    def _lost(self, shard: _Shard) -> None:
+        """The lease ran out or another node took it: its new holder answers the shard's
+        messages, so the turns under way here stop (their agents' work would be thrown away)."""
+        self._drop(shard)
+        if shard.turns:
+            log.info("shard %d: cancelling %d turn(s) under way", shard.number, len(shard.turns))
+        for ack in list(shard.turns):
+            ack.interrupt()
+
+    def _holds(self, shard: _Shard) -> bool:
+        return self._held.get(shard.number) is shard
 
     async def _try_take(self, number: int) -> _Shard | None:
         lease = Lease(self._client, self._keys.lease("shard", str(number)), self._node, self._ttl)
@@ -412,13 +453,27 @@ class InboundBus:
 class _EntryAck:
     """`Ack` of one bus entry."""
 
-    __slots__ = ("_bus", "_entry_id", "_keys", "_member", "_shard")
+    __slots__ = (
+        "_bus",
+        "_entry_id",
+        "_interrupt_pending",
+        "_keys",
+        "_member",
+        "_sending",
+        "_shard",
+        "_task",
+        "interrupted",
+    )
 
     def __init__(
         self, bus: InboundBus, shard: _Shard, entry_id: str, keys: list[str], member: str
     ) -> None:
         self._bus, self._shard, self._entry_id = bus, shard, entry_id
         self._keys, self._member = keys, member
+        self._task: asyncio.Task[Any] | None = None
+        self._sending = 0
+        self._interrupt_pending = False
+        self.interrupted = False
 
     async def __call__(self) -> None:
         try:
@@ -435,3 +490,35 @@ class _EntryAck:
             self._entry_id,
         )
         self._bus._finished(self._shard, self._entry_id)
+
+    def begin(self) -> bool:
+        if not self._bus._holds(self._shard):
+            return False
+        self._task = asyncio.current_task()
+        self._shard.turns.add(self)
+        return True
+
+    def end(self) -> None:
+        self._shard.turns.discard(self)
+        self._task = None
+
+    @contextlib.contextmanager
+    def sending(self) -> Iterator[None]:
+        self._sending += 1
+        try:
+            yield
+        finally:
+            self._sending -= 1
+            if not self._sending and self._interrupt_pending:
+                self.interrupt()
+
+    def interrupt(self) -> None:
+        """The shard was lost: cancel the task, now or once its send is over."""
+        if self._task is None or self.interrupted:
+            return
+        if self._sending:
+            self._interrupt_pending = True
+            return
+        self._interrupt_pending = False
+        self.interrupted = True
+        self._task.cancel(LOST_SHARD)

@@ -39,12 +39,13 @@ log = logging.getLogger("talkbridge.router")
 
 ArrivalListener = Callable[[NormalizedMessage], None]
 _Item = tuple[NormalizedMessage, asyncio.Future[bool] | None, "Ack | None"]
-_answering: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+"""(message, the store's dedupe verdict still to come, the bus acknowledgement)."""
+_answering: contextvars.ContextVar[tuple[str, Ack] | None] = contextvars.ContextVar(
     "talkbridge_answering", default=None
 )
-"""In distributed mode, the thread key of the bus message the current task is handling: its
-sends leave only while this node still holds that message's shard (`InboundBus.still_holds`)."""
-"""(message, the store's dedupe verdict still to come, the bus acknowledgement)."""
+"""In distributed mode, the thread key and the acknowledgement of the bus message the current
+task is handling: its sends leave only while this node still holds that message's shard
+(`InboundBus.still_holds`), and a loss of the shard during one cancels the task only after it."""
 
 
 class RoutedTalk:
@@ -278,40 +279,72 @@ class TalkRouter:
 
     async def _dispatch(self, _thread_key: str, item: _Item) -> None:
         message, accepted, ack = item
-        if accepted is not None:
-            try:
-                if not await accepted:
-                    log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
-                    return
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we are being stopped, not the delivery
-                return  # the delivery was abandoned before the store took it
-            except Exception:  # the store refused it: `deliver` raised to the connector already
-                return
-        answering = _answering.set(message.thread_key if ack is not None else None)
-        try:
-            for handlers in (self._handlers.get(message.connection_id, ()), self._all_handlers):
-                for handler in handlers:
-                    try:
-                        await handler(message)
-                    except LeaseLostError:
-                        assert ack is not None  # raised only for a message from the bus
-                        ack.abandon()
-                        return
-                    except Exception:
-                        log.exception(
-                            "a subscriber failed on %s/%s", message.connection_id, message.id
-                        )
-        finally:
-            _answering.reset(answering)
-        # Not reached when cancelled (shutdown, crash): the message stays pending and is
-        # handled again by `recover()` at the next start (or by the shard's next holder).
+        if accepted is not None and not await self._was_accepted(message, accepted):
+            return
         if ack is not None:
-            await ack()
-        else:
-            await self._store.complete_inbound(message.connection_id, message.id)
+            await self._answer_from_bus(message, ack)
+            return
+        await self._handle(message)
+        # Not reached when cancelled (shutdown, crash): the message stays pending and is
+        # handled again by `recover()` at the next start.
+        await self._store.complete_inbound(message.connection_id, message.id)
+        self._recovered.discard((message.connection_id, message.id))
+
+    async def _was_accepted(
+        self, message: NormalizedMessage, accepted: asyncio.Future[bool]
+    ) -> bool:
+        """The store's dedupe verdict on a message handled while it was being written."""
+        try:
+            if await accepted:
+                return True
+            log.debug("duplicate %s/%s ignored", message.connection_id, message.id)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being stopped, not the delivery
+            # else the delivery was abandoned before the store took it
+        except Exception:  # the store refused it: `deliver` raised to the connector already
+            pass
+        return False
+
+    async def _handle(self, message: NormalizedMessage) -> None:
+        for handlers in (self._handlers.get(message.connection_id, ()), self._all_handlers):
+            for handler in handlers:
+                try:
+                    await handler(message)
+                except LeaseLostError:
+                    raise  # the message is the shard's new holder's now
+                except Exception:
+                    log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
+
+    async def _answer_from_bus(self, message: NormalizedMessage, ack: Ack) -> None:
+        """Handle a message of a held shard, then acknowledge it. Should the shard be lost
+        meanwhile, the turn is cancelled (or its next send refused) and the message left
+        unacknowledged for the shard's new holder; one still waiting for its thread then is
+        left without being started. Cancelled otherwise (a stop), it stays pending too."""
+        if not ack.begin():
+            ack.abandon()
+            return
+        answering = _answering.set((message.thread_key, ack))
+        try:
+            await self._handle(message)
+            if ack.interrupted:  # asked for as a send ended: a cancel still to be delivered
+                await asyncio.sleep(0)
+        except LeaseLostError:
+            ack.abandon()
+            return
+        except asyncio.CancelledError:
+            if not _uncancel_interruption(ack):
+                raise
+            ack.abandon()
+            return
+        finally:
+            ack.end()
+            _answering.reset(answering)
+        if _uncancel_interruption(ack):  # its cancel was swallowed (an agent catching it)
+            ack.abandon()
+            return
+        await ack()
         self._recovered.discard((message.connection_id, message.id))
 
     def was_recovered(self, message: NormalizedMessage) -> bool:
@@ -347,20 +380,17 @@ class TalkRouter:
     ) -> SendResult:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
         queue = self.outbound(connection_id)
-        cluster = self._cluster
         answering = _answering.get()
-        if (
-            cluster is not None
-            and answering is not None
-            and not await cluster.inbound.still_holds(answering)
-        ):
-            raise LeaseLostError(
-                f"no longer holding the shard of {answering!r}: its new holder answers it"
-            )
-        if cluster is not None and cluster.is_remote(connection_id):
-            result = await cluster.outbound.request(connection_id, message, check_sent=check_sent)
+        if self._cluster is not None and answering is not None:
+            thread, ack = answering
+            if not await self._cluster.inbound.still_holds(thread):
+                raise LeaseLostError(
+                    f"no longer holding the shard of {thread!r}: its new holder answers it"
+                )
+            with ack.sending():
+                result = await self._send_routed(queue, message, check_sent)
         else:
-            result = await queue.send(message, check_sent=check_sent)
+            result = await self._send_routed(queue, message, check_sent)
         if connection_id not in self._keeps_history:
             agent = message.meta.get("agent")  # the agent that answered, when one did
             self._store.queue_history(
@@ -371,6 +401,16 @@ class TalkRouter:
                 message.text,
             )
         return result
+
+    async def _send_routed(
+        self, queue: OutboundQueue, message: OutboundMessage, check_sent: bool
+    ) -> SendResult:
+        """Through this node's queue, or the connection's owner on another node."""
+        cid = queue.connection_id
+        cluster = self._cluster
+        if cluster is not None and cluster.is_remote(cid):
+            return await cluster.outbound.request(cid, message, check_sent=check_sent)
+        return await queue.send(message, check_sent=check_sent)
 
     async def _send_local(
         self, connection_id: str, message: OutboundMessage, check_sent: bool
@@ -393,6 +433,15 @@ class TalkRouter:
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
+
+
+def _uncancel_interruption(ack: Ack) -> bool:
+    """Take back the cancel of a turn whose shard was lost; True unless the task is being
+    cancelled for another reason too (a stop), which then goes on."""
+    task = asyncio.current_task()
+    if not ack.interrupted or task is None:
+        return False
+    return task.uncancel() == 0
 
 
 __all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]

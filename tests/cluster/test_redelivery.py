@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.cluster import Cluster as Node
-from talkbridge.cluster.inbound import GROUP
+from talkbridge.cluster.inbound import GROUP, Ack
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
 from talkbridge.store.redis import RedisStore
@@ -94,11 +94,21 @@ async def test_a_redelivered_message_is_not_answered_a_second_time(cluster: Clus
     assert a.cluster is not None
     handle = a.router._from_bus
 
-    async def never_ack() -> None:
-        return None
+    class NeverAck:
+        """The entry's `Ack`, but for the acknowledgement itself."""
 
-    async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
-        await handle(message, recovered, never_ack)  # answers, then "dies" before the ack
+        def __init__(self, ack: Ack) -> None:
+            self._ack = ack
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._ack, name)
+
+        async def __call__(self) -> None:
+            return None
+
+    async def take(message: NormalizedMessage, recovered: bool, ack: Ack) -> None:
+        # answers, then "dies" before the ack
+        await handle(message, recovered, NeverAck(ack))  # type: ignore[arg-type]
 
     a.cluster.inbound.set_handler(take)
     await connector(a).inject(make_message("only once", message_id="m1"))
