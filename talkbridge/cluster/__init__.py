@@ -3,7 +3,8 @@
 - a connection's transport runs on the one node holding its lease (`lease.py`, the registry);
 - inbound messages go onto shard streams read by the nodes holding the shards (`inbound.py`);
 - sends go to the node that owns the destination connection (`outbound.py`);
-- webchat frames reach every node's sockets of their session (`fanout.py`).
+- webchat frames reach every node's sockets of their session (`fanout.py`);
+- a keyed send calls its platform once, whichever nodes send it (`claims.py`).
 
 `Cluster` ties these to one node id and one Redis client; the Bridge makes one when its store is
 a `RedisStore`. Every key comes from `ClusterKeys`, the store's key builder with the same prefix.
@@ -19,6 +20,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.fanout import WebchatFanout
 from talkbridge.cluster.inbound import InboundBus
 from talkbridge.cluster.keys import ClusterKeys
@@ -73,6 +75,7 @@ class Cluster:
             block_ms=self.inbound.block_ms,
         )
         self.fanout = WebchatFanout(self.client, self.keys, self.node_id)
+        self.claims = SendClaims(self.client, self.keys, self.config.lease_ttl)
         self.leased: set[str] = set()
         """Connections whose transport runs on one node at a time."""
         self.owned: set[str] = set()

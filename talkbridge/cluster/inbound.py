@@ -16,7 +16,7 @@ A node that learns it lost a shard's lease (renewals failing for most of the TTL
 node holding it) cancels its turns of that shard's messages at once, and starts none of those
 waiting for their thread: each is left unacknowledged for the shard's new holder. A turn that is
 sending at that moment is cancelled once the send is over: cut mid-call, nobody would know
-whether the platform took it.
+whether the platform took it (`claims.py` keeps the new holder from sending it again).
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ class ClusterKeys(RedisKeys):
         """`lease:conn:<id>` or `lease:shard:<n>`: the node id holding it, with a TTL."""
         return self._key("lease", kind, name)
 
+    def send_claim(self, connection_id: str, idempotency_key: str) -> str:
+        """The token of the send calling the platform now for this key, with a TTL."""
+        return self._key("sending", connection_id, idempotency_key)
+
     def bus_in(self, shard: int) -> str:
         return self._key("bus", "in", str(shard))
 

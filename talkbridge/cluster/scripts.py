@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from talkbridge.store._redis_lua import ACCEPT_HEAD
+from talkbridge.store._redis_lua import ACCEPT_HEAD, RECORD_SENT_HEAD
 
 # KEYS: lease  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
 ACQUIRE: Final = """
@@ -81,3 +81,23 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', unpack(ARGV, 2
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return id
 """
+
+# A keyed send about to call the platform: sent already, being sent by another, or ours now.
+# KEYS: sent, sent before retention, claim  ARGV: idempotency key, token, ttl_ms
+# -> {1, message ids JSON} sent already; {0} claimed for the token; {2, ms left} another sends it
+CLAIM_SEND: Final = """
+local done = redis.call('HGET', KEYS[1], ARGV[1]) or redis.call('HGET', KEYS[2], ARGV[1])
+if done then return {1, done} end
+if redis.call('SET', KEYS[3], ARGV[2], 'NX', 'PX', ARGV[3]) then return {0} end
+return {2, redis.call('PTTL', KEYS[3])}
+"""
+
+# The store's RECORD_SENT, and the claim given up in the same step (only if still the token's):
+# no instant in which the send is neither claimed nor recorded.
+# KEYS: sent, order, counter, claim  ARGV: idempotency key, message ids JSON, token
+SENT_CLAIMED: Final = (
+    RECORD_SENT_HEAD
+    + """if redis.call('GET', KEYS[4]) == ARGV[3] then redis.call('DEL', KEYS[4]) end
+return 1
+"""
+)

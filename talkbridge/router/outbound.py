@@ -9,14 +9,20 @@ Trouble that is the connection's, not one message's, is reported through `on_tro
 connection's health says so: credentials refused on a send (a token revoked while the
 connection's socket stays open), and a send failing again and again (the platform or the mail
 server down); a send that works clears it.
+
+In distributed mode several nodes may send with one idempotency key (a turn run again by a
+shard's new holder while the old one still sends): `claims` makes each keyed platform call
+under a claim in Redis, so only one of them goes out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from talkbridge.backoff import Backoff
 from talkbridge.errors import (
@@ -37,6 +43,15 @@ TroubleListener = Callable[[str, str | None], None]
 """`(connection_id, what)`: sends are in trouble (`sends are …: reason`); None: they work."""
 
 MAX_RATE_LIMIT_WAITS = 20
+
+
+class SendClaims(Protocol):
+    """Distributed mode: one platform call per idempotency key across nodes
+    (`talkbridge.cluster.claims`)."""
+
+    async def send_once(
+        self, connection_id: str, key: str, call: Callable[[], Awaitable[SendResult]]
+    ) -> SendResult: ...
 
 
 @dataclass(slots=True)
@@ -90,8 +105,10 @@ class OutboundQueue:
         redact: Redact = str,
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
         on_trouble: TroubleListener | None = None,
+        claims: SendClaims | None = None,
     ) -> None:
         self.connection_id = connection_id
+        self.claims = claims
         self._send = send
         self._store = store
         self._attempts = attempts
@@ -169,7 +186,7 @@ class OutboundQueue:
             if self._gate.closed:
                 await self._gate.wait()
             try:
-                result = await self._send(message)
+                result = await self._call(message)
             except RateLimitedError as exc:
                 waits += 1
                 if waits > MAX_RATE_LIMIT_WAITS:
@@ -212,9 +229,18 @@ class OutboundQueue:
                 await self._fail(message, f"unexpected connector error: {reason}")
             if self._troubled:
                 self._trouble(None)
-            if key is not None:
+            if key is not None:  # (a claim recorded it already; this one, retried, if it could not)
                 await self._store.record_sent(self.connection_id, key, result.message_ids)
             return result
+
+    async def _call(self, message: OutboundMessage) -> SendResult:
+        """The platform call; in distributed mode under the claim of its idempotency key."""
+        key = message.idempotency_key
+        if self.claims is None or key is None:
+            return await self._send(message)
+        return await self.claims.send_once(
+            self.connection_id, key, functools.partial(self._send, message)
+        )
 
     def _trouble(self, what: str | None) -> None:
         self._troubled = what is not None

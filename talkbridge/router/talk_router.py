@@ -105,6 +105,8 @@ class TalkRouter:
         self._cluster = cluster
         cluster.inbound.set_handler(self._from_bus)
         cluster.outbound.set_local(self._send_local)
+        for queue in self._outbound.values():
+            queue.claims = cluster.claims
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class TalkRouter:
             redact=self._redact,
             backoff=lambda: Backoff(base=self._config.retry_base_delay, cap=30.0),
             on_trouble=self._send_trouble,
+            claims=self._cluster.claims if self._cluster is not None else None,
         )
         keeps_history = bool(getattr(connector, "keeps_history", False))
         if keeps_history:

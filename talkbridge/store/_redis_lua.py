@@ -117,11 +117,11 @@ return 1
 """
 
 # KEYS: sent, order, counter  ARGV: idempotency key, message ids JSON
-RECORD_SENT: Final = """
+RECORD_SENT_HEAD: Final = """
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[3]), ARGV[1])
-return 1
 """
+RECORD_SENT: Final = RECORD_SENT_HEAD + "return 1\n"
 
 # KEYS: sent, sent before retention  ARGV: idempotency key
 SENT_RESULT: Final = """
@@ -404,6 +404,8 @@ return n
 ALL: Final[dict[str, str]] = {
     name: value
     for name, value in dict(globals()).items()
-    if name.isupper() and not name.startswith("_") and name not in ("ALL", "ACCEPT_HEAD")
+    if name.isupper()
+    and not name.startswith("_")
+    and name not in ("ALL", "ACCEPT_HEAD", "RECORD_SENT_HEAD")
 }
 """Every script by name (loaded once per connection with SCRIPT LOAD)."""

@@ -8,18 +8,24 @@ next renewal, as they would after the stall.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
+from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.inbound import GROUP
+from talkbridge.cluster.keys import ClusterKeys
+from talkbridge.config import ConnectionConfig
 from talkbridge.hooks import TurnFinishedEvent
-from tests.cluster.conftest import Cluster, connector, owner, wait_until
-from tests.support.talk_connector import make_message
+from talkbridge.message import SendResult
+from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.support.talk_connector import TalkConnector, make_message
 
 
 class GatedAgent:
@@ -44,6 +50,12 @@ class GatedAgent:
             self.cancelled[prompt].set()
             raise
         yield Result(text=f"answer to {prompt}")
+
+
+def web_of(bridge: Bridge) -> TalkConnector:
+    found = bridge.registry.get("web")
+    assert isinstance(found, TalkConnector)
+    return found
 
 
 def other_shard_thread(bridge: Bridge, shard: int) -> str:
@@ -112,4 +124,79 @@ async def test_a_node_that_loses_a_shard_cancels_its_turns_there_and_no_others(
         for gate in agent.gates.values():
             gate.set()
         await client.delete(lease)
+        await client.aclose()
+
+
+async def test_a_reply_under_way_when_the_shard_moves_goes_out_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The webchat's case: a connection every node sends on itself. Node a's reply is on its
+    # way to the platform when a's shard lease runs out; b takes the shard, runs the turn
+    # again and sends its reply too. Whichever comes second must find the first.
+    caplog.set_level(logging.INFO, logger="talkbridge")
+    gate = asyncio.Event()
+
+    def prepare(bridge: Bridge) -> None:
+        web = TalkConnector("web")
+        bridge.registry.add(web, ConnectionConfig(id="web", channel="telegram", trusted=["*"]))
+
+    one_shard = {"cluster": {"shards": 1}}
+    a = await cluster.node("a", prepare=prepare, config=one_shard)
+    assert a.cluster is not None
+    await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
+    web_a = web_of(a)
+    web_a.script.append(gate.wait)  # the platform takes a's reply once the gate opens
+    await web_a.inject(make_message("hello", connection_id="web", message_id="m1"))
+    await asyncio.wait_for(web_a.attempted.wait(), 10)  # a's reply is under way
+
+    b = await cluster.node("b", prepare=prepare, config=one_shard)
+    assert b.cluster is not None
+    web_b = web_of(b)
+    lease = a.cluster.keys.lease("shard", "0")
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        await client.set(lease, "b", px=60_000)  # a's ran out; b holds it now
+        await wait_until(lambda: b.cluster is not None and b.cluster.inbound.held == [0])
+
+        def second_reply_reached_the_platform_or_waits() -> bool:
+            return web_b.attempts > 0 or "being sent by another send" in caplog.text
+
+        await wait_until(second_reply_reached_the_platform_or_waits)
+        gate.set()
+        await wait_until(lambda: a.router.turns_running == 0 and b.router.turns_running == 0)
+        assert await client.zcard(a.cluster.keys.pending()) == 0  # answered: nothing lost
+        assert (await client.xpending(a.cluster.keys.bus_in(0), GROUP))["pending"] == 0
+        answers = [s.message.text for s in (*web_a.sent, *web_b.sent)]
+        assert answers == ["hello"]  # one answer at the platform, for two turns
+        assert len(web_a.sent) == 1 and web_b.attempts == 0  # a's send was not cut short
+    finally:
+        gate.set()
+        await client.delete(lease)
+        await client.aclose()
+
+
+async def test_a_send_whose_sender_died_mid_call_goes_out_once_its_claim_runs_out(
+    cluster: Cluster,
+) -> None:
+    # Nothing is lost: a node that died during its platform call left its claim behind, never
+    # renewed. The next send of the key waits for it to run out, then goes, once.
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    keys = ClusterKeys(cluster.prefix)
+    claims = SendClaims(client, keys, TTL)
+    claim = keys.send_claim("web", "reply:m1")
+    calls: list[str | None] = []
+
+    async def call() -> SendResult:
+        calls.append(await client.get(claim))  # whose claim it is while the platform is called
+        return SendResult(message_ids=("web-out-1",))
+
+    try:
+        await client.set(claim, "the-dead-node", px=round(TTL * 1000))
+        sent = await asyncio.wait_for(claims.send_once("web", "reply:m1", call), 10)
+        assert sent.message_ids == ("web-out-1",)
+        assert len(calls) == 1 and calls[0] not in (None, "the-dead-node")  # its own claim
+        again = await claims.send_once("web", "reply:m1", call)  # answered from the record
+        assert again.message_ids == ("web-out-1",) and len(calls) == 1
+        assert await client.exists(claim) == 0  # the record replaced the claim
+    finally:
         await client.aclose()
