@@ -28,7 +28,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -659,3 +659,40 @@ def group_text(
         message["message_thread_id"] = topic_id
         message["is_topic_message"] = True
     return {"message": message}
+
+
+def album(
+    user_id: int,
+    file_ids: Sequence[str],
+    *,
+    first_message_id: int,
+    media_group_id: str = "13579",
+    caption: str | None = None,
+    caption_on: int = 0,
+    chat_id: int | None = None,
+    kind: str = "photo",
+    first_name: str = "Ada",
+) -> list[dict[str, Any]]:
+    """The updates of an album as Telegram sends it: one message per item (`kind` "photo" or
+    "document", one file each), sharing `media_group_id`, the caption on item `caption_on`.
+    A private chat with `user_id`, or the supergroup `chat_id`."""
+    chat: dict[str, Any] = (
+        {"id": user_id, "type": "private", "first_name": first_name}
+        if chat_id is None
+        else {"id": chat_id, "type": "supergroup", "title": "Team"}
+    )
+    updates = []
+    for index, file_id in enumerate(file_ids):
+        file: dict[str, Any] = {"file_id": file_id, "file_unique_id": f"U{file_id}"}
+        message: dict[str, Any] = {
+            "message_id": first_message_id + index,
+            "from": user(user_id, first_name),
+            "chat": chat,
+            "date": int(time.time()),
+            "media_group_id": media_group_id,
+            kind: [{**file, "width": 800, "height": 600}] if kind == "photo" else file,
+        }
+        if caption is not None and index == caption_on:
+            message["caption"] = caption
+        updates.append({"message": message})
+    return updates

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from talkbridge.connectors.telegram.render import (
     TELEGRAM_CAPTION_LIMIT,
@@ -28,18 +28,25 @@ from talkbridge.connectors.telegram.render import (
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
+    "ALBUM_MAX",
     "TELEGRAM_CAPTION_LIMIT",
     "TELEGRAM_TEXT_LIMIT",
+    "AlbumKey",
     "ThreadRef",
+    "album_edit",
+    "album_item",
     "decode_update",
+    "edited_item",
     "html_text",
     "inline_keyboard",
+    "merge_album",
     "native_id",
     "parse_native_id",
     "parse_thread_id",
     "render",
     "render_chunks",
     "split_html",
+    "update_chat",
     "update_id",
     "update_to_dict",
     "utf16_len",
@@ -368,6 +375,111 @@ def decode_update(
     if isinstance(query, Mapping):
         return _decode_callback(query, connection_id=connection_id, raw=update)
     return None
+
+
+# ---- albums -----------------------------------------------------------------------------------
+# An album (media group) arrives as one update per item, sharing a `media_group_id`; collecting
+# them is the transport's (`talkbridge.connectors.telegram.albums`), combining them is here.
+
+_NEW_KINDS = ("message", "channel_post")
+"""The update kinds that bring a new message; their edits are `edited_` + the kind."""
+
+
+ALBUM_MAX = 10
+"""Items in one album (`sendMediaGroup` sends 2 to 10)."""
+
+
+class AlbumKey(NamedTuple):
+    """One album: a `media_group_id` names it within its chat."""
+
+    chat_id: str
+    media_group_id: str
+
+
+def album_item(
+    update: Mapping[str, Any] | Any, *, bot_id: int | None = None
+) -> tuple[AlbumKey, str] | None:
+    """A new message that is one item of an album: its album and its native id.
+
+    None for anything else, an edit of an item included (it changes a message already
+    delivered; nothing waits for it), and for the bot's own albums (never delivered)."""
+    data = update_to_dict(update)
+    for kind in _NEW_KINDS:
+        message = data.get(kind)
+        if not isinstance(message, Mapping):
+            continue
+        group = message.get("media_group_id")
+        chat = message.get("chat")
+        message_id = message.get("message_id")
+        if (
+            not group
+            or not isinstance(chat, Mapping)
+            or chat.get("id") is None
+            or not isinstance(message_id, int)
+            or _from_bot_itself(message, bot_id)
+        ):
+            return None
+        return AlbumKey(str(chat["id"]), str(group)), native_id(chat["id"], message_id)
+    return None
+
+
+def edited_item(update: Mapping[str, Any] | Any) -> dict[str, Any] | None:
+    """An edit of an album's item, in the shape of the item's own update (`edited_message`
+    read as `message`), so the album can be decoded again with the item as it now is; None
+    when the update is not such an edit."""
+    data = update_to_dict(update)
+    for kind in _NEW_KINDS:
+        message = data.get(f"edited_{kind}")
+        if isinstance(message, Mapping) and message.get("media_group_id"):
+            return {"update_id": data.get("update_id"), kind: dict(message)}
+    return None
+
+
+def update_chat(update: Mapping[str, Any] | Any) -> str | None:
+    """The chat an update belongs to (a button click: the chat of its message), if any."""
+    data = update_to_dict(update)
+    message = next((data[k] for k in MESSAGE_KINDS if isinstance(data.get(k), Mapping)), None)
+    if message is None and isinstance(data.get("callback_query"), Mapping):
+        message = data["callback_query"].get("message")
+    chat = message.get("chat") if isinstance(message, Mapping) else None
+    chat_id = chat.get("id") if isinstance(chat, Mapping) else None
+    return None if chat_id is None else str(chat_id)
+
+
+def merge_album(items: Sequence[NormalizedMessage]) -> NormalizedMessage:
+    """The decoded items of one album as one message, so the agent answers it once.
+
+    It takes the first item's id (what a reply quotes, and an edit of it names), every item's
+    attachments in order, and the caption as its text; items with captions of their own (a
+    documents album) give one paragraph each.
+    """
+    if not items:
+        raise ValueError("an album needs at least one item")
+    ordered = sorted(items, key=lambda m: parse_native_id(m.id)[1])
+    first = ordered[0]
+    if len(ordered) == 1:
+        return first
+    return first.model_copy(
+        update={
+            "text": "\n\n".join(m.text for m in ordered if m.text),
+            "attachments": tuple(a for m in ordered for a in m.attachments),
+            "reply_to": next((m.reply_to for m in ordered if m.reply_to), None),
+            "raw_event": tuple(m.raw_event for m in ordered),
+        }
+    )
+
+
+def album_edit(album: NormalizedMessage, edit: NormalizedMessage) -> NormalizedMessage:
+    """`edit` of one item as an edit of the whole `album` (decoded with the edited item): the
+    bridge then updates its one answer to the album, and the agent reads all of it again."""
+    return album.model_copy(
+        update={
+            "id": edit.id,
+            "edit_of": album.id,
+            "timestamp": edit.timestamp,
+            "raw_event": edit.raw_event,
+        }
+    )
 
 
 # ---- outbound ---------------------------------------------------------------------------------

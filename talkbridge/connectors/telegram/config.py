@@ -33,6 +33,9 @@ class TelegramConfig(ConnectionConfig):
     """Seconds one `getUpdates` long poll waits for updates."""
     request_timeout: float = Field(default=60.0, gt=0)
     """Seconds any other Bot API call may take."""
+    album_wait: float = Field(default=1.0, gt=0, le=60)
+    """Seconds an album (photos sent together) waits for its next item before it goes on as
+    one message; an update after it in the same chat (polling: any update) ends the wait."""
     max_download_bytes: int = Field(default=20 * 1024 * 1024, ge=1)
     """`inbound_media` refuses larger files (the public Bot API serves at most 20 MB)."""
     global_rate: float = Field(default=30.0, gt=0)

@@ -3,7 +3,8 @@
 Inbound is at-least-once without replays: the offset past a batch of updates is stored (and
 confirmed to Telegram by the next poll) only after `deliver` returned for each of them (the router
 has durably accepted or deduped them by then), so a crash in between re-delivers at most that
-batch, which the router's inbox drops as duplicates.
+batch, which the router's inbox drops as duplicates. The items of an album are kept in the store
+instead, until the album goes out as one message (`talkbridge.connectors.telegram.albums`).
 
 `send` never sleeps on a 429 or retries: it raises the translated error and the router's
 per-connection queue waits (`RateLimitedError.retry_after`) or retries (`TransientError`). It
@@ -45,17 +46,23 @@ from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, readable
 from talkbridge.connectors.sending import PartialSends
+from talkbridge.connectors.telegram.albums import Albums
 from talkbridge.connectors.telegram.codec import (
+    ALBUM_MAX,
     ALLOWED_UPDATES,
     TELEGRAM_CAPTION_LIMIT,
     TELEGRAM_TEXT_LIMIT,
+    album_item,
     decode_update,
+    edited_item,
     inline_keyboard,
+    merge_album,
     native_id,
     parse_native_id,
     parse_thread_id,
     render,
     render_chunks,
+    update_chat,
     update_to_dict,
     visible_length,
 )
@@ -69,7 +76,7 @@ from talkbridge.errors import (
     RateLimitedError,
     TransientError,
 )
-from talkbridge.message import Attachment, OutboundMessage, SendResult
+from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _RECENT_UPDATES = 2048
@@ -109,6 +116,14 @@ class TelegramConnector(BaseConnector):
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
+        self._albums = Albums(
+            context.store,
+            config.id,
+            decode=self._decode_album,
+            deliver=self._deliver_album,
+            wait=config.album_wait,
+            log=self._log,
+        )
         for name in ("activity", "inbound_media", "edit", "delete", "reactions", "interactions"):
             self.provide(name, self)
 
@@ -116,10 +131,14 @@ class TelegramConnector(BaseConnector):
 
     async def run(self, status: ConnectionStatus) -> None:
         await self.check()
-        if self.config.mode == "webhook":
-            await self._run_webhook(status)
-        else:
-            await self._run_polling(status)
+        try:
+            await self._albums.resume()  # what an earlier run kept, before anything newer
+            if self.config.mode == "webhook":
+                await self._run_webhook(status)
+            else:
+                await self._run_polling(status)
+        finally:
+            await self._albums.pause()
 
     async def check(self) -> str:
         """`getMe`: the bot's @username, or the translated failure."""
@@ -195,7 +214,8 @@ class TelegramConnector(BaseConnector):
             return [u if isinstance(u, dict) else {"update_id": None, "raw": u} for u in batch]
 
     async def _accept(self, update: Update | dict[str, Any]) -> int | None:
-        """Decode and deliver one update; returns once subscribers accepted it, with its id."""
+        """Take one update; returns once it may be confirmed (subscribers accepted it, or it is
+        an album item kept in the store), with its id."""
         data = update_to_dict(update)
         uid = data.get("update_id")
         if not isinstance(uid, int) or isinstance(uid, bool):
@@ -204,28 +224,64 @@ class TelegramConnector(BaseConnector):
         if uid in self._recent:
             return uid
         try:
-            message = readable(
-                decode_update, data, connection_id=self.connection_id, bot_id=self.bot_id
-            )
-        except ValueError as exc:  # one poison update must not stall the connection
-            self._log.error("skipping update %s that cannot be read: %s", uid, exc)
-            message = None
-        if message is not None:
-            query = data.get("callback_query")
-            if isinstance(query, dict) and query.get("id"):
-                await self._answer_callback(str(query["id"]))
-            try:
-                await self.deliver(message)
-            except ConnectorError:
-                raise
-            except Exception as exc:
-                raise TransientError(
-                    f"update {uid} was not accepted by a subscriber: {scrub(str(exc), self._token)}"
-                ) from exc
+            item = readable(album_item, data, bot_id=self.bot_id)
+        except ValueError:
+            item = None  # decoding it says why it cannot be read
+        # What comes after an album goes after it. A batch is in Telegram's order, so in polling
+        # any other update ends the albums before it; webhook POSTs of different chats come
+        # concurrently, so there only one of the album's chat does.
+        chat = None if self.config.mode == "polling" else update_chat(data)
+        if item is not None:
+            await self._albums.close_before(chat, keep=item[0])
+            await self._albums.add(uid, *item, data)
+        else:
+            await self._albums.close_before(chat)
+            await self._take(uid, data)
         self._recent[uid] = None
         while len(self._recent) > _RECENT_UPDATES:
             self._recent.popitem(last=False)
         return uid
+
+    async def _take(self, uid: int, data: dict[str, Any]) -> None:
+        """Decode and deliver an update that is no album item."""
+        message = self._decode(data)
+        if message is None:
+            return
+        edited = edited_item(data)
+        if edited is not None and message.edit_of is not None:
+            message = await self._albums.edit(message, edited)
+        query = data.get("callback_query")
+        if isinstance(query, dict) and query.get("id"):
+            await self._answer_callback(str(query["id"]))
+        await self._deliver_checked(message, f"update {uid}")
+
+    def _decode(self, data: dict[str, Any]) -> NormalizedMessage | None:
+        try:
+            return readable(
+                decode_update, data, connection_id=self.connection_id, bot_id=self.bot_id
+            )
+        except ValueError as exc:  # one poison update must not stall the connection
+            self._log.error(
+                "skipping update %s that cannot be read: %s", data.get("update_id"), exc
+            )
+            return None
+
+    def _decode_album(self, updates: Sequence[dict[str, Any]]) -> NormalizedMessage | None:
+        items = [m for m in map(self._decode, updates) if m is not None]
+        return merge_album(items) if items else None
+
+    async def _deliver_album(self, album: NormalizedMessage) -> None:
+        await self._deliver_checked(album, f"album {album.id}")
+
+    async def _deliver_checked(self, message: NormalizedMessage, what: str) -> None:
+        try:
+            await self.deliver(message)
+        except ConnectorError:
+            raise
+        except Exception as exc:
+            raise TransientError(
+                f"{what} was not accepted by a subscriber: {scrub(str(exc), self._token)}"
+            ) from exc
 
     async def _answer_callback(self, query_id: str) -> None:
         # Stops the button's spinner; failing to do so must not lose the click.
@@ -487,8 +543,6 @@ def _keyboard(buttons: Sequence[tuple[str, str]]) -> InlineKeyboardMarkup:
     )
 
 
-ALBUM_MAX = 10
-"""Items per sendMediaGroup."""
 _ALBUM_FAMILY = {"image": "visual", "video": "visual", "document": "document", "audio": "audio"}
 """Which kinds may share an album: photos with videos, documents alone, audio alone."""
 

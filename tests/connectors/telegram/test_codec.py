@@ -10,10 +10,16 @@ from typing import Any
 import pytest
 
 from talkbridge.connectors.telegram.codec import (
+    AlbumKey,
+    album_edit,
+    album_item,
     decode_update,
+    edited_item,
     inline_keyboard,
+    merge_album,
     parse_native_id,
     parse_thread_id,
+    update_chat,
 )
 from talkbridge.message import NormalizedMessage
 
@@ -258,3 +264,86 @@ def test_inline_keyboard_refuses_values_over_64_bytes() -> None:
     ]
     with pytest.raises(ValueError, match="64 bytes"):
         inline_keyboard([("Long", "x" * 65)])
+
+
+# ---- albums -----------------------------------------------------------------------------------
+
+
+def album_update(message_id: int, file_id: str, **extra: Any) -> dict[str, Any]:
+    """One item of the album 555 in the group -100777, as the Bot API sends it."""
+    return {
+        "update_id": 9000 + message_id,
+        "message": {
+            "message_id": message_id,
+            "from": {"id": 42, "is_bot": False, "first_name": "Grace"},
+            "chat": {"id": -100777, "type": "supergroup", "title": "Team"},
+            "date": 1700000000 + message_id,
+            "media_group_id": "555",
+            "photo": [
+                {"file_id": file_id, "file_unique_id": f"u{file_id}", "width": 9, "height": 9}
+            ],
+            **extra,
+        },
+    }
+
+
+def decoded(update: dict[str, Any]) -> NormalizedMessage:
+    message = decode_update(update, connection_id="tg")
+    assert message is not None
+    return message
+
+
+def test_an_album_item_names_its_album_and_itself() -> None:
+    item = album_update(12, "A")
+    assert album_item(item) == (AlbumKey("-100777", "555"), "-100777:12")
+    assert album_item({"update_id": 1, "channel_post": item["message"]}) is not None
+    assert album_item(load("group_photo_caption.json")) is None  # a photo alone
+    assert album_item({"update_id": 2, "edited_message": item["message"]}) is None
+    assert album_item(item, bot_id=42) is None  # the bot's own album is never delivered
+    assert album_item({"update_id": 3, "message": {**item["message"], "chat": 7}}) is None
+
+
+def test_an_album_is_one_message_with_its_caption_and_every_attachment_in_order() -> None:
+    reply = {"message_id": 3, "chat": {"id": -100777}, "text": "send the photos"}
+    items = [
+        album_update(13, "C"),
+        album_update(11, "A", caption="Before and after", reply_to_message=reply),
+        album_update(12, "B"),
+    ]
+    merged = merge_album([decoded(u) for u in items])  # in any order
+    assert merged.id == "-100777:11"  # the first item: what a reply quotes
+    assert merged.text == "Before and after"
+    assert [a.ref for a in merged.attachments] == ["A", "B", "C"]
+    assert merged.timestamp == datetime.fromtimestamp(1700000011, UTC)
+    assert merged.reply_to is not None and merged.reply_to.message_id == "-100777:3"
+    assert merged.thread_id == "-100777" and merged.channel_user_id == "42"
+    assert merged.raw_event == (items[1], items[2], items[0])
+
+
+def test_the_captions_of_a_documents_album_are_one_paragraph_each() -> None:
+    first = album_update(21, "A", caption="the contract")
+    second = album_update(22, "B", caption="the annex")
+    merged = merge_album([decoded(first), decoded(second)])
+    assert merged.text == "the contract\n\nthe annex"
+    with pytest.raises(ValueError, match="at least one item"):
+        merge_album([])
+
+
+def test_an_edit_of_an_item_becomes_an_edit_of_the_album() -> None:
+    items = [album_update(31, "A", caption="Holiday"), album_update(32, "B")]
+    changed = {**items[1]["message"], "caption": "the beach", "edit_date": 1700009999}
+    update = {"update_id": 9999, "edited_message": changed}
+    as_item = edited_item(update)
+    assert as_item == {"update_id": 9999, "message": changed}
+    assert edited_item(load("docs_edited.json")) is None  # no album's
+    album = merge_album([decoded(items[0]), decoded(as_item)])
+    edit = album_edit(album, decoded(update))
+    assert edit.id == "-100777:32:edit:1700009999" and edit.edit_of == "-100777:31"
+    assert edit.text == "Holiday\n\nthe beach" and [a.ref for a in edit.attachments] == ["A", "B"]
+    assert edit.timestamp == datetime.fromtimestamp(1700009999, UTC)
+
+
+def test_the_chat_of_an_update() -> None:
+    assert update_chat(album_update(1, "A")) == "-100777"
+    assert update_chat(load("callback_query_group.json")) == "-1001234567890"
+    assert update_chat(load("docs_inline_query.json")) is None

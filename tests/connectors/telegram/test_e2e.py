@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from talkbridge.registry import ConnectionState
-from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
+from tests.peers.telegram import TelegramBotAPIPeer, album, group_text, private_text
 from tests.support.bridge import StartBridge, bridges
 
 TOKEN_A = "111111:AAAA-token"
@@ -107,3 +107,25 @@ async def test_an_edited_message_updates_the_reply_instead_of_a_new_turn(
     [edit] = [c.params for c in peer.calls_of("editMessageText")]
     assert edit["text"] == "hello" and edit["chat_id"] == 777
     assert len(sent_by(peer, TOKEN_A)) == 1  # no second reply
+
+
+async def test_an_album_gets_one_answer_and_an_edit_of_an_item_updates_it(
+    peer: TelegramBotAPIPeer, bridge: Callable[..., Any]
+) -> None:
+    await bridge({"id": "support", "token": TOKEN_A, "trusted": ["777"], "album_wait": 0.05})
+    photos = [peer.add_file(b"jpeg", file_path=f"photos/{i}.jpg") for i in range(3)]
+    updates = album(777, photos, first_message_id=20, caption="Holiday")
+    for update in updates:
+        peer.push_update(update, token=TOKEN_A)
+    await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
+    [reply] = sent_by(peer, TOKEN_A)
+    assert reply["text"] == "Holiday\n\n(received: image, image, image)"  # the echo agent
+    assert reply["reply_parameters"]["message_id"] == 20
+    edited = dict(updates[1]["message"], caption="the beach")
+    edited["edit_date"] = edited["date"] + 30
+    peer.push_update({"edited_message": edited}, token=TOKEN_A)
+    await peer.wait_for(lambda: len(peer.calls_of("editMessageText")) == 1)
+    [edit] = [c.params for c in peer.calls_of("editMessageText")]
+    assert edit["text"] == "Holiday\n\nthe beach\n\n(received: image, image, image)"
+    assert edit["chat_id"] == 777 and edit["message_id"] == 1  # the reply: the bot's first
+    assert len(sent_by(peer, TOKEN_A)) == 1  # one turn, one answer, updated in place

@@ -1,0 +1,215 @@
+"""Telegram albums with the real aiogram client against the local Bot API peer: the items of one
+media group reach the bridge as one message, whatever the batches, restarts or edits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.message import NormalizedMessage
+from tests.connectors.telegram.conftest import TOKEN
+from tests.peers.http import free_port
+from tests.peers.telegram import TelegramBotAPIPeer, album, group_text, private_text
+from tests.support.running import Inbox
+
+Start = Callable[..., Any]
+
+
+def files(peer: TelegramBotAPIPeer, count: int) -> list[str]:
+    return [
+        peer.add_file(f"picture {i}".encode(), file_path=f"photos/{i}.jpg") for i in range(count)
+    ]
+
+
+def refs(message: NormalizedMessage) -> list[str | None]:
+    return [a.ref for a in message.attachments]
+
+
+def confirmed(peer: TelegramBotAPIPeer, update_id: int) -> Callable[[], bool]:
+    """Telegram was told `update_id` is done (a poll with an offset past it): it is gone there."""
+    return lambda: any(
+        (c.params.get("offset") or 0) > update_id
+        for c in peer.calls_of("getUpdates", answered=None)
+    )
+
+
+async def test_an_album_is_one_message_with_every_item_and_the_caption(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=60)  # only the update after it ends it here
+    photos = files(peer, 3)
+    for update in album(777, photos, first_message_id=20, caption="Our holiday", caption_on=0):
+        peer.push_update(update)
+    peer.push_update(private_text(777, "what do you think?", message_id=23))
+    shots, question = await running.inbox.wait_count(2)
+    assert shots.id == "777:20"  # the first item: what a reply quotes
+    assert shots.text == "Our holiday" and refs(shots) == photos
+    assert [a.kind for a in shots.attachments] == ["image"] * 3
+    assert question.text == "what do you think?"
+    assert len(running.inbox.messages) == 2
+    media = running.connector.feature("inbound_media")
+    assert await media.download(shots.attachments[2]) == b"picture 2"
+
+
+async def test_an_album_straddling_two_polls_is_still_one_message(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=60)
+    photos = files(peer, 3)
+    first, second, third = album(777, photos, first_message_id=30, caption="three")
+    peer.push_update(first)
+    last = peer.push_update(second)
+    await peer.wait_for(confirmed(peer, last))  # Telegram forgot the first two
+    assert running.inbox.messages == []
+    peer.push_update(third)
+    peer.push_update(private_text(777, "after", message_id=33))
+    shots, after = await running.inbox.wait_count(2)
+    assert refs(shots) == photos and shots.text == "three" and after.text == "after"
+
+
+async def test_an_album_with_nothing_after_it_goes_on_after_a_short_wait(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=0.05)
+    photos = files(peer, 2)
+    for update in album(777, photos, first_message_id=40, caption="two"):
+        peer.push_update(update)
+    [shots] = await running.inbox.wait_count(1)
+    assert refs(shots) == photos and shots.text == "two"
+
+
+async def test_ten_items_end_an_album_without_waiting(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=60)
+    photos = files(peer, 10)
+    for update in album(-100123, photos, first_message_id=50, chat_id=-100123):
+        peer.push_update(update)
+    [shots] = await running.inbox.wait_count(1)
+    assert refs(shots) == photos and shots.thread_id == "-100123"
+
+
+async def test_album_items_confirmed_before_a_stop_go_on_at_the_next_start(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    first_run = await start(album_wait=60)
+    photos = files(peer, 2)
+    for update in album(777, photos, first_message_id=60, caption="kept"):
+        last = peer.push_update(update)
+    await peer.wait_for(confirmed(peer, last))  # Telegram will not offer them again
+    await first_run.stop()  # (a crash: nothing runs on the way out)
+    assert first_run.inbox.messages == []
+    second_run = await start(album_wait=60)
+    [shots] = await second_run.inbox.wait_count(1)
+    assert refs(shots) == photos and shots.text == "kept" and shots.id == "777:60"
+    peer.push_update(private_text(777, "and on", message_id=62))
+    await second_run.inbox.wait_count(2)
+    assert second_run.inbox.texts == ["kept", "and on"]
+
+
+async def test_items_offered_again_after_their_album_went_out_are_not_delivered_again(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    first_run = await start(album_wait=60)
+    photos = files(peer, 3)
+    updates = album(777, photos, first_message_id=70, caption="once")
+    ids = [peer.push_update(update) for update in updates]
+    peer.push_update(private_text(777, "closing it", message_id=73))
+    await first_run.inbox.wait_count(2)
+    await first_run.stop()
+    # Telegram never heard that the last items were done (a crash before the offset was
+    # stored): it offers them again, without the first, plus a message sent meanwhile.
+    peer.updates[TOKEN] = [u | {"update_id": i} for u, i in zip(updates[1:], ids[1:], strict=True)]
+    peer.push_update(private_text(777, "while down", message_id=74))
+    second_run = await start(album_wait=60)
+    await second_run.inbox.wait_count(1)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])
+    assert second_run.inbox.texts == ["while down"]
+    assert first_run.inbox.texts == ["once", "closing it"]
+
+
+async def test_an_edit_of_one_item_is_an_edit_of_the_whole_album(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=0.05)
+    photos = files(peer, 3)
+    updates = album(777, photos, first_message_id=80, caption="Holiday")
+    for update in updates:
+        peer.push_update(update)
+    [shots] = await running.inbox.wait_count(1)
+    edited = dict(updates[2]["message"], caption="the beach")
+    edited["edit_date"] = edited["date"] + 30
+    peer.push_update({"edited_message": edited})
+    _, edit = await running.inbox.wait_count(2)
+    assert edit.edit_of == shots.id == "777:80"
+    assert edit.id == f"777:82:edit:{edited['edit_date']}"
+    assert edit.text == "Holiday\n\nthe beach" and refs(edit) == photos
+    assert len(running.inbox.messages) == 2  # the edit opened no album of its own
+
+
+async def test_a_webhook_answers_each_item_at_once_and_delivers_the_album_as_one(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    port = free_port()
+    running = await start(
+        album_wait=60,
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="abc",
+        webhook_port=port,
+    )
+    photos = files(peer, 3)
+    # Telegram sends a chat's next update once the previous POST is answered: each item is
+    # answered before its album is complete, kept in the store meanwhile.
+    for update in album(-100123, photos, first_message_id=90, caption="team", chat_id=-100123):
+        assert await peer.post_to_webhook(update) == 200
+    assert running.inbox.messages == []
+    # Another chat's update may come between them: it does not end the album.
+    assert await peer.post_to_webhook(private_text(777, "elsewhere", message_id=1)) == 200
+    assert running.inbox.texts == ["elsewhere"]
+    assert await peer.post_to_webhook(group_text(-100123, 42, "next", message_id=93)) == 200
+    _, shots, after = running.inbox.messages
+    assert refs(shots) == photos and shots.text == "team" and after.text == "next"
+
+
+async def test_an_album_its_subscriber_refused_is_offered_again(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusing = Inbox(fail_on={"777:100"})  # once
+    running = await start(inbox=refusing, album_wait=0.05)
+    photos = files(peer, 2)
+    for update in album(777, photos, first_message_id=100, caption="again"):
+        peer.push_update(update)
+    [shots] = await running.inbox.wait_count(1)
+    assert refs(shots) == photos
+    assert "album in chat 777 not delivered yet, trying again" in caplog.text
+    assert TOKEN not in caplog.text
+
+
+async def test_an_album_item_that_cannot_be_read_is_skipped_and_polling_goes_on(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    running = await start(album_wait=60)
+    [item] = album(777, files(peer, 1), first_message_id=110)
+    item["message"]["from"] = "not an object"
+    bad = peer.push_update(item)
+    peer.push_update(private_text(777, "after it", message_id=111))
+    await running.inbox.wait_count(1)
+    assert running.inbox.texts == ["after it"]
+    assert f"skipping update {bad} that cannot be read" in caplog.text
+
+
+async def test_an_album_right_after_another_ends_it_and_goes_after_it(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(album_wait=60)
+    first, second = files(peer, 2), files(peer, 10)
+    for update in album(777, first, first_message_id=120, media_group_id="1", caption="one"):
+        peer.push_update(update)
+    for update in album(777, second, first_message_id=122, media_group_id="2", caption="two"):
+        peer.push_update(update)  # ten items: it goes at once, but not before the first album
+    one, two = await running.inbox.wait_count(2)
+    assert (one.text, refs(one)) == ("one", first)
+    assert (two.text, refs(two)) == ("two", second)
