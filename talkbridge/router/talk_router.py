@@ -165,15 +165,23 @@ class TalkRouter:
 
     # -- subscribing ----------------------------------------------------------------------------
 
+    # The handler lists are replaced, never changed in place: a message being dispatched goes
+    # to the subscribers it started with, even when one of them (un)subscribes meanwhile.
+
     def subscribe(self, connection_id: str, handler: MessageHandler) -> Subscription:
         self._known(connection_id)
-        handlers = self._handlers.setdefault(connection_id, [])
-        handlers.append(handler)
-        return Subscription(lambda: handlers.remove(handler))
+        self._handlers[connection_id] = [*self._handlers.get(connection_id, ()), handler]
+        return Subscription(functools.partial(self._unsubscribe, connection_id, handler))
+
+    def _unsubscribe(self, connection_id: str, handler: MessageHandler) -> None:
+        self._handlers[connection_id] = _without(self._handlers[connection_id], handler)
 
     def subscribe_all(self, handler: MessageHandler) -> Subscription:
-        self._all_handlers.append(handler)
-        return Subscription(lambda: self._all_handlers.remove(handler))
+        self._all_handlers = [*self._all_handlers, handler]
+        return Subscription(functools.partial(self._unsubscribe_all, handler))
+
+    def _unsubscribe_all(self, handler: MessageHandler) -> None:
+        self._all_handlers = _without(self._all_handlers, handler)
 
     def on_arrival(self, listener: ArrivalListener) -> Subscription:
         """Called synchronously the moment a new (non-duplicate) message is accepted, before it
@@ -393,6 +401,13 @@ class TalkRouter:
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
+
+
+def _without(handlers: list[MessageHandler], handler: MessageHandler) -> list[MessageHandler]:
+    """A copy of `handlers` without (one subscription of) `handler`."""
+    remaining = list(handlers)
+    remaining.remove(handler)
+    return remaining
 
 
 __all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]

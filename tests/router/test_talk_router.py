@@ -21,6 +21,7 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.router import TalkRouter
 from talkbridge.store import SqliteStore
 from talkbridge.store.seen import SeenFilter
+from talkbridge.talk import MessageHandler, Subscription
 from tests.support.talk_connector import TalkConnector, make_message
 
 FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64, send_retry_seconds=0)
@@ -175,6 +176,46 @@ async def test_a_failing_subscriber_does_not_stop_the_others(router: TalkRouter)
     await conn.inject(make_message("still here", connection_id="alpha"))
     await router.join()
     assert seen == ["still here"]
+
+
+async def test_a_subscriber_that_unsubscribes_itself_hides_the_message_from_no_other(
+    router: TalkRouter,
+) -> None:
+    """A one-shot subscriber closing its subscription from inside its handler: the subscriber
+    after it (the Bridge's own, which answers) still gets that message."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    seen: list[tuple[str, str]] = []
+    subscriptions: dict[str, Subscription] = {}
+
+    def once(name: str) -> MessageHandler:
+        async def handler(m: NormalizedMessage) -> None:
+            seen.append((name, m.text))
+            subscriptions[name].close()
+
+        return handler
+
+    def always(name: str) -> MessageHandler:
+        async def handler(m: NormalizedMessage) -> None:
+            seen.append((name, m.text))
+
+        return handler
+
+    subscriptions["once"] = router.subscribe("alpha", once("once"))
+    router.subscribe("alpha", always("always"))
+    subscriptions["all-once"] = router.subscribe_all(once("all-once"))
+    router.subscribe_all(always("all-always"))
+    for text in ("first", "second"):
+        await conn.inject(make_message(text, connection_id="alpha"))
+        await router.join()
+    assert seen == [
+        ("once", "first"),
+        ("always", "first"),
+        ("all-once", "first"),
+        ("all-always", "first"),
+        ("always", "second"),
+        ("all-always", "second"),
+    ]
 
 
 async def test_a_rate_limited_connection_does_not_delay_another(router: TalkRouter) -> None:
