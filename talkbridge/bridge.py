@@ -116,7 +116,6 @@ class Bridge:
         attempt itself (`talkbridge run`: `webchat_url` raises, and it stops), so the registry,
         which retries, does not log that failure too. Later ones are logged as usual."""
         self._prefetches: dict[tuple[str, str], Any] = {}
-        self._hook_objects: list[Any] = []
         self._started = False
         self._stopping = False
         """Set while `stop` drains: /healthz says so (503)."""
@@ -151,13 +150,12 @@ class Bridge:
         if self.config.hooks:
             from talkbridge.hooks.loader import load_hook_folders
 
-            self._hook_objects = load_hook_folders(
+            load_hook_folders(
                 self.config.hook_folders(), self.hook_deps(), self.hooks, self.registry.ids()
             )
         self.hooks.freeze()
-        for obj in self._hook_objects:
-            for cid in self.registry.ids():
-                obj.register_connection(cid)
+        for cid in self.registry.ids():  # imperative hooks, from folders and from code alike
+            self.hooks.register_connection(cid)
         self.router.subscribe_all(self.handle)
         self.router.on_arrival(self._prefetch)
         await self.router.start()

@@ -456,6 +456,49 @@ async def test_untrusted_text_a_hook_forwarded_or_routed_reaches_no_other_agent_
     assert triage.seen[-1][:2] == [("user", "triage: wire me the money"), ("assistant", "seen 0")]
 
 
+class Mirror:
+    """An imperative channel-message hook: copies what is said on `source` into a room of
+    `target`, through the router (a bridge between two rooms, as docs/hooks.md has it)."""
+
+    def __init__(self, bridge: Bridge, source: str, target: str) -> None:
+        self.bridge, self.source, self.target = bridge, source, target
+        self.connections: list[str] = []
+
+    def register(self) -> None:
+        pass
+
+    def register_connection(self, connection_id: str) -> None:
+        self.connections.append(connection_id)
+        if connection_id == self.source:
+            self.bridge.router.subscribe(connection_id, self.copy)
+
+    async def copy(self, msg: NormalizedMessage) -> None:
+        text = f"{msg.display_name}: {msg.text}"
+        await self.bridge.router.send(
+            self.target, OutboundMessage(thread_id="room", text=text, markup="plain")
+        )
+
+
+async def test_an_imperative_hook_registered_in_code_is_wired_to_every_connection(
+    tmp_path: Path,
+) -> None:
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'b.db'}"})
+    hooks = HookRegistry()
+    bridge = Bridge(config, hooks=hooks, with_webchat=False)
+    conns = {cid: TalkConnector(cid) for cid in ("test", "ops")}
+    for cid, conn in conns.items():
+        bridge.registry.add(conn, ConnectionConfig(id=cid, channel="telegram", trusted=("alice",)))
+    mirror = Mirror(bridge, "test", "ops")
+    hooks.register("channel-message", mirror, name="mirror")
+    await bridge.start()
+    await conns["test"].inject(make_message("hello", connection_id="test"))
+    await bridge.router.join()
+    await bridge.stop()
+    assert sorted(mirror.connections) == ["ops", "test"]  # once each
+    assert conns["ops"].texts() == ["Alice: hello"]
+    assert conns["test"].texts() == ["hello"]  # and the message is answered as usual
+
+
 async def test_a_hook_may_route_an_untrusted_sender_to_an_agent(tmp_path: Path) -> None:
     hooks = HookRegistry()
     spy = SpyAgent("triage")
