@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from talkbridge import replies
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
-from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome
+from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome, earlier_entries
 from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
@@ -452,7 +452,7 @@ class Bridge:
 
         At most `MAX_AGENT_HISTORY` entries: the screened ids kept per thread cover every
         screened message among that many, and no more."""
-        entries = await self.store.history(message.thread_key, limit=min(limit, MAX_AGENT_HISTORY))
+        entries = await earlier_entries(self.store, message, min(limit, MAX_AGENT_HISTORY))
         screened = _screened(await self.store.get_state(_SCREENED_KEY + message.thread_key))
         sentinel = self.config.agents.sentinel
         agent = message.routing.agent if message.routing is not None else None

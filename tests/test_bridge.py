@@ -369,6 +369,49 @@ class HistorySpy:
         yield Result(text=f"seen {len(earlier)}")
 
 
+class SlowHistorian:
+    """Records the history each turn is handed, as given; the turn answering `hold` waits for
+    `release`, so the messages written meanwhile queue up behind it."""
+
+    name = "slow"
+
+    def __init__(self, hold: str) -> None:
+        self.hold = hold
+        self.release = asyncio.Event()
+        self.seen: dict[str, list[tuple[str, str]]] = {}
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        if ctx.input.prompt == self.hold:
+            await self.release.wait()
+        entries = await ctx.history(10)
+        self.seen[ctx.input.prompt] = [(e.role, e.text) for e in entries]
+        yield Result(text=f"re: {ctx.input.prompt}")
+
+
+async def test_a_turn_is_given_the_history_before_its_message_not_after(tmp_path: Path) -> None:
+    """Three messages written while the agent is busy with the first: the turn answering each
+    is not handed its own message as history (it is the prompt), nor the ones still waiting
+    behind it, which are yet to be answered; the replies sent before it began are there."""
+    agent = SlowHistorian(hold="one")
+    bridge, conns = await _bridge(tmp_path, agents={"slow": agent}, default="slow")
+    conn = conns["test"]
+    for text in ("one", "two", "three"):
+        await conn.inject(make_message(text))
+    agent.release.set()
+    await conn.wait_sent(3)
+    await bridge.stop()
+    assert agent.seen == {
+        "one": [],
+        "two": [("user", "one"), ("assistant", "re: one")],
+        "three": [
+            ("user", "one"),
+            ("user", "two"),
+            ("assistant", "re: one"),
+            ("assistant", "re: two"),
+        ],
+    }
+
+
 async def test_screened_and_dropped_text_never_reaches_an_agent_as_history(
     tmp_path: Path,
 ) -> None:

@@ -102,7 +102,8 @@ class TurnContext:
         return None
 
     async def history(self, limit: int = 20) -> Sequence[HistoryEntry]:
-        """Earlier messages of this thread, oldest first (loaded on demand only)."""
+        """Earlier messages of this thread, oldest first (loaded on demand only): not this
+        turn's own message, nor those that came after it and wait for their turn."""
         return await self.load_history(limit)
 
 

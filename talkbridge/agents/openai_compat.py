@@ -73,9 +73,7 @@ class OpenAIChatAgent:
         if self._system_prompt:
             messages.append({"role": "system", "content": self._system_prompt})
         if self._history:
-            for entry in await ctx.history(self._history + 1):
-                if entry.message_id == ctx.message.id:
-                    continue  # this turn's own message: it is the prompt below
+            for entry in await ctx.history(self._history):  # (never this turn's own message)
                 role = "assistant" if entry.role == "assistant" else "user"
                 messages.append({"role": role, "content": entry.text})
         messages.append({"role": "user", "content": ctx.input.prompt})

@@ -232,7 +232,7 @@ class AgentRunner:
         return TurnOutcome(session, status, text, events, error, ctx)
 
     async def _stored_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
-        return list(await self._store.history(message.thread_key, limit=limit))
+        return await earlier_entries(self._store, message, limit)
 
     async def _before_tool(self, ctx: TurnContext, call: ToolCall) -> None:
         """Per-user tool permissions: a `before_tool_call` listener that raises denies the call."""
@@ -274,6 +274,54 @@ class _Emitter:
             ctx = self.context()
             if ctx is not None:  # (gone only if emitted to after the turn, and nobody holds it)
                 await on_event(ctx, event)
+
+
+_LOOKAHEAD = 32
+"""Entries read beyond `limit` at first: room for the messages that came in after the one
+answered (they are skipped), so one read usually does."""
+_PAGE = 256
+_MAX_SCAN = 10_000
+"""How far back the answered message is looked for (about `router.max_pending_messages`)."""
+
+
+async def earlier_entries(
+    store: Store, message: NormalizedMessage, limit: int
+) -> list[HistoryEntry]:
+    """The latest `limit` entries of `message`'s thread from before it: what its turn may call
+    the conversation so far (`ctx.history`).
+
+    Not `message` itself (it is the prompt), nor the messages that came in after it and wait
+    behind it: a thread is answered in order, so those are still to come, and an agent given
+    them would answer a question as if it had been asked after them. Replies recorded after
+    `message` came are kept: they were sent before its turn began. A message that is not in
+    the history (never recorded) leaves the latest entries, as they are."""
+    if limit <= 0:
+        return []
+    key = message.thread_key
+    entries = list(await store.history(key, limit=limit + _LOOKAHEAD))
+    more = len(entries) == limit + _LOOKAHEAD
+    at = _position(entries, message.id)
+    while at is None and more and len(entries) < _MAX_SCAN:
+        older = list(await store.history(key, limit=_PAGE, before_seq=entries[0].seq))
+        more = len(older) == _PAGE
+        entries = older + entries
+        at = _position(entries, message.id)
+    if at is None:
+        return entries[-limit:]
+    kept = entries[:at] + [e for e in entries[at + 1 :] if e.role != "user"]
+    missing = limit - len(kept)
+    if missing > 0 and more:  # later messages took the room of earlier ones in the read
+        kept = [*await store.history(key, limit=missing, before_seq=entries[0].seq), *kept]
+    return kept[-limit:]
+
+
+def _position(entries: list[HistoryEntry], message_id: str) -> int | None:
+    """Where the inbound entry `message_id` is, searching from the newest."""
+    for index in range(len(entries) - 1, -1, -1):
+        entry = entries[index]
+        if entry.message_id == message_id and entry.role == "user":
+            return index
+    return None
 
 
 _EVENTS = (TextDelta, ToolCall, ToolResult, Result, Error)
