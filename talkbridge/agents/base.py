@@ -117,6 +117,14 @@ class Agent(Protocol):
 
 
 @runtime_checkable
+class ChatMessages(Protocol):
+    async def messages(self, ctx: TurnContext) -> list[dict[str, str]]:
+        """What the agent would send its model (system prompt, history, the prompt): chat hooks
+        are handed this list, and the agent sends the list they leave."""
+        ...
+
+
+@runtime_checkable
 class AgentCheck(Protocol):
     async def check(self) -> str:
         """Try the agent's model and credentials (`talkbridge check`): return what answers, or

@@ -9,6 +9,7 @@ The onion is composed once per agent (middleware chains are frozen at start), no
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -180,7 +181,7 @@ class AgentRunner:
             if listeners.has_listeners("before_run"):
                 await listeners.before_run(ctx, environment=self._environment)
             if chat.has_chat_hooks():
-                await chat.run_chat_hooks(ctx)
+                await chat.run_chat_hooks(ctx, await _chat_seed(agent, ctx))
             await self._onion(agent_name)(ctx)
             final = ctx.final
             if final is None:
@@ -274,6 +275,16 @@ class _Emitter:
             ctx = self.context()
             if ctx is not None:  # (gone only if emitted to after the turn, and nobody holds it)
                 await on_event(ctx, event)
+
+
+async def _chat_seed(agent: Agent, ctx: TurnContext) -> list[Any] | None:
+    """The message list chat hooks are handed: what the agent would send its model, when it
+    can say (`ChatMessages`); else None (the prompt alone). Handed less, a hook that only
+    redacts would make such an agent send neither its system prompt nor the history."""
+    messages = getattr(agent, "messages", None)
+    if not inspect.iscoroutinefunction(messages):
+        return None
+    return list(await messages(ctx))
 
 
 _LOOKAHEAD = 32
