@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from talkbridge import replies
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
@@ -47,7 +47,7 @@ from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
 from talkbridge.store.base import HistoryEntry
-from talkbridge.talk import Activity, Delete, Edit, Streaming, Talk
+from talkbridge.talk import Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -485,8 +485,8 @@ class Bridge:
     async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
         """Run one turn, streaming deltas and typing to connections that show them."""
         cid = message.connection_id
-        streaming = cast(Streaming | None, self.router.feature(cid, "streaming"))
-        activity = cast(Activity | None, self.router.feature(cid, "activity"))
+        streaming = self.router.feature(cid, "streaming")
+        activity = self.router.feature(cid, "activity")
         typing = self.typing.begin(activity, message.thread_id) if activity is not None else None
         on_event = None
         if streaming is not None:
@@ -557,7 +557,7 @@ class Bridge:
         assert message.edit_of is not None
         cid = message.connection_id
         earlier_reply = await self.store.lookup_id(cid, message.edit_of)
-        editor = cast(Edit | None, self.router.feature(cid, "edit"))
+        editor = self.router.feature(cid, "edit")
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
@@ -596,7 +596,7 @@ class Bridge:
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
         """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""
         cid = message.connection_id
-        deleter = cast(Delete | None, self.router.feature(cid, "delete"))
+        deleter = self.router.feature(cid, "delete")
         if deleter is None or not ids:
             return
         for reply_id in ids:

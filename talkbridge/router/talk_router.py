@@ -18,7 +18,7 @@ import contextvars
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import RouterConfig
@@ -29,7 +29,21 @@ from talkbridge.router.outbound import OutboundQueue, TroubleListener
 from talkbridge.router.seen_keys import SeenKeys
 from talkbridge.store.base import Store
 from talkbridge.store.seen import SeenFilter
-from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
+from talkbridge.talk import (
+    Activity,
+    Delete,
+    Directory,
+    Edit,
+    Feature,
+    History,
+    InboundMedia,
+    Interactions,
+    MessageHandler,
+    Reactions,
+    Streaming,
+    Subscription,
+    Talk,
+)
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -61,7 +75,7 @@ class RoutedTalk:
     async def send(self, message: OutboundMessage) -> SendResult:
         return await self._router.send(self.connection_id, message)
 
-    def feature(self, name: str) -> Any:
+    def feature(self, name: str) -> Any:  # typed by `Talk`'s overloads
         return self._router.feature(self.connection_id, name)
 
 
@@ -156,6 +170,28 @@ class TalkRouter:
         connector = self._known(connection_id)
         return RoutedTalk(self, connection_id, connector.channel)
 
+    @overload
+    def feature(self, connection_id: str, name: Literal["history"]) -> History | None: ...
+    @overload
+    def feature(
+        self, connection_id: str, name: Literal["inbound_media"]
+    ) -> InboundMedia | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["activity"]) -> Activity | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["directory"]) -> Directory | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["interactions"]) -> Interactions | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["edit"]) -> Edit | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["delete"]) -> Delete | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["reactions"]) -> Reactions | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["streaming"]) -> Streaming | None: ...
+    @overload
+    def feature(self, connection_id: str, name: str) -> Feature | None: ...
     def feature(self, connection_id: str, name: str) -> Feature | None:
         return self._known(connection_id).feature(name)
 
