@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-APP = '''
+APP = """
 from collections.abc import AsyncIterator
 from typing import Any, assert_type
 
@@ -60,7 +60,7 @@ async def app(bridge: Bridge, router: TalkRouter, deps: HookDeps) -> None:
     if editor is not None:
         await editor.edit("1", sent.message_id, "edited")
     Bridge(hooks=hooks, agents={"support": SupportAgent()})
-'''
+"""
 
 
 def test_an_app_using_the_documented_api_passes_mypy_strict(tmp_path: Path) -> None:

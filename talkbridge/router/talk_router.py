@@ -30,6 +30,7 @@ from talkbridge.router.seen_keys import SeenKeys
 from talkbridge.store.base import Store
 from talkbridge.store.seen import SeenFilter
 from talkbridge.talk import (
+    FEATURE_NAMES,
     Activity,
     Delete,
     Directory,
@@ -193,7 +194,13 @@ class TalkRouter:
     @overload
     def feature(self, connection_id: str, name: str) -> Feature | None: ...
     def feature(self, connection_id: str, name: str) -> Feature | None:
-        return self._known(connection_id).feature(name)
+        """The connection's `name` feature, or None when it lacks it. A name that is no
+        feature (a typo) raises `ValueError` naming the features, rather than passing for one
+        the connection lacks; a plug-in connector may offer features of its own names."""
+        found: Feature | None = self._known(connection_id).feature(name)
+        if found is None and name not in FEATURE_NAMES:
+            raise ValueError(f"{name!r} is not a feature; features: {', '.join(FEATURE_NAMES)}")
+        return found
 
     def outbound(self, connection_id: str) -> OutboundQueue:
         self._known(connection_id)

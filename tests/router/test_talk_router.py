@@ -63,6 +63,23 @@ async def test_talk_facade_sends_through_the_queue_and_subscribes(router: TalkRo
     assert talk.feature("history") is None
 
 
+async def test_a_feature_name_that_is_none_is_an_error_not_a_missing_feature(
+    router: TalkRouter,
+) -> None:
+    """`feature("histroy")` answered None, as for a connection without history: the app took
+    the typo for a platform that lacks the feature."""
+    conn = TalkConnector("alpha")
+    conn.features["history"] = object()
+    conn.features["pins"] = pins = object()  # a plug-in connector's own feature
+    router.attach(conn)
+    with pytest.raises(ValueError, match=r"'histroy' is not a feature; features: history, "):
+        router.feature("alpha", "histroy")
+    with pytest.raises(ValueError, match="'histroy' is not a feature"):
+        router.talk("alpha").feature("histroy")
+    assert router.feature("alpha", "edit") is None  # a feature it lacks
+    assert router.feature("alpha", "pins") is pins
+
+
 async def test_duplicates_are_dropped_even_across_a_restart(tmp_path: Path) -> None:
     seen: list[str] = []
 
