@@ -2,6 +2,7 @@
 
 from talkbridge.errors import (
     ConfigError,
+    ConnectionNotStartedError,
     ConnectorError,
     RateLimitedError,
     SendFailedError,
@@ -27,6 +28,7 @@ __all__ = [
     "Attachment",
     "Channel",
     "ConfigError",
+    "ConnectionNotStartedError",
     "ConnectorError",
     "Feature",
     "MessageRouting",

@@ -90,6 +90,8 @@ class Bridge:
         self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
         self.registry = ConnectionRegistry(self.store, self.secrets, on_attach=self.router.attach)
         self.router.on_send_trouble = self.registry.send_trouble
+        configured = [c.id for c in self.config.connections if c.enabled]
+        self.router.expect([*configured, "webchat"] if with_webchat else configured)
         self.cluster: Cluster | None = _cluster_for(self.store, self.config, node_id)
         """Distributed mode (a Redis store): this node's part of the cluster; else None."""
         if self.cluster is not None:

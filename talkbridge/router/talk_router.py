@@ -17,12 +17,12 @@ import asyncio
 import contextvars
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import RouterConfig
-from talkbridge.errors import LeaseLostError, UnknownConnectionError
+from talkbridge.errors import ConnectionNotStartedError, LeaseLostError, UnknownConnectionError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue, TroubleListener
@@ -98,6 +98,8 @@ class TalkRouter:
         self._handlers: dict[str, list[MessageHandler]] = {}
         self._all_handlers: list[MessageHandler] = []
         self._arrival: list[ArrivalListener] = []
+        self._expected: set[str] = set()
+        """Connections of the config not attached yet (`expect`)."""
         self._recovered: set[tuple[str, str]] = set()
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
@@ -161,11 +163,20 @@ class TalkRouter:
     def connection_ids(self) -> list[str]:
         return sorted(self._connectors)
 
+    def expect(self, connection_ids: Iterable[str]) -> None:
+        """The connections the config names, before they are attached (the Bridge builds them
+        at start): an app may subscribe to them already, so it sees every message from the
+        first; anything else asked of one says it is not started yet."""
+        self._expected.update(connection_ids)
+
     def _known(self, connection_id: str) -> Talk:
         try:
             return self._connectors[connection_id]
         except KeyError:
-            raise UnknownConnectionError(connection_id, list(self._connectors)) from None
+            known = list(self._connectors.keys() | self._expected)
+            if connection_id in self._expected:
+                raise ConnectionNotStartedError(connection_id, known) from None
+            raise UnknownConnectionError(connection_id, known) from None
 
     def talk(self, connection_id: str) -> Talk:
         connector = self._known(connection_id)
@@ -212,7 +223,8 @@ class TalkRouter:
     # to the subscribers it started with, even when one of them (un)subscribes meanwhile.
 
     def subscribe(self, connection_id: str, handler: MessageHandler) -> Subscription:
-        self._known(connection_id)
+        if connection_id not in self._expected:
+            self._known(connection_id)
         self._handlers[connection_id] = [*self._handlers.get(connection_id, ()), handler]
         return Subscription(functools.partial(self._unsubscribe, connection_id, handler))
 
