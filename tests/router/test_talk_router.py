@@ -302,6 +302,58 @@ async def test_a_send_that_finally_fails_is_recorded_and_raised(
     assert sorted(f.text for f in failures) == ["also", "lost?"]
 
 
+async def test_sends_still_queued_when_the_router_closes_fail_on_record_and_never_go_out(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    """An app's sends queued behind one that the platform holds up when the bridge stops (a
+    long 429, past the drain): each caller is told, each send is on the failed-send record,
+    and none goes out afterwards; a send asked for later is refused at once. The last queued
+    caller waited for ever, and nothing was recorded."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release_first, never = asyncio.Event(), asyncio.Event()
+    conn.script.extend([release_first.wait, never.wait])
+
+    def send(text: str) -> asyncio.Task[SendResult]:
+        return asyncio.create_task(router.send("alpha", OutboundMessage(thread_id="t", text=text)))
+
+    first = send("one")  # sent from its caller's task, held up at the platform
+    await asyncio.wait_for(conn.attempted.wait(), 10)
+    second, third = send("two"), send("three")  # queued behind it, for the thread's order
+    conn.attempted.clear()
+    release_first.set()
+    await asyncio.wait_for(conn.attempted.wait(), 10)  # "two" is on its way, held up
+    assert (await first).message_ids == ("alpha-out-1",)
+    await router.close()
+    for task in (third, second):  # the last in line first: it waited for ever
+        with pytest.raises(SendFailedError, match="the bridge stopped"):
+            await asyncio.wait_for(task, 10)
+    with pytest.raises(SendFailedError, match="the bridge stopped"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="four"))
+    assert conn.texts() == ["one"] and conn.attempts == 2
+    failures = await sqlite_store.failed_sends()
+    assert sorted(f.text for f in failures) == ["three", "two"]  # "four" was never taken
+
+
+async def test_a_send_retried_in_its_callers_task_stops_when_the_router_closes(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    """A send failing with a passing error while the bridge stops is not retried against the
+    connection being closed (for up to `send_retry_seconds`): it fails, on record."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+
+    async def stop_then_fail() -> None:
+        await router.close()
+        raise TransientError("502 bad gateway")
+
+    conn.script.append(stop_then_fail)
+    with pytest.raises(SendFailedError, match="the bridge stopped before it was sent"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="late"))
+    assert conn.attempts == 1 and conn.texts() == []
+    assert [f.text for f in await sqlite_store.failed_sends()] == ["late"]
+
+
 async def test_an_untranslated_connector_error_fails_without_retrying(router: TalkRouter) -> None:
     conn = TalkConnector("alpha")
     router.attach(conn)
