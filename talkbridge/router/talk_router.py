@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from talkbridge.backoff import Backoff
 from talkbridge.config import RouterConfig
-from talkbridge.errors import ConnectionNotStartedError, LeaseLostError, UnknownConnectionError
+from talkbridge.errors import (
+    ConnectionNotStartedError,
+    FeatureUnavailableError,
+    LeaseLostError,
+    UnknownConnectionError,
+)
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue, TroubleListener
@@ -408,8 +413,17 @@ class TalkRouter:
     async def send(
         self, connection_id: str, message: OutboundMessage, *, check_sent: bool = True
     ) -> SendResult:
-        """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
+        """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`.
+
+        Buttons to a connection without the `interactions` feature raise
+        `FeatureUnavailableError`: the choices would silently be missing from the message."""
         queue = self.outbound(connection_id)
+        if message.buttons and self.feature(connection_id, "interactions") is None:
+            raise FeatureUnavailableError(
+                f"connection {connection_id!r} ({self._channels[connection_id]}) cannot show "
+                "buttons: it has no 'interactions' feature; send the choices in the text, or "
+                "ask router.feature(id, 'interactions') first"
+            )
         cluster = self._cluster
         answering = _answering.get()
         if (

@@ -10,6 +10,7 @@ import pytest
 
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
+    FeatureUnavailableError,
     PermanentError,
     RateLimitedError,
     SendFailedError,
@@ -78,6 +79,22 @@ async def test_a_feature_name_that_is_none_is_an_error_not_a_missing_feature(
         router.talk("alpha").feature("histroy")
     assert router.feature("alpha", "edit") is None  # a feature it lacks
     assert router.feature("alpha", "pins") is pins
+
+
+async def test_buttons_to_a_connection_without_interactions_are_refused_not_dropped(
+    router: TalkRouter,
+) -> None:
+    """An email or webchat connection has no buttons: sent there, the choices vanished and the
+    reader got a question without its answers."""
+    mail, chat = TalkConnector("mail", channel="email"), TalkConnector("chat")
+    chat.features["interactions"] = object()
+    router.attach(mail)
+    router.attach(chat)
+    question = OutboundMessage(thread_id="t", text="Refund or replace?", buttons=(("Refund", "r"),))
+    with pytest.raises(FeatureUnavailableError, match=r"'mail' \(email\) cannot show buttons"):
+        await router.send("mail", question)
+    assert mail.attempts == 0
+    assert (await router.send("chat", question)).message_ids == ("chat-out-1",)
 
 
 async def test_duplicates_are_dropped_even_across_a_restart(tmp_path: Path) -> None:
