@@ -522,6 +522,34 @@ class Mirror:
         )
 
 
+async def test_an_app_subscriber_raising_a_stray_cancellation_stalls_no_conversation(
+    tmp_path: Path,
+) -> None:
+    """An app's subscriber awaited a task something else cancelled: its `CancelledError` ended
+    the task serving the thread, so that message and those queued behind it went unanswered
+    (until a restart). It is now that subscriber's failure, logged, like any other."""
+    bridge, conns = await _bridge(tmp_path)
+    conn = conns["test"]
+
+    async def lookup() -> None:
+        await asyncio.Event().wait()
+
+    async def enrich(msg: NormalizedMessage) -> None:
+        if msg.text == "one":
+            task = asyncio.create_task(lookup())
+            task.cancel()
+            await task
+
+    bridge.router.subscribe("test", enrich)
+    for text in ("one", "two", "three"):
+        await conn.inject(make_message(text))
+    await conn.wait_sent(3)
+    await bridge.router.join()
+    assert conn.texts() == ["one", "two", "three"]
+    assert await bridge.store.pending_inbound() == []
+    await bridge.stop()
+
+
 async def test_an_imperative_hook_registered_in_code_is_wired_to_every_connection(
     tmp_path: Path,
 ) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from talkbridge.backoff import Backoff
+from talkbridge.cancellation import cancelling
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
     ConnectionNotStartedError,
@@ -368,7 +369,11 @@ class TalkRouter:
                         assert ack is not None  # raised only for a message from the bus
                         ack.abandon()
                         return
-                    except Exception:
+                    except (Exception, asyncio.CancelledError) as exc:
+                        if isinstance(exc, asyncio.CancelledError) and cancelling():
+                            raise  # we are being stopped
+                        # (a stray one: the subscriber awaited a task something else
+                        # cancelled; raised on, it ended the task serving the thread)
                         log.exception(
                             "a subscriber failed on %s/%s", message.connection_id, message.id
                         )
