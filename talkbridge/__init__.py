@@ -2,7 +2,9 @@
 
 from talkbridge.errors import (
     ConfigError,
+    ConnectionNotStartedError,
     ConnectorError,
+    FeatureUnavailableError,
     RateLimitedError,
     SendFailedError,
     TalkbridgeError,
@@ -27,8 +29,10 @@ __all__ = [
     "Attachment",
     "Channel",
     "ConfigError",
+    "ConnectionNotStartedError",
     "ConnectorError",
     "Feature",
+    "FeatureUnavailableError",
     "MessageRouting",
     "NormalizedMessage",
     "OutboundMessage",

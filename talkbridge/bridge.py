@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from talkbridge import replies
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
-from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome
+from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome, earlier_entries
 from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
@@ -47,7 +47,7 @@ from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
 from talkbridge.store.base import HistoryEntry
-from talkbridge.talk import Activity, Delete, Edit, Streaming, Talk
+from talkbridge.talk import Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -90,6 +90,8 @@ class Bridge:
         self.router = TalkRouter(self.store, self.config.router, redact=self.secrets.redact)
         self.registry = ConnectionRegistry(self.store, self.secrets, on_attach=self.router.attach)
         self.router.on_send_trouble = self.registry.send_trouble
+        configured = [c.id for c in self.config.connections if c.enabled]
+        self.router.expect([*configured, "webchat"] if with_webchat else configured)
         self.cluster: Cluster | None = _cluster_for(self.store, self.config, node_id)
         """Distributed mode (a Redis store): this node's part of the cluster; else None."""
         if self.cluster is not None:
@@ -116,7 +118,6 @@ class Bridge:
         attempt itself (`talkbridge run`: `webchat_url` raises, and it stops), so the registry,
         which retries, does not log that failure too. Later ones are logged as usual."""
         self._prefetches: dict[tuple[str, str], Any] = {}
-        self._hook_objects: list[Any] = []
         self._started = False
         self._stopping = False
         """Set while `stop` drains: /healthz says so (503)."""
@@ -151,13 +152,12 @@ class Bridge:
         if self.config.hooks:
             from talkbridge.hooks.loader import load_hook_folders
 
-            self._hook_objects = load_hook_folders(
+            load_hook_folders(
                 self.config.hook_folders(), self.hook_deps(), self.hooks, self.registry.ids()
             )
         self.hooks.freeze()
-        for obj in self._hook_objects:
-            for cid in self.registry.ids():
-                obj.register_connection(cid)
+        for cid in self.registry.ids():  # imperative hooks, from folders and from code alike
+            self.hooks.register_connection(cid)
         self.router.subscribe_all(self.handle)
         self.router.on_arrival(self._prefetch)
         await self.router.start()
@@ -454,7 +454,7 @@ class Bridge:
 
         At most `MAX_AGENT_HISTORY` entries: the screened ids kept per thread cover every
         screened message among that many, and no more."""
-        entries = await self.store.history(message.thread_key, limit=min(limit, MAX_AGENT_HISTORY))
+        entries = await earlier_entries(self.store, message, min(limit, MAX_AGENT_HISTORY))
         screened = _screened(await self.store.get_state(_SCREENED_KEY + message.thread_key))
         sentinel = self.config.agents.sentinel
         agent = message.routing.agent if message.routing is not None else None
@@ -487,8 +487,8 @@ class Bridge:
     async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
         """Run one turn, streaming deltas and typing to connections that show them."""
         cid = message.connection_id
-        streaming = cast(Streaming | None, self.router.feature(cid, "streaming"))
-        activity = cast(Activity | None, self.router.feature(cid, "activity"))
+        streaming = self.router.feature(cid, "streaming")
+        activity = self.router.feature(cid, "activity")
         typing = self.typing.begin(activity, message.thread_id) if activity is not None else None
         on_event = None
         if streaming is not None:
@@ -559,7 +559,7 @@ class Bridge:
         assert message.edit_of is not None
         cid = message.connection_id
         earlier_reply = await self.store.lookup_id(cid, message.edit_of)
-        editor = cast(Edit | None, self.router.feature(cid, "edit"))
+        editor = self.router.feature(cid, "edit")
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
@@ -598,7 +598,7 @@ class Bridge:
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
         """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""
         cid = message.connection_id
-        deleter = cast(Delete | None, self.router.feature(cid, "delete"))
+        deleter = self.router.feature(cid, "delete")
         if deleter is None or not ids:
             return
         for reply_id in ids:

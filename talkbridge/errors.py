@@ -6,6 +6,7 @@ retries in one place::
     TalkbridgeError
     ├── ConfigError                 bad config file or value (exit code 2)
     ├── UnknownConnectionError      a connection id nobody configured
+    │   └── ConnectionNotStartedError   a configured one, used before the bridge started
     ├── FeatureUnavailableError     a connection lacks a feature
     ├── HookError                   a hook failed, timed out, or returned something unusable
     │   └── HookLoadError           a hook folder cannot be loaded (also a ConfigError: exit 2)
@@ -39,6 +40,20 @@ class UnknownConnectionError(TalkbridgeError, LookupError):
         self.known = sorted(known)
         listed = ", ".join(self.known) if self.known else "none are configured"
         super().__init__(f"unknown connection {connection_id!r}; known connections: {listed}")
+
+
+class ConnectionNotStartedError(UnknownConnectionError):
+    """A connection of the config used before the bridge built it (`await bridge.start()`)."""
+
+    def __init__(self, connection_id: str, known: list[str]) -> None:
+        self.connection_id = connection_id
+        self.known = sorted(known)
+        TalkbridgeError.__init__(
+            self,
+            f"connection {connection_id!r} is not started yet: the bridge builds its "
+            "connections in `await bridge.start()`; use it once that has returned "
+            "(subscribing to it works before)",
+        )
 
 
 class FeatureUnavailableError(TalkbridgeError):

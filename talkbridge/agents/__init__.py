@@ -10,6 +10,7 @@ from pathlib import Path
 from talkbridge.agents.base import (
     Agent,
     AgentMessage,
+    ChatMessages,
     Error,
     Result,
     TextDelta,
@@ -100,6 +101,7 @@ __all__ = [
     "Agent",
     "AgentMessage",
     "AgentRunner",
+    "ChatMessages",
     "EchoAgent",
     "Error",
     "Result",

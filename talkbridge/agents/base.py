@@ -102,7 +102,8 @@ class TurnContext:
         return None
 
     async def history(self, limit: int = 20) -> Sequence[HistoryEntry]:
-        """Earlier messages of this thread, oldest first (loaded on demand only)."""
+        """Earlier messages of this thread, oldest first (loaded on demand only): not this
+        turn's own message, nor those that came after it and wait for their turn."""
         return await self.load_history(limit)
 
 
@@ -112,6 +113,14 @@ class Agent(Protocol):
 
     def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
         """Yield `AgentMessage` events; end with a `Result` or an `Error`."""
+        ...
+
+
+@runtime_checkable
+class ChatMessages(Protocol):
+    async def messages(self, ctx: TurnContext) -> list[dict[str, str]]:
+        """What the agent would send its model (system prompt, history, the prompt): chat hooks
+        are handed this list, and the agent sends the list they leave."""
         ...
 
 

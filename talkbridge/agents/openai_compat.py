@@ -65,17 +65,16 @@ class OpenAIChatAgent:
     async def messages(self, ctx: TurnContext) -> list[dict[str, str]]:
         """What the model is sent: system prompt, earlier turns of the thread, this prompt.
 
-        A chat hook's message list (`ctx.state["messages"]`) replaces the default one."""
+        Chat hooks are handed this list and the one they leave (`ctx.state["messages"]`) is
+        sent, its last user message being the prompt as turn middleware left it."""
         given = ctx.state.get("messages")
         if isinstance(given, list) and given:
-            return [m for m in given if isinstance(m, dict)]
+            return _with_prompt([m for m in given if isinstance(m, dict)], ctx.input.prompt)
         messages: list[dict[str, str]] = []
         if self._system_prompt:
             messages.append({"role": "system", "content": self._system_prompt})
         if self._history:
-            for entry in await ctx.history(self._history + 1):
-                if entry.message_id == ctx.message.id:
-                    continue  # this turn's own message: it is the prompt below
+            for entry in await ctx.history(self._history):  # (never this turn's own message)
                 role = "assistant" if entry.role == "assistant" else "user"
                 messages.append({"role": role, "content": entry.text})
         messages.append({"role": "user", "content": ctx.input.prompt})
@@ -273,6 +272,19 @@ class _Answer:
             name = function.get("name") if isinstance(function, dict) else None
             if isinstance(name, str) and name:
                 self.tools.add(name)
+
+
+def _with_prompt(messages: list[dict[str, Any]], prompt: str) -> list[dict[str, Any]]:
+    """`messages` with its last user message saying `prompt`: a middleware that rewrote the
+    prompt after the chat hooks ran (they run first) is not undone by their list."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].get("role") == "user":
+            content = messages[index].get("content")
+            if isinstance(content, str) and content != prompt:  # (a list: parts of its own)
+                messages = list(messages)
+                messages[index] = {**messages[index], "content": prompt}
+            break
+    return messages
 
 
 def _raise_error(payload: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ The onion is composed once per agent (middleware chains are frozen at start), no
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -180,7 +181,7 @@ class AgentRunner:
             if listeners.has_listeners("before_run"):
                 await listeners.before_run(ctx, environment=self._environment)
             if chat.has_chat_hooks():
-                await chat.run_chat_hooks(ctx)
+                await chat.run_chat_hooks(ctx, await _chat_seed(agent, ctx))
             await self._onion(agent_name)(ctx)
             final = ctx.final
             if final is None:
@@ -232,7 +233,7 @@ class AgentRunner:
         return TurnOutcome(session, status, text, events, error, ctx)
 
     async def _stored_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
-        return list(await self._store.history(message.thread_key, limit=limit))
+        return await earlier_entries(self._store, message, limit)
 
     async def _before_tool(self, ctx: TurnContext, call: ToolCall) -> None:
         """Per-user tool permissions: a `before_tool_call` listener that raises denies the call."""
@@ -274,6 +275,64 @@ class _Emitter:
             ctx = self.context()
             if ctx is not None:  # (gone only if emitted to after the turn, and nobody holds it)
                 await on_event(ctx, event)
+
+
+async def _chat_seed(agent: Agent, ctx: TurnContext) -> list[Any] | None:
+    """The message list chat hooks are handed: what the agent would send its model, when it
+    can say (`ChatMessages`); else None (the prompt alone). Handed less, a hook that only
+    redacts would make such an agent send neither its system prompt nor the history."""
+    messages = getattr(agent, "messages", None)
+    if not inspect.iscoroutinefunction(messages):
+        return None
+    return list(await messages(ctx))
+
+
+_LOOKAHEAD = 32
+"""Entries read beyond `limit` at first: room for the messages that came in after the one
+answered (they are skipped), so one read usually does."""
+_PAGE = 256
+_MAX_SCAN = 10_000
+"""How far back the answered message is looked for (about `router.max_pending_messages`)."""
+
+
+async def earlier_entries(
+    store: Store, message: NormalizedMessage, limit: int
+) -> list[HistoryEntry]:
+    """The latest `limit` entries of `message`'s thread from before it: what its turn may call
+    the conversation so far (`ctx.history`).
+
+    Not `message` itself (it is the prompt), nor the messages that came in after it and wait
+    behind it: a thread is answered in order, so those are still to come, and an agent given
+    them would answer a question as if it had been asked after them. Replies recorded after
+    `message` came are kept: they were sent before its turn began. A message that is not in
+    the history (never recorded) leaves the latest entries, as they are."""
+    if limit <= 0:
+        return []
+    key = message.thread_key
+    entries = list(await store.history(key, limit=limit + _LOOKAHEAD))
+    more = len(entries) == limit + _LOOKAHEAD
+    at = _position(entries, message.id)
+    while at is None and more and len(entries) < _MAX_SCAN:
+        older = list(await store.history(key, limit=_PAGE, before_seq=entries[0].seq))
+        more = len(older) == _PAGE
+        entries = older + entries
+        at = _position(entries, message.id)
+    if at is None:
+        return entries[-limit:]
+    kept = entries[:at] + [e for e in entries[at + 1 :] if e.role != "user"]
+    missing = limit - len(kept)
+    if missing > 0 and more:  # later messages took the room of earlier ones in the read
+        kept = [*await store.history(key, limit=missing, before_seq=entries[0].seq), *kept]
+    return kept[-limit:]
+
+
+def _position(entries: list[HistoryEntry], message_id: str) -> int | None:
+    """Where the inbound entry `message_id` is, searching from the newest."""
+    for index in range(len(entries) - 1, -1, -1):
+        entry = entries[index]
+        if entry.message_id == message_id and entry.role == "user":
+            return index
+    return None
 
 
 _EVENTS = (TextDelta, ToolCall, ToolResult, Result, Error)

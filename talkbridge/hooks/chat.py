@@ -156,19 +156,21 @@ class ChatHooks:
 
     # -- adapters for the agent runner: the turn's message list lives in ctx.state ---------------
 
-    def turn_messages(self, ctx: TurnContext) -> list[Any]:
-        """The turn's message list (`ctx.state["messages"]`), seeded with the user's prompt."""
+    def turn_messages(self, ctx: TurnContext, seed: list[Any] | None = None) -> list[Any]:
+        """The turn's message list (`ctx.state["messages"]`); when there is none yet, `seed`
+        (what the agent would send its model), else the user's prompt alone."""
         messages = ctx.state.get(MESSAGES_KEY)
         if not isinstance(messages, list):
-            messages = [{"role": "user", "content": ctx.input.prompt}]
+            messages = seed if seed is not None else [{"role": "user", "content": ctx.input.prompt}]
             ctx.state[MESSAGES_KEY] = messages
         return messages
 
-    async def run_chat_hooks(self, ctx: TurnContext) -> None:
-        """Run chat hooks on the turn's message list; the last user message becomes the prompt."""
+    async def run_chat_hooks(self, ctx: TurnContext, seed: list[Any] | None = None) -> None:
+        """Run chat hooks on the turn's message list (`seed`: see `turn_messages`); the last
+        user message becomes the prompt."""
         if not self._chat:
             return
-        messages = await self.run_chat(self.turn_messages(ctx))
+        messages = await self.run_chat(self.turn_messages(ctx, seed))
         ctx.state[MESSAGES_KEY] = messages
         for item in reversed(messages):
             if isinstance(item, dict) and item.get("role") == "user":

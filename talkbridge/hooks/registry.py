@@ -19,7 +19,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
@@ -70,6 +70,10 @@ _METHOD: Final[dict[str, str]] = {
     "durable": "on_event",
 }
 
+if TYPE_CHECKING:
+    from talkbridge.agents.runner import AgentRunner
+    from talkbridge.router import TalkRouter
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -79,9 +83,9 @@ class HookDeps:
 
     app_id: str
     logger: logging.Logger
-    router: Any
+    router: TalkRouter
     """The TalkRouter: `router.talk(id)`, `router.subscribe(...)`, `router.send(...)`."""
-    agent_runner: Any
+    agent_runner: AgentRunner
     context: dict[str, Any] = field(default_factory=dict)
     """The app context (shared state the app put there)."""
     hooks: HookRegistry | None = None

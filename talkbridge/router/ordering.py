@@ -144,7 +144,13 @@ class KeyedSerialExecutor(Generic[K, T]):
         """Get a worker onto the ready keys: wake a sleeping one, or start one. One on its way
         is enough: it takes the ready keys one after another, and wakes the next worker as it
         starts on one, so a handler that suspends never holds up the keys behind it."""
-        if not self._ready or self._busy >= self._max_active or self._waking or not self._starting:
+        if (
+            not self._ready
+            or self._busy >= self._max_active
+            or self._waking
+            or not self._starting
+            or self._closed  # cancelled: what is left is not handled (a claim let go of late)
+        ):
             return
         while self._sleepers:
             sleeper = self._sleepers.popleft()

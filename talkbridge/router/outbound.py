@@ -22,7 +22,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from talkbridge.backoff import Backoff
 from talkbridge.errors import (
@@ -54,13 +54,18 @@ class SendClaims(Protocol):
     ) -> SendResult: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Job:
     message: OutboundMessage
     check_sent: bool = True
     future: asyncio.Future[SendResult] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    under_way: bool = False
+    """Cut off while being sent (at shutdown): it may have reached the platform."""
+
+
+STOPPED = "the bridge stopped before it was sent"
 
 
 class _Gate:
@@ -121,6 +126,9 @@ class OutboundQueue:
         self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
             self._deliver, max_active=concurrency, name=f"send:{connection_id}"
         )
+        self._jobs: set[_Job] = set()
+        """Queued sends not done yet: `cancel` fails each on record, none is dropped."""
+        self._closed = False
         self.sent = 0
         self.failed = 0
 
@@ -132,6 +140,8 @@ class OutboundQueue:
         """Queue a send; `check_sent=False` skips the idempotency lookup for a key the caller
         knows is new (it is still recorded, so a later retry of the same key finds it)."""
         thread_id = message.thread_id
+        if self._closed:
+            raise SendFailedError(self.connection_id, thread_id, f"{STOPPED}: it is not running")
         if self._executor.try_claim(thread_id):  # nothing ahead of us: send from this task
             try:
                 result = await self._attempt(message, check_sent)
@@ -143,6 +153,7 @@ class OutboundQueue:
             self.sent += 1
             return result
         job = _Job(message, check_sent)
+        self._jobs.add(job)
         await self._executor.submit(thread_id, job)
         return await job.future
 
@@ -150,24 +161,44 @@ class OutboundQueue:
         await self._executor.join()
 
     async def cancel(self) -> None:
+        """Shutdown: stop sending. Every queued send not done yet (cut off on its way, or not
+        begun) fails to its caller and on the failed-send record, as a send that gives up
+        does; none goes out later."""
+        self._closed = True
         await self._executor.cancel()
+        jobs, self._jobs = self._jobs, set()
+        for job in jobs:
+            reason = "the bridge stopped while it was being sent" if job.under_way else STOPPED
+            await self._give_up(job, reason)
+
+    async def _give_up(self, job: _Job, reason: str) -> None:
+        self.failed += 1
+        thread_id = job.message.thread_id
+        if not job.future.done():
+            job.future.set_exception(SendFailedError(self.connection_id, thread_id, reason))
+        await self._record_stopped(job.message, reason)
+
+    async def _stopped(self, message: OutboundMessage) -> NoReturn:
+        await self._record_stopped(message, STOPPED)
+        raise SendFailedError(self.connection_id, message.thread_id, STOPPED)
+
+    async def _record_stopped(self, message: OutboundMessage, reason: str) -> None:
+        try:
+            await self._record_failure(message, reason)
+        except Exception as exc:  # the store may be closing too: the log is the record
+            log.error("%s: could not record the failed send: %s", self.connection_id, exc)
 
     async def _deliver(self, thread_id: str, job: _Job) -> None:
+        job.under_way = True  # cancelled from here on (shutdown), `cancel` fails it on record
         try:
             result = await self._attempt(job.message, job.check_sent)
         except SendFailedError as exc:
+            self._jobs.discard(job)
             self.failed += 1
             if not job.future.done():
                 job.future.set_exception(exc)
             return
-        except BaseException as exc:  # cancelled at shutdown: the caller must not hang
-            if not job.future.done():
-                job.future.set_exception(
-                    SendFailedError(self.connection_id, thread_id, "the bridge is shutting down")
-                )
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise
+        self._jobs.discard(job)
         self.sent += 1
         if not job.future.done():
             job.future.set_result(result)
@@ -183,6 +214,8 @@ class OutboundQueue:
         first_failure = 0.0
         waits = 0
         while True:
+            if self._closed:  # a send retried in its caller's task while the bridge stopped
+                await self._stopped(message)
             if self._gate.closed:
                 await self._gate.wait()
             try:
@@ -248,6 +281,10 @@ class OutboundQueue:
             self._on_trouble(self.connection_id, what)
 
     async def _fail(self, message: OutboundMessage, reason: str) -> None:
+        await self._record_failure(message, reason)
+        raise SendFailedError(self.connection_id, message.thread_id, reason)
+
+    async def _record_failure(self, message: OutboundMessage, reason: str) -> None:
         log.error(
             "%s: giving up on a send to %s: %s", self.connection_id, message.thread_id, reason
         )
@@ -260,4 +297,3 @@ class OutboundQueue:
                 failed_at=utcnow(),
             )
         )
-        raise SendFailedError(self.connection_id, message.thread_id, reason)

@@ -17,19 +17,40 @@ import asyncio
 import contextvars
 import functools
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from talkbridge.backoff import Backoff
+from talkbridge.cancellation import cancelling
 from talkbridge.config import RouterConfig
-from talkbridge.errors import LeaseLostError, UnknownConnectionError
+from talkbridge.errors import (
+    ConnectionNotStartedError,
+    FeatureUnavailableError,
+    LeaseLostError,
+    UnknownConnectionError,
+)
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue, TroubleListener
 from talkbridge.router.seen_keys import SeenKeys
 from talkbridge.store.base import Store
 from talkbridge.store.seen import SeenFilter
-from talkbridge.talk import Feature, MessageHandler, Subscription, Talk
+from talkbridge.talk import (
+    FEATURE_NAMES,
+    Activity,
+    Delete,
+    Directory,
+    Edit,
+    Feature,
+    History,
+    InboundMedia,
+    Interactions,
+    MessageHandler,
+    Reactions,
+    Streaming,
+    Subscription,
+    Talk,
+)
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -62,7 +83,7 @@ class RoutedTalk:
     async def send(self, message: OutboundMessage) -> SendResult:
         return await self._router.send(self.connection_id, message)
 
-    def feature(self, name: str) -> Any:
+    def feature(self, name: str) -> Any:  # typed by `Talk`'s overloads
         return self._router.feature(self.connection_id, name)
 
 
@@ -84,6 +105,8 @@ class TalkRouter:
         self._handlers: dict[str, list[MessageHandler]] = {}
         self._all_handlers: list[MessageHandler] = []
         self._arrival: list[ArrivalListener] = []
+        self._expected: set[str] = set()
+        """Connections of the config not attached yet (`expect`)."""
         self._recovered: set[tuple[str, str]] = set()
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
@@ -150,18 +173,55 @@ class TalkRouter:
     def connection_ids(self) -> list[str]:
         return sorted(self._connectors)
 
+    def expect(self, connection_ids: Iterable[str]) -> None:
+        """The connections the config names, before they are attached (the Bridge builds them
+        at start): an app may subscribe to them already, so it sees every message from the
+        first; anything else asked of one says it is not started yet."""
+        self._expected.update(connection_ids)
+
     def _known(self, connection_id: str) -> Talk:
         try:
             return self._connectors[connection_id]
         except KeyError:
-            raise UnknownConnectionError(connection_id, list(self._connectors)) from None
+            known = list(self._connectors.keys() | self._expected)
+            if connection_id in self._expected:
+                raise ConnectionNotStartedError(connection_id, known) from None
+            raise UnknownConnectionError(connection_id, known) from None
 
     def talk(self, connection_id: str) -> Talk:
         connector = self._known(connection_id)
         return RoutedTalk(self, connection_id, connector.channel)
 
+    @overload
+    def feature(self, connection_id: str, name: Literal["history"]) -> History | None: ...
+    @overload
+    def feature(
+        self, connection_id: str, name: Literal["inbound_media"]
+    ) -> InboundMedia | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["activity"]) -> Activity | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["directory"]) -> Directory | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["interactions"]) -> Interactions | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["edit"]) -> Edit | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["delete"]) -> Delete | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["reactions"]) -> Reactions | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["streaming"]) -> Streaming | None: ...
+    @overload
+    def feature(self, connection_id: str, name: str) -> Feature | None: ...
     def feature(self, connection_id: str, name: str) -> Feature | None:
-        return self._known(connection_id).feature(name)
+        """The connection's `name` feature, or None when it lacks it. A name that is no
+        feature (a typo) raises `ValueError` naming the features, rather than passing for one
+        the connection lacks; a plug-in connector may offer features of its own names."""
+        found: Feature | None = self._known(connection_id).feature(name)
+        if found is None and name not in FEATURE_NAMES:
+            raise ValueError(f"{name!r} is not a feature; features: {', '.join(FEATURE_NAMES)}")
+        return found
 
     def outbound(self, connection_id: str) -> OutboundQueue:
         self._known(connection_id)
@@ -169,15 +229,24 @@ class TalkRouter:
 
     # -- subscribing ----------------------------------------------------------------------------
 
+    # The handler lists are replaced, never changed in place: a message being dispatched goes
+    # to the subscribers it started with, even when one of them (un)subscribes meanwhile.
+
     def subscribe(self, connection_id: str, handler: MessageHandler) -> Subscription:
-        self._known(connection_id)
-        handlers = self._handlers.setdefault(connection_id, [])
-        handlers.append(handler)
-        return Subscription(lambda: handlers.remove(handler))
+        if connection_id not in self._expected:
+            self._known(connection_id)
+        self._handlers[connection_id] = [*self._handlers.get(connection_id, ()), handler]
+        return Subscription(functools.partial(self._unsubscribe, connection_id, handler))
+
+    def _unsubscribe(self, connection_id: str, handler: MessageHandler) -> None:
+        self._handlers[connection_id] = _without(self._handlers[connection_id], handler)
 
     def subscribe_all(self, handler: MessageHandler) -> Subscription:
-        self._all_handlers.append(handler)
-        return Subscription(lambda: self._all_handlers.remove(handler))
+        self._all_handlers = [*self._all_handlers, handler]
+        return Subscription(functools.partial(self._unsubscribe_all, handler))
+
+    def _unsubscribe_all(self, handler: MessageHandler) -> None:
+        self._all_handlers = _without(self._all_handlers, handler)
 
     def on_arrival(self, listener: ArrivalListener) -> Subscription:
         """Called synchronously the moment a new (non-duplicate) message is accepted, before it
@@ -317,7 +386,11 @@ class TalkRouter:
                     await handler(message)
                 except LeaseLostError:
                     raise  # the message is the shard's new holder's now
-                except Exception:
+                except (Exception, asyncio.CancelledError) as exc:
+                    if isinstance(exc, asyncio.CancelledError) and cancelling():
+                        raise  # we are being stopped (or the shard was lost)
+                    # (a stray one: the subscriber awaited a task something else
+                    # cancelled; raised on, it ended the task serving the thread)
                     log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
 
     async def _answer_from_bus(self, message: NormalizedMessage, ack: Ack) -> None:
@@ -381,8 +454,17 @@ class TalkRouter:
     async def send(
         self, connection_id: str, message: OutboundMessage, *, check_sent: bool = True
     ) -> SendResult:
-        """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`."""
+        """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`.
+
+        Buttons to a connection without the `interactions` feature raise
+        `FeatureUnavailableError`: the choices would silently be missing from the message."""
         queue = self.outbound(connection_id)
+        if message.buttons and self.feature(connection_id, "interactions") is None:
+            raise FeatureUnavailableError(
+                f"connection {connection_id!r} ({self._channels[connection_id]}) cannot show "
+                "buttons: it has no 'interactions' feature; send the choices in the text, or "
+                "ask router.feature(id, 'interactions') first"
+            )
         answering = _answering.get()
         if self._cluster is not None and answering is not None:
             thread, ack = answering
@@ -445,6 +527,13 @@ def _uncancel_interruption(ack: Ack) -> bool:
     if not ack.interrupted or task is None:
         return False
     return task.uncancel() == 0
+
+
+def _without(handlers: list[MessageHandler], handler: MessageHandler) -> list[MessageHandler]:
+    """A copy of `handlers` without (one subscription of) `handler`."""
+    remaining = list(handlers)
+    remaining.remove(handler)
+    return remaining
 
 
 __all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]

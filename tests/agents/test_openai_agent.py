@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from talkbridge.agents import TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.config import ConnectionConfig, parse_config
 from talkbridge.errors import ConfigError
+from talkbridge.hooks import HookRegistry
 from tests.peers.openai import ChatCompletionsPeer
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -28,6 +30,7 @@ async def _bridge(
     peer: ChatCompletionsPeer,
     key: str = KEY,
     environment: str = "development",
+    hooks: HookRegistry | None = None,
     **agent: Any,
 ) -> tuple[Bridge, TalkConnector]:
     config, secrets = parse_config(
@@ -49,7 +52,7 @@ async def _bridge(
             },
         }
     )
-    bridge = Bridge(config, secrets, with_webchat=False)
+    bridge = Bridge(config, secrets, hooks=hooks, with_webchat=False)
     conn = TalkConnector("chat")
     bridge.registry.add(conn, ConnectionConfig(id="chat", channel="telegram", trusted=("*",)))
     await bridge.start()
@@ -92,6 +95,41 @@ async def test_the_reply_streams_and_the_model_sees_the_conversation(
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": "You said: first question"},
         {"role": "user", "content": "second question"},
+    ]
+
+
+async def test_a_chat_hook_edits_the_whole_conversation_the_model_is_sent(
+    tmp_path: Path, peer: ChatCompletionsPeer
+) -> None:
+    """A chat hook that only redacts is handed the system prompt and the history too, and the
+    model still gets them (it got the prompt alone); a turn middleware's rewrite of the prompt,
+    made after the chat hooks, is what the model reads."""
+    hooks = HookRegistry()
+    handed: list[list[str]] = []
+
+    @hooks.chat_hook
+    def redact(messages: list[dict[str, Any]]) -> None:
+        handed.append([m["role"] for m in messages])
+        for m in messages:
+            m["content"] = m["content"].replace("4111", "****")
+
+    @hooks.turn_middleware
+    async def polite(ctx: TurnContext, next: Callable[[], Awaitable[None]]) -> None:
+        ctx.input.prompt = f"{ctx.input.prompt}, please"
+        await next()
+
+    bridge, conn = await _bridge(tmp_path, peer, hooks=hooks)
+    await conn.inject(make_message("my card is 4111", connection_id="chat"))
+    await conn.wait_sent(1)
+    await conn.inject(make_message("is it 4111?", connection_id="chat"))
+    await conn.wait_sent(2)
+    await bridge.stop()
+    assert handed == [["system", "user"], ["system", "user", "assistant", "user"]]
+    assert peer.requests[1]["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "my card is ****"},
+        {"role": "assistant", "content": "You said: my card is ****, please"},
+        {"role": "user", "content": "is it ****?, please"},
     ]
 
 

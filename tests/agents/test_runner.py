@@ -12,7 +12,7 @@ import pytest
 
 from talkbridge.agents.base import Result, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
-from talkbridge.agents.runner import AgentRunner
+from talkbridge.agents.runner import AgentRunner, earlier_entries
 from talkbridge.store import SqliteStore
 from tests.hooks.support import make_msg
 
@@ -99,3 +99,28 @@ async def test_a_turn_of_only_wrong_events_says_what_the_agent_yielded(
         "the turn ended without a result (it yielded 2 things that no agent event is, such as "
         "str: yield TextDelta(...) and a final Result(...))"
     )
+
+
+async def test_the_history_a_turn_reads_ends_before_its_message_however_far_back(
+    sqlite_store: SqliteStore,
+) -> None:
+    """m10 waited while 290 more messages came: earlier entries are read back page by page
+    until it is found; the user messages after it (waiting for their turn) are left out, the
+    reply sent meanwhile (m11, answering m9) is kept."""
+    answered = make_msg("m10", id="m10")
+    for n in range(1, 301):
+        role = "assistant" if n == 11 else "user"
+        await sqlite_store.append_history(answered.thread_key, role, f"m{n}", "x", f"m{n}")
+    entries = await earlier_entries(sqlite_store, answered, 5)
+    assert [e.text for e in entries] == ["m6", "m7", "m8", "m9", "m11"]
+    entries = await earlier_entries(sqlite_store, answered, 20)
+    assert [e.text for e in entries] == [*(f"m{n}" for n in range(1, 10)), "m11"]
+    waited = make_msg("m250", id="m250")  # the 50 after it took room in the first read
+    entries = await earlier_entries(sqlite_store, waited, 40)
+    assert [e.text for e in entries] == [f"m{n}" for n in range(210, 250)]
+    latest = make_msg("m299", id="m299")
+    entries = await earlier_entries(sqlite_store, latest, 3)
+    assert [e.text for e in entries] == ["m296", "m297", "m298"]
+    unrecorded = make_msg("never stored", id="m999")
+    entries = await earlier_entries(sqlite_store, unrecorded, 2)
+    assert [e.text for e in entries] == ["m299", "m300"]

@@ -10,6 +10,7 @@ import pytest
 
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
+    FeatureUnavailableError,
     PermanentError,
     RateLimitedError,
     SendFailedError,
@@ -21,6 +22,7 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.router import TalkRouter
 from talkbridge.store import SqliteStore
 from talkbridge.store.seen import SeenFilter
+from talkbridge.talk import MessageHandler, Subscription
 from tests.support.talk_connector import TalkConnector, make_message
 
 FAST = RouterConfig(retry_base_delay=0.001, max_concurrent_threads=64, send_retry_seconds=0)
@@ -60,6 +62,39 @@ async def test_talk_facade_sends_through_the_queue_and_subscribes(router: TalkRo
     result = await talk.send(OutboundMessage(thread_id="t", text="out"))
     assert result.message_ids == ("alpha-out-1",)
     assert talk.feature("history") is None
+
+
+async def test_a_feature_name_that_is_none_is_an_error_not_a_missing_feature(
+    router: TalkRouter,
+) -> None:
+    """`feature("histroy")` answered None, as for a connection without history: the app took
+    the typo for a platform that lacks the feature."""
+    conn = TalkConnector("alpha")
+    conn.features["history"] = object()
+    conn.features["pins"] = pins = object()  # a plug-in connector's own feature
+    router.attach(conn)
+    with pytest.raises(ValueError, match=r"'histroy' is not a feature; features: history, "):
+        router.feature("alpha", "histroy")
+    with pytest.raises(ValueError, match="'histroy' is not a feature"):
+        router.talk("alpha").feature("histroy")
+    assert router.feature("alpha", "edit") is None  # a feature it lacks
+    assert router.feature("alpha", "pins") is pins
+
+
+async def test_buttons_to_a_connection_without_interactions_are_refused_not_dropped(
+    router: TalkRouter,
+) -> None:
+    """An email or webchat connection has no buttons: sent there, the choices vanished and the
+    reader got a question without its answers."""
+    mail, chat = TalkConnector("mail", channel="email"), TalkConnector("chat")
+    chat.features["interactions"] = object()
+    router.attach(mail)
+    router.attach(chat)
+    question = OutboundMessage(thread_id="t", text="Refund or replace?", buttons=(("Refund", "r"),))
+    with pytest.raises(FeatureUnavailableError, match=r"'mail' \(email\) cannot show buttons"):
+        await router.send("mail", question)
+    assert mail.attempts == 0
+    assert (await router.send("chat", question)).message_ids == ("chat-out-1",)
 
 
 async def test_duplicates_are_dropped_even_across_a_restart(tmp_path: Path) -> None:
@@ -177,6 +212,46 @@ async def test_a_failing_subscriber_does_not_stop_the_others(router: TalkRouter)
     assert seen == ["still here"]
 
 
+async def test_a_subscriber_that_unsubscribes_itself_hides_the_message_from_no_other(
+    router: TalkRouter,
+) -> None:
+    """A one-shot subscriber closing its subscription from inside its handler: the subscriber
+    after it (the Bridge's own, which answers) still gets that message."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    seen: list[tuple[str, str]] = []
+    subscriptions: dict[str, Subscription] = {}
+
+    def once(name: str) -> MessageHandler:
+        async def handler(m: NormalizedMessage) -> None:
+            seen.append((name, m.text))
+            subscriptions[name].close()
+
+        return handler
+
+    def always(name: str) -> MessageHandler:
+        async def handler(m: NormalizedMessage) -> None:
+            seen.append((name, m.text))
+
+        return handler
+
+    subscriptions["once"] = router.subscribe("alpha", once("once"))
+    router.subscribe("alpha", always("always"))
+    subscriptions["all-once"] = router.subscribe_all(once("all-once"))
+    router.subscribe_all(always("all-always"))
+    for text in ("first", "second"):
+        await conn.inject(make_message(text, connection_id="alpha"))
+        await router.join()
+    assert seen == [
+        ("once", "first"),
+        ("always", "first"),
+        ("all-once", "first"),
+        ("all-always", "first"),
+        ("always", "second"),
+        ("all-always", "second"),
+    ]
+
+
 async def test_a_rate_limited_connection_does_not_delay_another(router: TalkRouter) -> None:
     slow, fast = TalkConnector("slow"), TalkConnector("fast")
     router.attach(slow)
@@ -242,6 +317,58 @@ async def test_a_send_that_finally_fails_is_recorded_and_raised(
     assert conn.attempts == FAST.send_attempts + 1  # a permanent error is not retried
     failures = await sqlite_store.failed_sends()
     assert sorted(f.text for f in failures) == ["also", "lost?"]
+
+
+async def test_sends_still_queued_when_the_router_closes_fail_on_record_and_never_go_out(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    """An app's sends queued behind one that the platform holds up when the bridge stops (a
+    long 429, past the drain): each caller is told, each send is on the failed-send record,
+    and none goes out afterwards; a send asked for later is refused at once. The last queued
+    caller waited for ever, and nothing was recorded."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release_first, never = asyncio.Event(), asyncio.Event()
+    conn.script.extend([release_first.wait, never.wait])
+
+    def send(text: str) -> asyncio.Task[SendResult]:
+        return asyncio.create_task(router.send("alpha", OutboundMessage(thread_id="t", text=text)))
+
+    first = send("one")  # sent from its caller's task, held up at the platform
+    await asyncio.wait_for(conn.attempted.wait(), 10)
+    second, third = send("two"), send("three")  # queued behind it, for the thread's order
+    conn.attempted.clear()
+    release_first.set()
+    await asyncio.wait_for(conn.attempted.wait(), 10)  # "two" is on its way, held up
+    assert (await first).message_ids == ("alpha-out-1",)
+    await router.close()
+    for task in (third, second):  # the last in line first: it waited for ever
+        with pytest.raises(SendFailedError, match="the bridge stopped"):
+            await asyncio.wait_for(task, 10)
+    with pytest.raises(SendFailedError, match="the bridge stopped"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="four"))
+    assert conn.texts() == ["one"] and conn.attempts == 2
+    failures = await sqlite_store.failed_sends()
+    assert sorted(f.text for f in failures) == ["three", "two"]  # "four" was never taken
+
+
+async def test_a_send_retried_in_its_callers_task_stops_when_the_router_closes(
+    router: TalkRouter, sqlite_store: SqliteStore
+) -> None:
+    """A send failing with a passing error while the bridge stops is not retried against the
+    connection being closed (for up to `send_retry_seconds`): it fails, on record."""
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+
+    async def stop_then_fail() -> None:
+        await router.close()
+        raise TransientError("502 bad gateway")
+
+    conn.script.append(stop_then_fail)
+    with pytest.raises(SendFailedError, match="the bridge stopped before it was sent"):
+        await router.send("alpha", OutboundMessage(thread_id="t", text="late"))
+    assert conn.attempts == 1 and conn.texts() == []
+    assert [f.text for f in await sqlite_store.failed_sends()] == ["late"]
 
 
 async def test_an_untranslated_connector_error_fails_without_retrying(router: TalkRouter) -> None:

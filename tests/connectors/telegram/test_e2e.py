@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from talkbridge.bridge import Bridge
+from talkbridge.config import parse_config
+from talkbridge.errors import ConnectionNotStartedError, UnknownConnectionError
+from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.registry import ConnectionState
 from tests.peers.telegram import TelegramBotAPIPeer, album, group_text, private_text
 from tests.support.bridge import StartBridge, bridges
@@ -129,3 +134,42 @@ async def test_an_album_gets_one_answer_and_an_edit_of_an_item_updates_it(
     assert edit["text"] == "Holiday\n\nthe beach\n\n(received: image, image, image)"
     assert edit["chat_id"] == 777 and edit["message_id"] == 1  # the reply: the bot's first
     assert len(sent_by(peer, TOKEN_A)) == 1  # one turn, one answer, updated in place
+
+
+async def test_an_app_subscribed_before_start_sees_the_first_message_and_errors_say_why(
+    peer: TelegramBotAPIPeer, tmp_path: Path
+) -> None:
+    """An update waiting at Telegram comes with the first poll, as soon as the bridge starts:
+    an app subscribing only once `start()` returned may miss it. Before start, the app's other
+    calls say the connection is not started yet, not that nobody configured it."""
+    config, secrets = parse_config(
+        {
+            "store": f"sqlite:///{tmp_path / 'b.db'}",
+            "connections": [
+                {"channel": "telegram", "api_base": peer.base_url, **c}
+                for c in [
+                    {"id": "support", "token": TOKEN_A, "trusted": ["777"]},
+                    {"id": "spare", "token": TOKEN_B, "enabled": False},
+                ]
+            ],
+        },
+        tmp_path,
+    )
+    bridge = Bridge(config, secrets, with_webchat=False)
+    seen: list[NormalizedMessage] = []
+    arrived = asyncio.Event()
+
+    async def audit(msg: NormalizedMessage) -> None:
+        seen.append(msg)
+        arrived.set()
+
+    bridge.router.subscribe("support", audit)
+    with pytest.raises(ConnectionNotStartedError, match=r"'support' is not started yet"):
+        await bridge.router.send("support", OutboundMessage(thread_id="777", text="early"))
+    with pytest.raises(UnknownConnectionError, match=r"'supprot'; known connections: support$"):
+        bridge.router.subscribe("supprot", audit)
+    peer.push_update(private_text(777, "waiting since yesterday", message_id=5), token=TOKEN_A)
+    async with bridge:
+        await asyncio.wait_for(arrived.wait(), 10)
+        await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
+    assert [m.text for m in seen] == ["waiting since yesterday"]
