@@ -638,9 +638,7 @@ class WebchatConnector(BaseConnector):
         parts = split_thread(message.thread_id)
         if parts is None:
             raise NotFoundError(f"{message.thread_id!r} is not a webchat thread id")
-        text = message.text or "\n".join(
-            f"[attachment: {a.name or a.kind}]" for a in message.attachments
-        )
+        text = _with_attachments(message)
         message_id = f"{message.thread_id}:r{unique_id()}"
         data: dict[str, Any] = {"markup": message.markup}
         stream_id = message.meta.get("stream_id")
@@ -761,6 +759,13 @@ def _listen_error(host: str, port: int, exc: OSError) -> str:
             " choose another with --port or webchat.port"
         )
     return f"webchat cannot listen on {where}: {exc.strerror}"
+
+
+def _with_attachments(message: OutboundMessage) -> str:
+    """The text, then a line naming each attachment: the page shows no files, and a file
+    forwarded or sent with a caption must not vanish without a word."""
+    names = [f"[attachment: {a.name or a.kind}]" for a in message.attachments]
+    return "\n\n".join(part for part in (message.text, "\n".join(names)) if part)
 
 
 def _thread_key(thread_id: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from talkbridge.errors import NotFoundError, StoreError
-from talkbridge.message import OutboundMessage
+from talkbridge.message import Attachment, OutboundMessage
 from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, StartWebchat, Webchat
 
 
@@ -668,3 +668,22 @@ async def test_a_token_in_a_frame_never_reaches_the_debug_log(
         await client.ws.close()
     assert '< TEXT \'{"type":' in caplog.text.replace(": ", ":")  # the frames are logged
     assert TOKEN_A[-10:] not in caplog.text and signed[-10:] not in caplog.text
+
+
+async def test_a_file_sent_with_a_caption_is_named_after_it_not_dropped(
+    webchat: Webchat,
+) -> None:
+    """The page shows no files: each attachment is a line of its own after the text (a photo
+    forwarded from Telegram with its caption lost the photo without a word)."""
+    client = await webchat.authed()
+    photo = Attachment(kind="image", name="beach.jpg", data=b"jpeg")
+    await webchat.connector.send(
+        OutboundMessage(thread_id=client.thread_id, text="Holiday", attachments=(photo,))
+    )
+    await webchat.connector.send(
+        OutboundMessage(
+            thread_id=client.thread_id, attachments=(Attachment(kind="document", data=b"%PDF"),)
+        )
+    )
+    texts = [(await client.expect("message"))["text"] for _ in range(2)]
+    assert texts == ["Holiday\n\n[attachment: beach.jpg]", "[attachment: document]"]
