@@ -24,6 +24,7 @@ from talkbridge.hooks import (
     HookRegistry,
     Modify,
     RouteToAgent,
+    RunResult,
     TurnFinishedEvent,
     TurnStartedEvent,
 )
@@ -1065,3 +1066,30 @@ async def test_tool_calls_pass_the_permission_listener_and_files_and_threads_are
     assert conn.texts()[0] == "the request was refused"
     assert [u.attachment.name for u in uploads] == ["cat.png"]
     assert sorted(t.thread_id for t in threads) == ["a", "b"]
+
+
+async def test_an_interrupted_turn_reaches_after_run_listeners(tmp_path: Path) -> None:
+    """`RunResult.interrupted` is what a listener (usage accounting, a memory writer) learns
+    from a turn the stop cut short; after_run skipped such turns, so it was never true."""
+    hooks = HookRegistry()
+    results: list[RunResult] = []
+    began = asyncio.Event()
+
+    async def after(ctx: TurnContext, result: RunResult) -> None:
+        results.append(result)
+
+    class Hanging:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            yield TextDelta(text="thinking")
+            began.set()
+            await asyncio.Event().wait()
+            yield Result(text="never")
+
+    hooks.register("run-listener", after, name="after", event="after_run")
+    bridge, conns = await _bridge(tmp_path, hooks=hooks, agents={"echo": Hanging()})
+    await conns["test"].inject(make_message("hang"))
+    await asyncio.wait_for(began.wait(), 10)
+    await bridge.stop(drain_timeout=0.01)  # interrupts the turn
+    assert [(r.interrupted, r.errored, r.event_count) for r in results] == [(True, False, 1)]

@@ -210,7 +210,11 @@ class AgentRunner:
         except (Exception, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and cancelling():
                 status, error = "interrupted", _why_interrupted(exc)
-                hooks.lifecycle.finished(ctx, status, error=error)
+                try:  # each listener bounded by its timeout, as always
+                    if listeners.has_listeners("after_run"):
+                        await listeners.after_run(ctx, status=status)
+                finally:
+                    hooks.lifecycle.finished(ctx, status, error=error)
                 raise
             # A stray CancelledError (the agent awaited a task something else cancelled) fails
             # the turn like any error: re-raised, it would stall the conversation for good.
