@@ -95,7 +95,11 @@ class Bridge:
         if self.cluster is not None:
             self.router.use_cluster(self.cluster)
             self.registry.use_cluster(self.cluster)
-        builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
+        self._code_ttl = timedelta(seconds=self.config.pairing.code_ttl)
+        builtin: dict[str, Agent] = {
+            "echo": EchoAgent(),
+            "sentinel": SentinelAgent(self.store, code_ttl=self._code_ttl),
+        }
         builtin.update(agents or {})
         self.runner = AgentRunner(
             builtin,
@@ -246,7 +250,9 @@ class Bridge:
         from talkbridge.preflight import check_agent_roles
 
         for name, spec in self.config.agents.definitions.items():
-            agent = build_agent(name, spec, self.store, self.config.base_dir)
+            agent = build_agent(
+                name, spec, self.store, self.config.base_dir, code_ttl=self._code_ttl
+            )
             self.runner.add_agent(agent, name)
         check_agent_roles(self)
 

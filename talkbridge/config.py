@@ -393,6 +393,14 @@ class RetentionConfig(_Model):
     """Seconds between sweeps; an entry lives up to this much longer than its retention."""
 
 
+class PairingConfig(_Model):
+    """The sentinel's pairing codes."""
+
+    code_ttl: float = Field(default=3600.0, gt=0)
+    """Seconds a pending pairing code can be approved: after that the operator's approval is
+    refused and the sender's next message gets a fresh code."""
+
+
 class ClusterConfig(_Model):
     """Distributed mode (a `redis://` store): leases, inbound shards, cross-node sends."""
 
@@ -419,6 +427,7 @@ class BridgeConfig(_Model):
     connections: tuple[ConnectionConfig, ...] = ()
     router: RouterConfig = RouterConfig()
     retention: RetentionConfig = RetentionConfig()
+    pairing: PairingConfig = PairingConfig()
     cluster: ClusterConfig = ClusterConfig()
     base_dir: Path = Field(default=Path("."), exclude=True)
 

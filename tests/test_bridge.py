@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,9 @@ from talkbridge.hooks import (
     TurnStartedEvent,
 )
 from talkbridge.indicators import TypingIndicators
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.registry import ConnectionState
+from talkbridge.store import Pairing
 from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
@@ -260,6 +262,34 @@ async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path
     await conn.inject(make_message("now?", user="mallory"))
     await conn.wait_sent(2)
     assert spy.prompts == [("mallory", "now?")]
+    await bridge.stop()
+
+
+async def test_a_code_lasts_its_ttl_and_a_sender_writing_after_it_gets_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    """A pending code never expired: one asked for months ago could still be approved."""
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'bridge.db'}", "pairing": {"code_ttl": 600}}
+    )
+    bridge = Bridge(config, with_webchat=False)
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram"))
+    await bridge.start()
+    asked = utcnow() - timedelta(days=90)
+    stale = Pairing("ABCD-EFGH", "test", "mallory", "M", asked, False, asked + timedelta(hours=1))
+    await bridge.store.create_pairing(stale)
+    await conn.inject(make_message("hello?", user="mallory"))
+    await conn.wait_sent(1)
+    (fresh,) = await bridge.store.pairings(include_approved=True)  # the stale one is gone
+    assert fresh.code != stale.code and fresh.code in conn.texts()[0]
+    assert fresh.expires_at is not None
+    assert fresh.expires_at - fresh.created_at == timedelta(seconds=600)
+    assert not await bridge.approve_pairing(stale.code)
+    await conn.inject(make_message("hello again?", user="mallory"))
+    await conn.wait_sent(2)
+    assert fresh.code in conn.texts()[1]  # the same code while it lasts, and no second row
+    assert list(await bridge.store.pairings(include_approved=True)) == [fresh]
     await bridge.stop()
 
 

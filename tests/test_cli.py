@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -300,6 +301,37 @@ async def test_pair_list_and_approve(tmp_path: Path) -> None:
     await store.close()
     code, out, _ = await finish(await talkbridge("pair", "list", cwd=tmp_path))
     assert "no pending pairings" in out
+
+
+async def test_pair_approve_of_an_expired_code_says_so_and_trusts_nobody(tmp_path: Path) -> None:
+    """A code asked for months ago could still be approved, by an operator who no longer knew
+    who had asked for it; now it lasts an hour (`pairing.code_ttl`)."""
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    asked = utcnow() - timedelta(hours=2)
+    given = (asked, False, asked + timedelta(hours=1))
+    await store.create_pairing(Pairing("ABCD-EFGH", "support", "4242", "Grace", *given))
+    await store.create_pairing(
+        Pairing("JKLM-NPQR", "support", "77", "Ada", utcnow(), False, utcnow() + timedelta(hours=1))
+    )
+    await store.close()
+    code, out, _ = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+    assert code == 0 and "JKLM-NPQR" in out and "ABCD-EFGH" not in out, out
+    code, out, _ = await finish(await talkbridge("pair", "list", "--all", cwd=tmp_path))
+    assert code == 0 and "ABCD-EFGH  expired " in out and "JKLM-NPQR  pending " in out, out
+    code, out, err = await finish(await talkbridge("pair", "approve", "abcd-efgh", cwd=tmp_path))
+    assert code == 1 and out == "", out
+    assert err == (
+        f"not approved: the code ABCD-EFGH of Grace (4242) on support expired at "
+        f"{asked + timedelta(hours=1):%Y-%m-%d %H:%M} UTC (codes last `pairing.code_ttl`, an "
+        "hour by default); they get a new code by writing again\n"
+    )
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    try:
+        assert not await store.is_trusted("support", "4242")
+    finally:
+        await store.close()
 
 
 async def test_check_with_only_the_webchat(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from talkbridge.agents.base import Result, TurnContext
@@ -57,11 +58,20 @@ SCREENED_NOTICE = "Sorry, I cannot pass this message on."
 """What a trusted sender a hook routed to the sentinel reads: they need no approval."""
 
 
+CODE_TTL = timedelta(hours=1)
+"""How long a pairing code can be approved unless the config says otherwise
+(`pairing.code_ttl`): long enough for the sender to reach the operator, short enough that an
+approval still matches who asked."""
+
+
 class SentinelAgent:
     name = "sentinel"
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, code_ttl: timedelta = CODE_TTL) -> None:
+        if code_ttl <= timedelta(0):
+            raise ValueError(f"code_ttl must be positive, got {code_ttl}")
         self._store = store
+        self._code_ttl = code_ttl
 
     async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
         message = ctx.message
@@ -82,14 +92,16 @@ class SentinelAgent:
             yield Result(text=SCREENED_NOTICE)
             return
         code = new_pairing_code()
+        now = utcnow()
         pairing = await self._store.create_pairing(
             Pairing(
                 code=code,
                 connection_id=message.connection_id,
                 channel_user_id=message.channel_user_id,
                 display_name=message.display_name,
-                created_at=utcnow(),
+                created_at=now,
                 approved=False,
+                expires_at=now + self._code_ttl,
             )
         )
         if message.thread_type != "private":
