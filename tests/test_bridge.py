@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
-from talkbridge.agents.sentinel import GROUP_NOTICE
+from talkbridge.agents.sentinel import GROUP_NOTICE, OTHERS_NOTICE
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
 from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
@@ -348,15 +348,15 @@ async def test_an_approved_mail_sender_with_a_stranger_on_cc_meets_the_sentinel(
     bridge.registry.add(conn, EmailConfig.model_validate(mailbox))
     await bridge.start()
 
-    def mail(n: int, cc: str) -> NormalizedMessage:
+    def mail(n: int, cc: str, sender: str = "bob@elsewhere.test") -> NormalizedMessage:
         raw = (
-            f"From: Bob <bob@elsewhere.test>\r\nTo: help@example.com\r\n{cc}"
+            f"From: {sender}\r\nTo: help@example.com\r\n{cc}"
             f"Message-ID: <m{n}@elsewhere.test>\r\nSubject: q{n}\r\n\r\nquestion {n}\r\n"
         ).encode()
         msg = decode_mail(
             raw, connection_id="mail", address="help@example.com", received_at=datetime.now(UTC)
         )
-        assert msg is not None and msg.channel_user_id == "bob@elsewhere.test"
+        assert msg is not None and msg.channel_user_id == sender
         return msg
 
     await conn.inject(mail(1, ""))
@@ -365,11 +365,16 @@ async def test_an_approved_mail_sender_with_a_stranger_on_cc_meets_the_sentinel(
     assert await bridge.approve_pairing(pairing.code)
     await conn.inject(mail(2, "Cc: alice@example.org\r\n"))  # a trusted colleague: fine
     await conn.inject(mail(3, "Cc: eve@attacker.test\r\n"))
-    await conn.wait_sent(3)
+    # Trusted by config, with Bob (trusted by his pairing) on Cc: everyone it reaches is.
+    await conn.inject(mail(4, "Cc: bob@elsewhere.test\r\n", sender="alice@example.org"))
+    await conn.wait_sent(4)
     await bridge.router.join()
+    # Bob is trusted himself: no new pending code to puzzle the operator.
+    assert [p.code for p in await bridge.store.pairings(include_approved=True)] == [pairing.code]
     await bridge.stop()
-    assert [prompt for _, prompt in spy.prompts] == ["question 2"]
-    assert conn.texts()[2] == GROUP_NOTICE  # the sentinel's: nothing for the stranger to read
+    assert [prompt for _, prompt in spy.prompts] == ["question 2", "question 4"]
+    # The sentinel's answer to mail 3: nothing for the stranger to read.
+    assert sorted(conn.texts()[1:]) == sorted([OTHERS_NOTICE, "spy: question 2", "spy: question 4"])
 
 
 async def test_in_a_group_an_untrusted_sender_hears_the_sentinel_once_then_nothing(
