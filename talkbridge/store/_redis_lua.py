@@ -263,7 +263,7 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('HGET', KEYS[3], p.pf) == ARGV[1] then redis.call('HDEL', KEYS[3], p.pf) end
-redis.call('SREM', p.tk, p.channel_user_id)
+if p.approved then redis.call('SREM', p.tk, p.channel_user_id) end  -- pending: trusted nobody
 return raw
 """
 

@@ -293,7 +293,8 @@ class Store(Protocol):
         ...
 
     async def revoke_pairing(self, code: str) -> Pairing | None:
-        """Forget the pairing (pending or approved) and the trust its approval gave; the
+        """Forget the pairing (pending or approved) and, if it was approved, the trust its
+        approval gave (a pending code gave none: its sender may be trusted otherwise); the
         pairing as it was, or None for an unknown code."""
         ...
 

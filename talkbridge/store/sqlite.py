@@ -721,7 +721,8 @@ class _SqliteOps:
             return None
         key, pairing = found
         self._cur.execute(_FORGET_PAIRING, (key,))
-        self._cur.execute(_DISTRUST, (pairing.connection_id, pairing.channel_user_id))
+        if pairing.approved:  # a pending code trusted nobody: nothing to take back
+            self._cur.execute(_DISTRUST, (pairing.connection_id, pairing.channel_user_id))
         return pairing
 
     # -- state ------------------------------------------------------------------------------

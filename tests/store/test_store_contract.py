@@ -500,6 +500,21 @@ async def test_pairing_times_must_be_timezone_aware(store: Store) -> None:
         await store.approve_pairing("ABC123", now=naive)
 
 
+async def test_dropping_a_pending_code_keeps_the_trust_of_the_senders_approval(
+    store: Store,
+) -> None:
+    """A pending code never trusted anyone: dropping one that an approved sender was given
+    (as the sentinel did for a trusted sender's mail Cc'ing a stranger) took their trust."""
+    await store.create_pairing(pairing("ABC123"))
+    await store.approve_pairing("ABC123")
+    await store.create_pairing(pairing("NEW777"))
+    assert await store.is_trusted("tg", "u1") is True  # may now be cached: a drop must not win
+    dropped = await store.revoke_pairing("NEW777")
+    assert dropped is not None and not dropped.approved
+    assert await store.is_trusted("tg", "u1") is True
+    assert [p.code for p in await store.pairings(include_approved=True)] == ["ABC123"]
+
+
 # -- state -----------------------------------------------------------------------------------
 
 
