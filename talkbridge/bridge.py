@@ -30,7 +30,12 @@ from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import ConnectorError, SendFailedError, UnknownConnectionError
+from talkbridge.errors import (
+    ConnectorError,
+    SendFailedError,
+    StoreError,
+    UnknownConnectionError,
+)
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -45,7 +50,7 @@ from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessag
 from talkbridge.registry import ConnectionRegistry
 from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
-from talkbridge.store import Store, open_store
+from talkbridge.store import SqliteStore, Store, open_store
 from talkbridge.store.base import HistoryEntry
 from talkbridge.talk import Activity, Delete, Edit, Streaming, Talk
 
@@ -145,6 +150,12 @@ class Bridge:
     async def start(self) -> None:
         self._stopping = False
         await self.store.open()
+        if isinstance(self.store, SqliteStore):  # before anything reads what the bridge serves
+            try:
+                self.store.lock_for_serving()
+            except StoreError:
+                await self.store.close()
+                raise
         if self.cluster is not None:
             await self.cluster.start()
         self.add_configured_agents()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import ipaddress
 import logging
 import math
@@ -21,7 +20,7 @@ import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -175,8 +174,7 @@ async def _run(args: argparse.Namespace) -> int:
             )
             await bridge.stop()
             return EXIT_INTERRUPTED
-        _lock_sqlite_store(config.store)
-        await bridge.start()  # goes on with the store open
+        await bridge.start()  # goes on with the store open; a SQLite one serves one bridge
     except OSError as exc:
         return await _give_up(bridge, f"cannot start: {exc}")
     except TalkbridgeError:
@@ -218,41 +216,6 @@ async def _run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(EXIT_OK)
     return EXIT_OK
-
-
-_held_locks: list[IO[str]] = []
-"""The SQLite store's lock `run` took: kept open, so held, until the process ends."""
-
-
-def _lock_sqlite_store(url: str) -> None:
-    """Make this run the only one on its SQLite store (other stores have nodes): a second run
-    would answer again every message the first has under way (it takes them for left over
-    from a crash) and number the same conversations' messages on its own. The lock, on a
-    `.lock` file beside the database, goes with the process, however it ends."""
-    from talkbridge.store import public_url, sqlite_file
-
-    file = sqlite_file(url)
-    if file is None:
-        return
-    try:
-        lock = open(f"{file}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held till exit
-    except OSError as exc:
-        raise StoreError(f"cannot open {file}.lock: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip()
-        lock.close()
-        raise StoreError(
-            f"the store {public_url(url)} is in use by another talkbridge run"
-            + (f" (pid {holder})" if holder.isdigit() else "")
-            + ": a SQLite store serves one bridge at a time (several share a redis:// store)"
-        ) from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    _held_locks.append(lock)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,7 +19,7 @@ from talkbridge.agents.runner import SORRY
 from talkbridge.agents.sentinel import GROUP_NOTICE, OTHERS_NOTICE
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
-from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
+from talkbridge.errors import PermanentError, StoreError, TransientError, UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -31,7 +32,7 @@ from talkbridge.hooks import (
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.registry import ConnectionState
-from talkbridge.store import Pairing
+from talkbridge.store import Pairing, open_store
 from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
@@ -245,6 +246,32 @@ async def test_editing_a_long_answer_short_removes_its_later_parts_and_long_repl
     assert conn.edited[-1] == (second.ids[0], "short again")
     assert conn.deleted == [part2, first.ids[0], f"{second.ids[0]}-part2"]
     await bridge.stop()
+
+
+async def test_one_bridge_at_a_time_serves_a_sqlite_store(tmp_path: Path) -> None:
+    """Only `talkbridge run` locked the file: an app starting two Bridges on it (or one beside
+    `talkbridge run`) had each take the other's messages under way for left over from a crash,
+    and answer them again. The store's own users (`pair`, `check`) still work beside it."""
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'bridge.db'}"})
+    first, second = Bridge(config, with_webchat=False), Bridge(config, with_webchat=False)
+    await first.start()
+    try:
+        with pytest.raises(StoreError) as refused:
+            await second.start()
+        assert str(refused.value) == (
+            f"the store {config.store} is in use by another talkbridge run (pid {os.getpid()}): "
+            "a SQLite store serves one bridge at a time (several share a redis:// store)"
+        )
+        assert second.store.health()["state"] != "up"  # it closed what it opened
+        beside = open_store(config.store, short_lived=True)
+        await beside.open()
+        await beside.create_pairing(Pairing("ABCD-EFGH", "tg", "u", "U", utcnow(), False))
+        await beside.close()
+        assert [p.code for p in await first.store.pairings()] == ["ABCD-EFGH"]
+    finally:
+        await first.stop()
+    await second.start()  # the lock went with the first one's stop
+    await second.stop()
 
 
 async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from aiohttp import web
 import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
 from talkbridge.cli import build_parser
-from talkbridge.config import ConnectionConfig, load_config
+from talkbridge.config import BridgeConfig, ConnectionConfig, load_config
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
@@ -173,6 +173,32 @@ async def test_a_second_run_on_the_same_sqlite_store_stops_at_start_naming_the_f
     await _url_of(again)
     again.send_signal(signal.SIGINT)
     assert (await finish(again))[0] == 0
+
+
+async def test_a_bridge_an_app_started_keeps_run_off_its_store_and_pair_and_check_work(
+    tmp_path: Path,
+) -> None:
+    """The lock was `talkbridge run`'s own: a run beside an app's Bridge on the same file
+    started, and answered again the messages the app had under way."""
+    bridge = Bridge(
+        BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'talkbridge.db'}"}),
+        with_webchat=False,
+    )
+    await bridge.start()
+    try:
+        code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+        assert code == 1 and "http://" not in out, err
+        assert err == (
+            "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
+            f"(pid {os.getpid()}): a SQLite store serves one bridge at a time (several share a "
+            "redis:// store)\n"
+        )
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+        assert code == 0 and "ok    store  sqlite:///talkbridge.db  opened and read" in out, err
+        code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+        assert code == 0 and out == "no pending pairings\n", err
+    finally:
+        await bridge.stop()
 
 
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import functools
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import IO, Any, Literal, get_args
 
 from talkbridge.errors import PairingExpiredError, StoreError
 from talkbridge.message import NormalizedMessage, utcnow
@@ -861,6 +863,31 @@ def _child_ops(path: Path | str) -> _process.ChildOps:
     )
 
 
+def _serving_lock(path: Path) -> IO[str]:
+    """The lock on `path.lock`, with our pid in it; a StoreError naming the holder's pid when
+    another process (or another store of this one) holds it."""
+    shown = f"sqlite:///{path}"
+    try:
+        lock = open(f"{path}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held till close
+    except OSError as exc:
+        raise StoreError(f"cannot open {path}.lock: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        raise StoreError(
+            f"the store {shown} is in use by another talkbridge run"
+            + (f" (pid {holder})" if holder.isdigit() else "")
+            + ": a SQLite store serves one bridge at a time (several share a redis:// store)"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 class SqliteStore:
     """The `Store` on one SQLite file (or ":memory:", which lives only while the store is open).
 
@@ -888,6 +915,8 @@ class SqliteStore:
         """Senders known trusted, until when (`clock()`)."""
         self._trust_gen = 0
         """Bumped by every trust write, so a read that raced a write does not fill the cache."""
+        self._serving: IO[str] | None = None
+        """The lock `lock_for_serving` took, held open until `close`."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self._path)!r})"
@@ -929,7 +958,24 @@ class SqliteStore:
         await self._writer.start()
 
     async def close(self) -> None:
-        await self._writer.stop()
+        try:
+            await self._writer.stop()
+        finally:
+            if self._serving is not None:
+                self._serving.close()  # releases the lock
+                self._serving = None
+
+    def lock_for_serving(self) -> None:
+        """Make this the one store a bridge serves its file through, until `close` (the
+        `Bridge` takes it at start). A second bridge on the file would take the first's
+        messages under way for left over from a crash and answer them again, and number the
+        same conversations' messages on its own. Commands that read or change a few things
+        (`talkbridge pair`, `check`) take no lock and work beside it.
+
+        The lock is on a `.lock` file beside the database, so it goes with the process however
+        it ends. A StoreError names the pid holding it."""
+        if self._serving is None and self._path != MEMORY:
+            self._serving = _serving_lock(Path(self._path))
 
     def health(self) -> dict[str, Any]:
         return self._writer.health()
