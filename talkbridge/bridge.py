@@ -693,6 +693,8 @@ class Bridge:
     # -- operator actions -----------------------------------------------------------------------
 
     async def approve_pairing(self, code: str) -> bool:
+        """Whether `code` was known (and is approved now); `PairingExpiredError` for a code
+        past its `pairing.code_ttl`, which trusts nobody."""
         return await self.store.approve_pairing(code) is not None
 
 

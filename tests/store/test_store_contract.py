@@ -469,25 +469,20 @@ async def test_pairings_expired_long_ago_are_forgotten_when_a_code_is_given(
     store: Store,
 ) -> None:
     """Senders who never write again do not grow the store for ever; one whose code expired
-    lately is kept a while, so `pair approve` can say it expired."""
+    lately is kept a while, so `pair approve` can say it expired. Approvals stay, and so does
+    a pairing given without a lifetime."""
     for n in range(3):
         await store.create_pairing(pairing(f"OLD{n}", user=f"gone{n}", lasts=HOUR))
-    recent = await store.create_pairing(pairing("RECENT", user="u2", at=T0 + 7 * 24 * HOUR))
-    kept = await store.create_pairing(
-        pairing("KEPT1", user="u3", at=T0 + 7 * 24 * HOUR, lasts=HOUR)
-    )
+    week = 7 * 24 * HOUR
+    await store.create_pairing(pairing("FOREVER", user="u2", at=T0 + week))
+    await store.create_pairing(pairing("KEPT1", user="u3", at=T0 + week, lasts=HOUR))
     await store.create_pairing(pairing("TOAPPROVE", user="u4", lasts=HOUR))
-    approved = await store.approve_pairing("TOAPPROVE", now=T0)
+    assert await store.approve_pairing("TOAPPROVE", now=T0) is not None
     now = T0 + HOUR + EXPIRED_PAIRINGS_KEPT + timedelta(minutes=1)
-    new = await store.create_pairing(pairing("NEW777", user="u5", at=now, lasts=HOUR))
-    assert [p.code for p in await store.pairings(include_approved=True, now=now)] == [
-        recent.code,
-        kept.code,
-        "TOAPPROVE",
-        new.code,
-    ]
-    assert approved is not None
-    assert [p.code for p in await store.pairings(now=now)] == ["RECENT", "NEW777"]
+    await store.create_pairing(pairing("NEW777", user="u5", at=now, lasts=HOUR))
+    kept = [p.code for p in await store.pairings(include_approved=True, now=now)]
+    assert kept == ["FOREVER", "KEPT1", "TOAPPROVE", "NEW777"]
+    assert [p.code for p in await store.pairings(now=now)] == ["FOREVER", "NEW777"]
 
 
 async def test_pairing_times_must_be_timezone_aware(store: Store) -> None:
