@@ -30,7 +30,12 @@ from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import ConnectorError, SendFailedError, UnknownConnectionError
+from talkbridge.errors import (
+    ConnectorError,
+    SendFailedError,
+    StoreError,
+    UnknownConnectionError,
+)
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -45,7 +50,7 @@ from talkbridge.message import MessageRouting, NormalizedMessage, OutboundMessag
 from talkbridge.registry import ConnectionRegistry
 from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
-from talkbridge.store import Store, open_store
+from talkbridge.store import SqliteStore, Store, open_store
 from talkbridge.store.base import HistoryEntry
 from talkbridge.talk import Talk
 
@@ -67,6 +72,8 @@ class Route:
     message: NormalizedMessage
     drop_reason: str | None = None
     forward: Forward | None = None
+    sender_trusted: bool = False
+    """The sender alone is trusted, the message maybe not (`MessageRouting.sender_trusted`)."""
 
 
 class Bridge:
@@ -97,7 +104,11 @@ class Bridge:
         if self.cluster is not None:
             self.router.use_cluster(self.cluster)
             self.registry.use_cluster(self.cluster)
-        builtin: dict[str, Agent] = {"echo": EchoAgent(), "sentinel": SentinelAgent(self.store)}
+        self._code_ttl = timedelta(seconds=self.config.pairing.code_ttl)
+        builtin: dict[str, Agent] = {
+            "echo": EchoAgent(),
+            "sentinel": SentinelAgent(self.store, code_ttl=self._code_ttl),
+        }
         builtin.update(agents or {})
         self.runner = AgentRunner(
             builtin,
@@ -140,6 +151,12 @@ class Bridge:
     async def start(self) -> None:
         self._stopping = False
         await self.store.open()
+        if isinstance(self.store, SqliteStore):  # before anything reads what the bridge serves
+            try:
+                self.store.lock_for_serving()
+            except StoreError:
+                await self.store.close()
+                raise
         if self.cluster is not None:
             await self.cluster.start()
         self.add_configured_agents()
@@ -246,7 +263,9 @@ class Bridge:
         from talkbridge.preflight import check_agent_roles
 
         for name, spec in self.config.agents.definitions.items():
-            agent = build_agent(name, spec, self.store, self.config.base_dir)
+            agent = build_agent(
+                name, spec, self.store, self.config.base_dir, code_ttl=self._code_ttl
+            )
             self.runner.add_agent(agent, name)
         check_agent_roles(self)
 
@@ -343,37 +362,48 @@ class Bridge:
         outcome = await self.hooks.channel_message.decide(message, prefetch=prefetch)
         message = outcome.message
         # Trusted by config (the common case) decides without a store call, nor a coroutine.
-        trusted = self._trusted_by_config(message) or await self.is_trusted(message)
+        if self._trusted_by_config(message):
+            trusted = sender_trusted = True
+        else:
+            trusted, sender_trusted = await self._trust(message)
         trust: Trust = "trusted" if trusted else "untrusted"
         decision = outcome.decision
+        by = outcome.decided_by
         sentinel = self.config.agents.sentinel
         if isinstance(decision, Drop):
-            return Route(None, trust, outcome.decided_by, message, drop_reason=decision.reason)
+            reason = decision.reason
+            return Route(
+                None, trust, by, message, drop_reason=reason, sender_trusted=sender_trusted
+            )
         if isinstance(decision, Forward):
-            return Route(None, trust, outcome.decided_by, message, forward=decision)
+            return Route(None, trust, by, message, forward=decision, sender_trusted=sender_trusted)
         if isinstance(decision, RouteToAgent):
-            return Route(decision.agent, trust, outcome.decided_by, message)
+            return Route(decision.agent, trust, by, message, sender_trusted=sender_trusted)
         if isinstance(decision, RouteToSentinel):
-            return Route(sentinel, trust, outcome.decided_by, message)
+            return Route(sentinel, trust, by, message, sender_trusted=sender_trusted)
         # No hook decided: trusted senders meet the default agent, everyone else the sentinel.
-        return Route(self.config.agents.default if trusted else sentinel, trust, None, message)
+        agent = self.config.agents.default if trusted else sentinel
+        return Route(agent, trust, None, message, sender_trusted=sender_trusted)
 
     async def is_trusted(self, message: NormalizedMessage) -> bool:
         """Trusted by config, or by approved pairings: of its sender, and of everyone else the
         answer reaches whom the config does not trust (a stranger on an email's Cc)."""
-        if self._trusted_by_config(message):
-            return True
+        return self._trusted_by_config(message) or (await self._trust(message))[0]
+
+    async def _trust(self, message: NormalizedMessage) -> tuple[bool, bool]:
+        """Whether the message is trusted, and whether its sender is. Kept apart: a trusted
+        sender whose mail Cc's a stranger is screened, but is no stranger to pair."""
         cid = message.connection_id
         config = self.registry.config(cid)
-        strangers = (
-            ()
-            if config is None
-            else tuple(a for a in config.others_answered(message) if not config.trusts(a))
+        sender = (config is not None and config.trusts_sender(message)) or (
+            await self.store.is_trusted(cid, message.channel_user_id)
         )
-        for who in (message.channel_user_id, *strangers):
-            if not await self.store.is_trusted(cid, who):
-                return False
-        return True
+        if not sender or config is None:
+            return sender, sender
+        for who in config.others_answered(message):
+            if not config.trusts(who) and not await self.store.is_trusted(cid, who):
+                return False, True
+        return True, True
 
     def _trusted_by_config(self, message: NormalizedMessage) -> bool:
         config = self.registry.config(message.connection_id)
@@ -418,7 +448,7 @@ class Bridge:
         elif untrusted:  # a hook routed it to `agent`: no other agent sees it as history
             await self._screen(route.message, visible_to=agent)
         routed = route.message.model_copy(
-            update={"routing": _routing(agent, route.trust, route.routed_by)}
+            update={"routing": _routing(agent, route.trust, route.routed_by, route.sender_trusted)}
         )
         await self._notify_listeners(routed)
         if routed.edit_of is not None:
@@ -663,6 +693,8 @@ class Bridge:
     # -- operator actions -----------------------------------------------------------------------
 
     async def approve_pairing(self, code: str) -> bool:
+        """Whether `code` was known (and is approved now); `PairingExpiredError` for a code
+        past its `pairing.code_ttl`, which trusts nobody."""
         return await self.store.approve_pairing(code) is not None
 
 
@@ -693,9 +725,13 @@ def _screened(value: str | None) -> dict[str, str | None]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _routing(agent: str, trust: Trust, routed_by: str | None) -> MessageRouting:
+def _routing(
+    agent: str, trust: Trust, routed_by: str | None, sender_trusted: bool
+) -> MessageRouting:
     """Routings are frozen and few (agents x trust x hook names): build each once."""
-    return MessageRouting(agent=agent, trust=trust, routed_by=routed_by)
+    return MessageRouting(
+        agent=agent, trust=trust, routed_by=routed_by, sender_trusted=sender_trusted
+    )
 
 
 def _cluster_for(store: Store, config: BridgeConfig, node_id: str | None) -> Cluster | None:

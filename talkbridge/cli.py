@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import ipaddress
 import logging
 import math
@@ -19,8 +18,9 @@ import signal
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -36,6 +36,7 @@ from talkbridge.config import (
 from talkbridge.errors import (
     AgentUnavailableError,
     ConfigError,
+    PairingExpiredError,
     StoreError,
     TalkbridgeError,
     TransientError,
@@ -173,8 +174,7 @@ async def _run(args: argparse.Namespace) -> int:
             )
             await bridge.stop()
             return EXIT_INTERRUPTED
-        _lock_sqlite_store(config.store)
-        await bridge.start()  # goes on with the store open
+        await bridge.start()  # goes on with the store open; a SQLite one serves one bridge
     except OSError as exc:
         return await _give_up(bridge, f"cannot start: {exc}")
     except TalkbridgeError:
@@ -216,41 +216,6 @@ async def _run(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os._exit(EXIT_OK)
     return EXIT_OK
-
-
-_held_locks: list[IO[str]] = []
-"""The SQLite store's lock `run` took: kept open, so held, until the process ends."""
-
-
-def _lock_sqlite_store(url: str) -> None:
-    """Make this run the only one on its SQLite store (other stores have nodes): a second run
-    would answer again every message the first has under way (it takes them for left over
-    from a crash) and number the same conversations' messages on its own. The lock, on a
-    `.lock` file beside the database, goes with the process, however it ends."""
-    from talkbridge.store import public_url, sqlite_file
-
-    file = sqlite_file(url)
-    if file is None:
-        return
-    try:
-        lock = open(f"{file}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held till exit
-    except OSError as exc:
-        raise StoreError(f"cannot open {file}.lock: {exc.strerror or exc}") from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip()
-        lock.close()
-        raise StoreError(
-            f"the store {public_url(url)} is in use by another talkbridge run"
-            + (f" (pid {holder})" if holder.isdigit() else "")
-            + ": a SQLite store serves one bridge at a time (several share a redis:// store)"
-        ) from None
-    lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    _held_locks.append(lock)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
@@ -498,22 +463,24 @@ async def _existing_store(args: argparse.Namespace) -> AsyncIterator[Store | Non
 
 
 async def _pair(args: argparse.Namespace) -> int:
+    from talkbridge.message import utcnow
+
     async with _existing_store(args) as store:
         if args.pair_command == "approve":
             return await _approve(store, args.code)
         if args.pair_command == "revoke":
             return await _revoke(store, args.code)
-        pairings = [] if store is None else await store.pairings(include_approved=args.all)
-        if not pairings:
+        now = utcnow()
+        found = [] if store is None else await store.pairings(include_approved=args.all, now=now)
+        if not found:
             _console.out("no pairings" if args.all else "no pending pairings")
             return EXIT_OK
         rows = [("CODE", "STATE", "CONNECTION", "SENDER", "NAME", "SINCE (UTC)")]
-        for p in pairings:
-            state = "approved" if p.approved else "pending"
+        for p in found:
             rows.append(
                 (
                     p.code,
-                    state,
+                    _state(p, now),
                     p.connection_id,
                     _shown(p.channel_user_id),
                     _shown(p.display_name),
@@ -525,6 +492,12 @@ async def _pair(args: argparse.Namespace) -> int:
             cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
             _console.out("  ".join([*cells, row[-1]]))
         return EXIT_OK
+
+
+def _state(pairing: Pairing, now: datetime) -> str:
+    if pairing.approved:
+        return "approved"
+    return "expired" if pairing.expired(now) else "pending"
 
 
 def _shown(text: str, limit: int = 40) -> str:
@@ -566,20 +539,33 @@ async def _approve(store: Store | None, code: str) -> int:
     if found.approved:
         _console.out(f"already approved: {who} on {found.connection_id} is trusted")
         return EXIT_OK
-    await store.approve_pairing(found.code)
+    try:
+        await store.approve_pairing(found.code)
+    except PairingExpiredError as exc:
+        expired = exc.pairing.expires_at
+        when = "" if expired is None else f" at {expired.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+        _console.err(
+            f"not approved: the code {found.code} of {who} on {found.connection_id} expired"
+            f"{when} (codes last `pairing.code_ttl`, an hour by default); they get a new "
+            "code by writing again"
+        )
+        return EXIT_RUNTIME
     _console.out(f"approved: {who} on {found.connection_id} is now trusted")
     return EXIT_OK
 
 
 async def _revoke(store: Store | None, code: str) -> int:
     """Undo an approval (or drop a pending code): the sender meets the sentinel again."""
+    from talkbridge.message import utcnow
+
     found = await _pairing(store, code, "pairing")
     if isinstance(found, int):
         return found
     assert store is not None
     await store.revoke_pairing(found.code)
     if not found.approved:
-        _console.out(f"dropped the pending pairing of {_who(found)} on {found.connection_id}")
+        state = "expired" if found.expired(utcnow()) else "pending"
+        _console.out(f"dropped the {state} pairing of {_who(found)} on {found.connection_id}")
         return EXIT_OK
     _console.out(
         f"revoked: {_who(found)} on {found.connection_id} is no longer trusted by pairing "
@@ -785,7 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     pair_sub = pair.add_subparsers(dest="pair_command", required=True)
     pair_list = pair_sub.add_parser("list", help="pending pairing codes")
     config_arg(pair_list)
-    pair_list.add_argument("--all", action="store_true", help="include approved ones")
+    pair_list.add_argument(
+        "--all", action="store_true", help="include approved ones, and expired ones kept"
+    )
     approve = pair_sub.add_parser("approve", help="trust the sender who got CODE")
     config_arg(approve)
     approve.add_argument("code")

@@ -172,10 +172,17 @@ class ConnectionConfig(_Model):
             return True
         return any(fnmatch.fnmatchcase(channel_user_id, pattern) for pattern in self.trusted)
 
-    def trusts_message(self, message: Any) -> bool:
+    def trusts_sender(self, message: Any) -> bool:
         """Whether the sender of `message` is trusted by config; channels with more to go on
         than the sender id (Discord roles) override this."""
         return self.trusts(message.channel_user_id)
+
+    def trusts_message(self, message: Any) -> bool:
+        """Whether config trusts everyone an answer to `message` reaches: its sender and
+        `others_answered`."""
+        return self.trusts_sender(message) and all(
+            self.trusts(a) for a in self.others_answered(message)
+        )
 
     def others_answered(self, message: Any) -> tuple[str, ...]:
         """Who besides its sender an answer to `message` reaches and must be trusted too (an
@@ -393,6 +400,14 @@ class RetentionConfig(_Model):
     """Seconds between sweeps; an entry lives up to this much longer than its retention."""
 
 
+class PairingConfig(_Model):
+    """The sentinel's pairing codes."""
+
+    code_ttl: float = Field(default=3600.0, gt=0)
+    """Seconds a pending pairing code can be approved: after that the operator's approval is
+    refused and the sender's next message gets a fresh code."""
+
+
 class ClusterConfig(_Model):
     """Distributed mode (a `redis://` store): leases, inbound shards, cross-node sends."""
 
@@ -419,6 +434,7 @@ class BridgeConfig(_Model):
     connections: tuple[ConnectionConfig, ...] = ()
     router: RouterConfig = RouterConfig()
     retention: RetentionConfig = RetentionConfig()
+    pairing: PairingConfig = PairingConfig()
     cluster: ClusterConfig = ClusterConfig()
     base_dir: Path = Field(default=Path("."), exclude=True)
 

@@ -13,6 +13,7 @@ retries in one place::
     ├── TurnAbortedError            a `before_*` listener or fail-closed hook stopped a turn
     ├── SendFailedError             an outbound message could not be delivered (recorded)
     ├── StoreError                  the store cannot be opened or an operation on it failed
+    ├── PairingExpiredError         `approve_pairing` of a pending code past its lifetime
     └── ConnectorError              what a platform said, classified
         ├── RateLimitedError        retry after `retry_after` seconds (scope: connection or thread)
         ├── UnauthorizedError       credentials rejected: do not retry
@@ -23,7 +24,11 @@ retries in one place::
 
 from __future__ import annotations
 
-from typing import Literal
+from datetime import UTC
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from talkbridge.store.base import Pairing
 
 
 class TalkbridgeError(Exception):
@@ -93,6 +98,20 @@ class LeaseLostError(TalkbridgeError):
 
 class StoreError(TalkbridgeError):
     """The store failed; the message names the store (path or host), never a credential."""
+
+
+class PairingExpiredError(TalkbridgeError):
+    """A pending pairing code was approved after its `expires_at`: nobody was trusted. The
+    sender gets a fresh code by writing again."""
+
+    def __init__(self, pairing: Pairing) -> None:
+        self.pairing = pairing
+        at = pairing.expires_at
+        expired = "" if at is None else f" at {at.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+        super().__init__(
+            f"pairing code {pairing.code} expired{expired}, so nobody was trusted: the sender "
+            "gets a new code by writing again"
+        )
 
 
 class ConnectorError(TalkbridgeError):

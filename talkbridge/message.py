@@ -114,6 +114,10 @@ class MessageRouting(_Frozen):
     forwarded_from: str | None = None
     """Connection id the message was forwarded from."""
     flags: tuple[str, ...] = ()
+    sender_trusted: bool = False
+    """The sender is trusted (by config or an approved pairing), whatever `trust` says of the
+    message: an untrusted one of a trusted sender is one whose answer would reach others who
+    are not (a stranger on an email's Cc). The sentinel gives such a sender no pairing code."""
 
 
 class NormalizedMessage(_Frozen):

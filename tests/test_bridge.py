@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,10 @@ from hypothesis import strategies as st
 
 from talkbridge.agents import Error, Result, TextDelta, TurnContext
 from talkbridge.agents.runner import SORRY
-from talkbridge.agents.sentinel import GROUP_NOTICE
+from talkbridge.agents.sentinel import GROUP_NOTICE, OTHERS_NOTICE
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
-from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
+from talkbridge.errors import PermanentError, StoreError, TransientError, UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -29,8 +31,9 @@ from talkbridge.hooks import (
     TurnStartedEvent,
 )
 from talkbridge.indicators import TypingIndicators
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.registry import ConnectionState
+from talkbridge.store import Pairing, open_store
 from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
@@ -246,6 +249,32 @@ async def test_editing_a_long_answer_short_removes_its_later_parts_and_long_repl
     await bridge.stop()
 
 
+async def test_one_bridge_at_a_time_serves_a_sqlite_store(tmp_path: Path) -> None:
+    """Only `talkbridge run` locked the file: an app starting two Bridges on it (or one beside
+    `talkbridge run`) had each take the other's messages under way for left over from a crash,
+    and answer them again. The store's own users (`pair`, `check`) still work beside it."""
+    config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'bridge.db'}"})
+    first, second = Bridge(config, with_webchat=False), Bridge(config, with_webchat=False)
+    await first.start()
+    try:
+        with pytest.raises(StoreError) as refused:
+            await second.start()
+        assert str(refused.value) == (
+            f"the store {config.store} is in use by another talkbridge run (pid {os.getpid()}): "
+            "a SQLite store serves one bridge at a time (several share a redis:// store)"
+        )
+        assert second.store.health()["state"] != "up"  # it closed what it opened
+        beside = open_store(config.store, short_lived=True)
+        await beside.open()
+        await beside.create_pairing(Pairing("ABCD-EFGH", "tg", "u", "U", utcnow(), False))
+        await beside.close()
+        assert [p.code for p in await first.store.pairings()] == ["ABCD-EFGH"]
+    finally:
+        await first.stop()
+    await second.start()  # the lock went with the first one's stop
+    await second.stop()
+
+
 async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path) -> None:
     spy = SpyAgent()
     bridge, conns = await _bridge(tmp_path, agents={"spy": spy}, default="spy")
@@ -261,6 +290,34 @@ async def test_untrusted_sender_meets_the_sentinel_until_approved(tmp_path: Path
     await conn.inject(make_message("now?", user="mallory"))
     await conn.wait_sent(2)
     assert spy.prompts == [("mallory", "now?")]
+    await bridge.stop()
+
+
+async def test_a_code_lasts_its_ttl_and_a_sender_writing_after_it_gets_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    """A pending code never expired: one asked for months ago could still be approved."""
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'bridge.db'}", "pairing": {"code_ttl": 600}}
+    )
+    bridge = Bridge(config, with_webchat=False)
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram"))
+    await bridge.start()
+    asked = utcnow() - timedelta(days=90)
+    stale = Pairing("ABCD-EFGH", "test", "mallory", "M", asked, False, asked + timedelta(hours=1))
+    await bridge.store.create_pairing(stale)
+    await conn.inject(make_message("hello?", user="mallory"))
+    await conn.wait_sent(1)
+    (fresh,) = await bridge.store.pairings(include_approved=True)  # the stale one is gone
+    assert fresh.code != stale.code and fresh.code in conn.texts()[0]
+    assert fresh.expires_at is not None
+    assert fresh.expires_at - fresh.created_at == timedelta(seconds=600)
+    assert not await bridge.approve_pairing(stale.code)
+    await conn.inject(make_message("hello again?", user="mallory"))
+    await conn.wait_sent(2)
+    assert fresh.code in conn.texts()[1]  # the same code while it lasts, and no second row
+    assert list(await bridge.store.pairings(include_approved=True)) == [fresh]
     await bridge.stop()
 
 
@@ -319,15 +376,15 @@ async def test_an_approved_mail_sender_with_a_stranger_on_cc_meets_the_sentinel(
     bridge.registry.add(conn, EmailConfig.model_validate(mailbox))
     await bridge.start()
 
-    def mail(n: int, cc: str) -> NormalizedMessage:
+    def mail(n: int, cc: str, sender: str = "bob@elsewhere.test") -> NormalizedMessage:
         raw = (
-            f"From: Bob <bob@elsewhere.test>\r\nTo: help@example.com\r\n{cc}"
+            f"From: {sender}\r\nTo: help@example.com\r\n{cc}"
             f"Message-ID: <m{n}@elsewhere.test>\r\nSubject: q{n}\r\n\r\nquestion {n}\r\n"
         ).encode()
         msg = decode_mail(
             raw, connection_id="mail", address="help@example.com", received_at=datetime.now(UTC)
         )
-        assert msg is not None and msg.channel_user_id == "bob@elsewhere.test"
+        assert msg is not None and msg.channel_user_id == sender
         return msg
 
     await conn.inject(mail(1, ""))
@@ -336,11 +393,16 @@ async def test_an_approved_mail_sender_with_a_stranger_on_cc_meets_the_sentinel(
     assert await bridge.approve_pairing(pairing.code)
     await conn.inject(mail(2, "Cc: alice@example.org\r\n"))  # a trusted colleague: fine
     await conn.inject(mail(3, "Cc: eve@attacker.test\r\n"))
-    await conn.wait_sent(3)
+    # Trusted by config, with Bob (trusted by his pairing) on Cc: everyone it reaches is.
+    await conn.inject(mail(4, "Cc: bob@elsewhere.test\r\n", sender="alice@example.org"))
+    await conn.wait_sent(4)
     await bridge.router.join()
+    # Bob is trusted himself: no new pending code to puzzle the operator.
+    assert [p.code for p in await bridge.store.pairings(include_approved=True)] == [pairing.code]
     await bridge.stop()
-    assert [prompt for _, prompt in spy.prompts] == ["question 2"]
-    assert conn.texts()[2] == GROUP_NOTICE  # the sentinel's: nothing for the stranger to read
+    assert [prompt for _, prompt in spy.prompts] == ["question 2", "question 4"]
+    # The sentinel's answer to mail 3: nothing for the stranger to read.
+    assert sorted(conn.texts()[1:]) == sorted([OTHERS_NOTICE, "spy: question 2", "spy: question 4"])
 
 
 async def test_in_a_group_an_untrusted_sender_hears_the_sentinel_once_then_nothing(

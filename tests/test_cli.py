@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from aiohttp import web
 import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
 from talkbridge.cli import build_parser
-from talkbridge.config import ConnectionConfig, load_config
+from talkbridge.config import BridgeConfig, ConnectionConfig, load_config
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
@@ -174,6 +175,32 @@ async def test_a_second_run_on_the_same_sqlite_store_stops_at_start_naming_the_f
     assert (await finish(again))[0] == 0
 
 
+async def test_a_bridge_an_app_started_keeps_run_off_its_store_and_pair_and_check_work(
+    tmp_path: Path,
+) -> None:
+    """The lock was `talkbridge run`'s own: a run beside an app's Bridge on the same file
+    started, and answered again the messages the app had under way."""
+    bridge = Bridge(
+        BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'talkbridge.db'}"}),
+        with_webchat=False,
+    )
+    await bridge.start()
+    try:
+        code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+        assert code == 1 and "http://" not in out, err
+        assert err == (
+            "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
+            f"(pid {os.getpid()}): a SQLite store serves one bridge at a time (several share a "
+            "redis:// store)\n"
+        )
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+        assert code == 0 and "ok    store  sqlite:///talkbridge.db  opened and read" in out, err
+        code, out, err = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+        assert code == 0 and out == "no pending pairings\n", err
+    finally:
+        await bridge.stop()
+
+
 async def test_run_with_a_port_out_of_range_is_a_usage_error(tmp_path: Path) -> None:
     code, out, err = await finish(await talkbridge("run", "--port", "99999", cwd=tmp_path))
     assert code == 2 and "http://" not in out
@@ -300,6 +327,37 @@ async def test_pair_list_and_approve(tmp_path: Path) -> None:
     await store.close()
     code, out, _ = await finish(await talkbridge("pair", "list", cwd=tmp_path))
     assert "no pending pairings" in out
+
+
+async def test_pair_approve_of_an_expired_code_says_so_and_trusts_nobody(tmp_path: Path) -> None:
+    """A code asked for months ago could still be approved, by an operator who no longer knew
+    who had asked for it; now it lasts an hour (`pairing.code_ttl`)."""
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    asked = utcnow() - timedelta(hours=2)
+    given = (asked, False, asked + timedelta(hours=1))
+    await store.create_pairing(Pairing("ABCD-EFGH", "support", "4242", "Grace", *given))
+    await store.create_pairing(
+        Pairing("JKLM-NPQR", "support", "77", "Ada", utcnow(), False, utcnow() + timedelta(hours=1))
+    )
+    await store.close()
+    code, out, _ = await finish(await talkbridge("pair", "list", cwd=tmp_path))
+    assert code == 0 and "JKLM-NPQR" in out and "ABCD-EFGH" not in out, out
+    code, out, _ = await finish(await talkbridge("pair", "list", "--all", cwd=tmp_path))
+    assert code == 0 and "ABCD-EFGH  expired " in out and "JKLM-NPQR  pending " in out, out
+    code, out, err = await finish(await talkbridge("pair", "approve", "abcd-efgh", cwd=tmp_path))
+    assert code == 1 and out == "", out
+    assert err == (
+        f"not approved: the code ABCD-EFGH of Grace (4242) on support expired at "
+        f"{asked + timedelta(hours=1):%Y-%m-%d %H:%M} UTC (codes last `pairing.code_ttl`, an "
+        "hour by default); they get a new code by writing again\n"
+    )
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    try:
+        assert not await store.is_trusted("support", "4242")
+    finally:
+        await store.close()
 
 
 async def test_check_with_only_the_webchat(tmp_path: Path) -> None:

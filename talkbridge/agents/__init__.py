@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from talkbridge.agents.base import (
@@ -22,20 +23,28 @@ from talkbridge.agents.base import (
 )
 from talkbridge.agents.echo import EchoAgent
 from talkbridge.agents.runner import AgentRunner, TurnOutcome
-from talkbridge.agents.sentinel import SentinelAgent
+from talkbridge.agents.sentinel import CODE_TTL, SentinelAgent
 from talkbridge.config import AgentSpec
 from talkbridge.errors import ConfigError
 from talkbridge.store.base import Store
 
 
-def build_agent(name: str, spec: AgentSpec, store: Store, base_dir: Path | None = None) -> Agent:
+def build_agent(
+    name: str,
+    spec: AgentSpec,
+    store: Store,
+    base_dir: Path | None = None,
+    *,
+    code_ttl: timedelta = CODE_TTL,
+) -> Agent:
     """Build a configured agent (`agents.definitions.NAME`). A `python` agent's module may sit
-    next to the config file (`base_dir`), as hook folders do: no PYTHONPATH needed."""
+    next to the config file (`base_dir`), as hook folders do: no PYTHONPATH needed. `code_ttl`
+    is a sentinel's pairing-code lifetime (`pairing.code_ttl`)."""
     where = f"agents.definitions.{name}"
     if spec.kind == "echo":
         return EchoAgent()
     if spec.kind == "sentinel":
-        return SentinelAgent(store)
+        return SentinelAgent(store, code_ttl=code_ttl)
     if spec.kind == "python":
         if not spec.target or ":" not in spec.target:
             raise ConfigError(f"{where}.target: give the agent class as 'module:Class'")

@@ -2,7 +2,8 @@
 
 It answers from fixed text (never from the sender's words, never passing them to another agent or
 model), issues a pairing code an operator can approve, and flags likely prompt injection. A trusted
-sender a hook routed here gets a short refusal instead of a code: they are approved already.
+sender a hook routed here gets a short refusal instead of a code: they are approved already; so
+does one whose message the answer to would reach strangers (an email Cc'ing one).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import re
 import secrets
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from talkbridge.agents.base import Result, TurnContext
@@ -57,11 +59,28 @@ SCREENED_NOTICE = "Sorry, I cannot pass this message on."
 """What a trusted sender a hook routed to the sentinel reads: they need no approval."""
 
 
+OTHERS_NOTICE = (
+    "Sorry, I cannot answer this message: my answer would also reach people this assistant's "
+    "operator has not approved. Write to me again on your own, with nobody else on To or Cc."
+)
+"""What a trusted sender reads whose message the answer to would reach strangers (an email
+that Cc's one): they need no approval, and the strangers did not ask for any."""
+
+
+CODE_TTL = timedelta(hours=1)
+"""How long a pairing code can be approved unless the config says otherwise
+(`pairing.code_ttl`): long enough for the sender to reach the operator, short enough that an
+approval still matches who asked."""
+
+
 class SentinelAgent:
     name = "sentinel"
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, code_ttl: timedelta = CODE_TTL) -> None:
+        if code_ttl <= timedelta(0):
+            raise ValueError(f"code_ttl must be positive, got {code_ttl}")
         self._store = store
+        self._code_ttl = code_ttl
 
     async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
         message = ctx.message
@@ -81,15 +100,22 @@ class SentinelAgent:
             # and leave the operator a pairing to approve for someone trusted already.
             yield Result(text=SCREENED_NOTICE)
             return
+        if routing is not None and routing.sender_trusted:
+            # Trusted themselves, but the answer would reach a stranger: a new pending pairing
+            # for them would be one the operator cannot make sense of, nor need approve.
+            yield Result(text=OTHERS_NOTICE)
+            return
         code = new_pairing_code()
+        now = utcnow()
         pairing = await self._store.create_pairing(
             Pairing(
                 code=code,
                 connection_id=message.connection_id,
                 channel_user_id=message.channel_user_id,
                 display_name=message.display_name,
-                created_at=utcnow(),
+                created_at=now,
                 approved=False,
+                expires_at=now + self._code_ttl,
             )
         )
         if message.thread_type != "private":

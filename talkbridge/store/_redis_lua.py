@@ -187,43 +187,83 @@ end
 return n
 """
 
-# KEYS: pairings, order, pending, seq  ARGV: pending field, code key, pairing JSON
-CREATE_PAIRING: Final = """
+_PAIRING_FNS: Final = """
+local function forget_pairing(pairings, order, pending, expiry, key)
+  local raw = redis.call('HGET', pairings, key)
+  if not raw then return end
+  local p = cjson.decode(raw)
+  redis.call('HDEL', pairings, key)
+  redis.call('ZREM', order, key)
+  redis.call('ZREM', expiry, key)
+  if redis.call('HGET', pending, p.pf) == key then redis.call('HDEL', pending, p.pf) end
+end
+local function expired(expiry, key, p, now)
+  if p.approved then return false end
+  if p.expires_at == nil then return true end  -- given before pending codes expired
+  if p.expires_at == cjson.null then return false end
+  local at = redis.call('ZSCORE', expiry, key)
+  return not at or tonumber(at) <= tonumber(now)
+end
+"""
+"""A pending pairing's expiry is its score in the expiry set (epoch seconds), which holds the
+pending pairings that expire; its JSON keeps the exact time as text for the store to return."""
+
+# KEYS: pairings, order, pending, seq, expiry
+# ARGV: pending field, code key, pairing JSON, now, expires (epoch s, or ''), forget before, limit
+CREATE_PAIRING: Final = (
+    _PAIRING_FNS
+    + """
 local existing = redis.call('HGET', KEYS[3], ARGV[1])
-if existing then return {1, redis.call('HGET', KEYS[1], existing)} end
+if existing then
+  local raw = redis.call('HGET', KEYS[1], existing)
+  if raw and not expired(KEYS[5], existing, cjson.decode(raw), ARGV[4]) then return {1, raw} end
+  forget_pairing(KEYS[1], KEYS[2], KEYS[3], KEYS[5], existing)  -- a fresh code instead
+  redis.call('HDEL', KEYS[3], ARGV[1])
+end
+local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[6], 'LIMIT', 0, tonumber(ARGV[7]))
+for _, key in ipairs(old) do forget_pairing(KEYS[1], KEYS[2], KEYS[3], KEYS[5], key) end
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
   return redis.error_reply('PAIRING_CODE_IN_USE')
 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+if ARGV[5] ~= '' then redis.call('ZADD', KEYS[5], ARGV[5], ARGV[2]) end
 return {0, ARGV[3]}
 """
+)
 
-# KEYS: pairings, pending  ARGV: code key  -> the approved pairing JSON, or nil
-APPROVE_PAIRING: Final = """
+# KEYS: pairings, pending, expiry  ARGV: code key, now
+# -> the approved pairing JSON; as it was when it expired; or nil
+APPROVE_PAIRING: Final = (
+    _PAIRING_FNS
+    + """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return false end
 local p = cjson.decode(raw)
+if expired(KEYS[3], ARGV[1], p, ARGV[2]) then return raw end
 if not p.approved then
   p.approved = true
   raw = cjson.encode(p)
   redis.call('HSET', KEYS[1], ARGV[1], raw)
+  redis.call('ZREM', KEYS[3], ARGV[1])
   if redis.call('HGET', KEYS[2], p.pf) == ARGV[1] then redis.call('HDEL', KEYS[2], p.pf) end
 end
 redis.call('SADD', p.tk, p.channel_user_id)
 return raw
 """
+)
 
-# KEYS: pairings, order, pending  ARGV: code key  -> the pairing JSON it was, or nil
+# KEYS: pairings, order, pending, expiry  ARGV: code key  -> the pairing JSON it was, or nil
 REVOKE_PAIRING: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return false end
 local p = cjson.decode(raw)
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('HGET', KEYS[3], p.pf) == ARGV[1] then redis.call('HDEL', KEYS[3], p.pf) end
-redis.call('SREM', p.tk, p.channel_user_id)
+if p.approved then redis.call('SREM', p.tk, p.channel_user_id) end  -- pending: trusted nobody
 return raw
 """
 

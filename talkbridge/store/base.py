@@ -74,6 +74,22 @@ class Pairing:
     display_name: str
     created_at: datetime
     approved: bool
+    expires_at: datetime | None = None
+    """Until when a pending pairing can be approved (None: until it is approved or revoked).
+    A code asked for long ago is no proof the operator still knows who asked for it."""
+
+    def expired(self, now: datetime) -> bool:
+        """Pending and past `expires_at`: approving it is refused, and the sender's next
+        message gets a fresh code."""
+        return not self.approved and self.expires_at is not None and self.expires_at <= now
+
+
+EXPIRED_PAIRINGS_KEPT = timedelta(days=7)
+"""How long a store keeps an expired pending pairing, so `pair approve` of its code can say it
+expired rather than that it never existed; after that, `create_pairing` forgets it."""
+FORGET_EXPIRED_PER_CALL = 100
+"""Long-expired pairings one `create_pairing` forgets at most: more than it adds, so they never
+pile up, and few enough that no call takes long."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,16 +273,28 @@ class Store(Protocol):
         self, connection_id: str, channel_user_id: str, trusted: bool
     ) -> None: ...
     async def create_pairing(self, pairing: Pairing) -> Pairing:
-        """Store a pending pairing; if this sender already has a pending one, return that."""
+        """Store a pending pairing; if this sender already has one that has not expired at
+        `pairing.created_at`, return that instead (an expired one is replaced). Also forgets
+        (some of) the pending pairings expired longer than `EXPIRED_PAIRINGS_KEPT` ago, so
+        senders who never come back do not grow the store."""
         ...
 
-    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]: ...
-    async def approve_pairing(self, code: str) -> Pairing | None:
-        """Mark the code approved and trust its sender; None for an unknown code."""
+    async def pairings(
+        self, *, include_approved: bool = False, now: datetime | None = None
+    ) -> Sequence[Pairing]:
+        """The pending pairings that have not expired at `now` (default: the clock), oldest
+        first; with `include_approved`, every pairing kept, approved and expired ones too."""
+        ...
+
+    async def approve_pairing(self, code: str, *, now: datetime | None = None) -> Pairing | None:
+        """Mark the code approved and trust its sender; None for an unknown code. A pending
+        code expired at `now` (default: the clock) raises `PairingExpiredError`, trusting
+        nobody."""
         ...
 
     async def revoke_pairing(self, code: str) -> Pairing | None:
-        """Forget the pairing (pending or approved) and the trust its approval gave; the
+        """Forget the pairing (pending or approved) and, if it was approved, the trust its
+        approval gave (a pending code gave none: its sender may be trusted otherwise); the
         pairing as it was, or None for an unknown code."""
         ...
 

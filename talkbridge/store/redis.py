@@ -30,10 +30,12 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from talkbridge.backoff import Backoff
-from talkbridge.errors import StoreError
-from talkbridge.message import NormalizedMessage
+from talkbridge.errors import PairingExpiredError, StoreError
+from talkbridge.message import NormalizedMessage, utcnow
 from talkbridge.store import _redis_lua as lua
 from talkbridge.store.base import (
+    EXPIRED_PAIRINGS_KEPT,
+    FORGET_EXPIRED_PER_CALL,
     Appended,
     FailedSend,
     HistoryEntry,
@@ -152,6 +154,10 @@ class RedisKeys:
 
     def pairing_seq(self) -> str:
         return self._key("pairing", "seq")
+
+    def pairing_expiry(self) -> str:
+        """Pending pairings that expire, scored by when (epoch seconds)."""
+        return self._key("pairing", "expiry")
 
     def state(self) -> str:
         return self._key("state")
@@ -449,13 +455,18 @@ def _history_entry(thread_key: str, seq: int, raw: Any) -> HistoryEntry:
 
 def _pairing(raw: Any) -> Pairing:
     p = json.loads(raw)
+    created_at = datetime.fromisoformat(p["created_at"])
+    approved = bool(p["approved"])
+    expires_at = p.get("expires_at", None if approved else p["created_at"])
+    # (Pending since before codes expired: expired when given, as the scripts take it.)
     return Pairing(
         code=p["code"],
         connection_id=p["connection_id"],
         channel_user_id=p["channel_user_id"],
         display_name=p["display_name"],
-        created_at=datetime.fromisoformat(p["created_at"]),
-        approved=bool(p["approved"]),
+        created_at=created_at,
+        approved=approved,
+        expires_at=None if expires_at is None else datetime.fromisoformat(expires_at),
     )
 
 
@@ -890,6 +901,7 @@ class RedisStore:
         if not key:
             raise ValueError("a pairing code must not be empty")
         pending_field = pairing.connection_id + _SEP + pairing.channel_user_id
+        expires_at = pairing.expires_at
         raw = json.dumps(
             {
                 "code": pairing.code,
@@ -897,6 +909,7 @@ class RedisStore:
                 "channel_user_id": pairing.channel_user_id,
                 "display_name": pairing.display_name,
                 "created_at": _iso(pairing.created_at, "Pairing.created_at"),
+                "expires_at": None if expires_at is None else _iso(expires_at, "expires_at"),
                 "approved": False,
                 # names the Lua scripts need later, made here by the key builder
                 "tk": self.keys.trusted(pairing.connection_id),
@@ -906,36 +919,60 @@ class RedisStore:
         k = self.keys
         found: Pairing = await self._script(
             "CREATE_PAIRING",
-            [k.pairings(), k.pairing_order(), k.pairing_pending(), k.pairing_seq()],
-            [pending_field, key, raw],
+            [
+                k.pairings(),
+                k.pairing_order(),
+                k.pairing_pending(),
+                k.pairing_seq(),
+                k.pairing_expiry(),
+            ],
+            [
+                pending_field,
+                key,
+                raw,
+                _epoch(pairing.created_at, "Pairing.created_at"),
+                "" if expires_at is None else _epoch(expires_at, "Pairing.expires_at"),
+                _epoch(pairing.created_at - EXPIRED_PAIRINGS_KEPT, "Pairing.created_at"),
+                FORGET_EXPIRED_PER_CALL,
+            ],
             parse=lambda result: _pairing(result[1]),
         )
         return found
 
-    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]:
+    async def pairings(
+        self, *, include_approved: bool = False, now: datetime | None = None
+    ) -> Sequence[Pairing]:
+        at = now or utcnow()
+        _epoch(at, "now")  # a naive `now` is refused
+
         def parse(rows: list[bytes]) -> list[Pairing]:
             found = [_pairing(raw) for raw in rows]
-            return found if include_approved else [p for p in found if not p.approved]
+            if include_approved:
+                return found
+            return [p for p in found if not p.approved and not p.expired(at)]
 
         result: list[Pairing] = await self._script(
             "PAIRINGS", [self.keys.pairings(), self.keys.pairing_order()], parse=parse
         )
         return result
 
-    async def approve_pairing(self, code: str) -> Pairing | None:
+    async def approve_pairing(self, code: str, *, now: datetime | None = None) -> Pairing | None:
+        k = self.keys
         found: Pairing | None = await self._script(
             "APPROVE_PAIRING",
-            [self.keys.pairings(), self.keys.pairing_pending()],
-            [_code_key(code)],
+            [k.pairings(), k.pairing_pending(), k.pairing_expiry()],
+            [_code_key(code), _epoch(now or utcnow(), "now")],
             parse=lambda raw: None if raw is None else _pairing(raw),
         )
+        if found is not None and not found.approved:
+            raise PairingExpiredError(found)
         return found
 
     async def revoke_pairing(self, code: str) -> Pairing | None:
         k = self.keys
         found: Pairing | None = await self._script(
             "REVOKE_PAIRING",
-            [k.pairings(), k.pairing_order(), k.pairing_pending()],
+            [k.pairings(), k.pairing_order(), k.pairing_pending(), k.pairing_expiry()],
             [_code_key(code)],
             parse=lambda raw: None if raw is None else _pairing(raw),
         )

@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import functools
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import IO, Any, Literal, get_args
 
-from talkbridge.errors import StoreError
-from talkbridge.message import NormalizedMessage
+from talkbridge.errors import PairingExpiredError, StoreError
+from talkbridge.message import NormalizedMessage, utcnow
 from talkbridge.store import _process
 from talkbridge.store._checkpoint import WalCheckpointer
 from talkbridge.store._writer import BulkOp, GroupCommitWriter, QueueingWriter
 from talkbridge.store.base import (
+    EXPIRED_PAIRINGS_KEPT,
+    FORGET_EXPIRED_PER_CALL,
     Appended,
     FailedSend,
     HistoryEntry,
@@ -37,7 +41,7 @@ from talkbridge.store.base import (
 from talkbridge.store.seen import SeenFilter
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -169,6 +173,16 @@ _MIGRATIONS: tuple[str, ...] = (
         WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
     DELETE FROM id_map WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
     """,
+    # version 5: pending pairings expire. Codes still pending from before had no lifetime:
+    # they expired when they were given (their senders get new ones by writing again).
+    """
+    ALTER TABLE pairings ADD COLUMN expires_at INTEGER;  -- microseconds since 1970 (UTC), or NULL
+    UPDATE pairings SET expires_at = CAST(strftime('%s', created_at) AS INTEGER) * 1000000
+        + (CASE WHEN substr(created_at, 20, 1) = '.' THEN CAST(substr(created_at, 21, 6) AS INTEGER)
+           ELSE 0 END)  -- created_at is ISO, in UTC, with or without microseconds
+        WHERE approved = 0;
+    CREATE INDEX pairings_expiry ON pairings (expires_at) WHERE approved = 0;
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
@@ -234,21 +248,30 @@ _PRUNE_FAILED = (
 _IS_TRUSTED = "SELECT 1 FROM trusted WHERE connection_id = ? AND channel_user_id = ?"
 _TRUST = "INSERT OR IGNORE INTO trusted (connection_id, channel_user_id) VALUES (?, ?)"
 _DISTRUST = "DELETE FROM trusted WHERE connection_id = ? AND channel_user_id = ?"
-_PAIRING_COLS = "code, connection_id, channel_user_id, display_name, created_at, approved"
+_PAIRING_COLS = (
+    "code, connection_id, channel_user_id, display_name, created_at, approved, expires_at"
+)
 _PENDING_PAIRING = (
     f"SELECT {_PAIRING_COLS} FROM pairings"
     " WHERE connection_id = ? AND channel_user_id = ? AND approved = 0"
 )
 _INSERT_PAIRING = (
     "INSERT INTO pairings (code_key, code, connection_id, channel_user_id, display_name,"
-    " created_at, approved) VALUES (?, ?, ?, ?, ?, ?, 0)"
+    " created_at, expires_at, approved) VALUES (?, ?, ?, ?, ?, ?, ?, 0)"
+)
+_FORGET_EXPIRED = (
+    "DELETE FROM pairings WHERE id IN (SELECT id FROM pairings"
+    " WHERE approved = 0 AND expires_at <= ? LIMIT ?)"
 )
 _CODE_IN_USE = "SELECT 1 FROM pairings WHERE code_key = ?"
 _PAIRING_BY_CODE = f"SELECT {_PAIRING_COLS} FROM pairings WHERE code_key = ?"
 _APPROVE = "UPDATE pairings SET approved = 1 WHERE code_key = ?"
 _FORGET_PAIRING = "DELETE FROM pairings WHERE code_key = ?"
 _PAIRINGS_ALL = f"SELECT {_PAIRING_COLS} FROM pairings ORDER BY id"
-_PAIRINGS_PENDING = f"SELECT {_PAIRING_COLS} FROM pairings WHERE approved = 0 ORDER BY id"
+_PAIRINGS_PENDING = (
+    f"SELECT {_PAIRING_COLS} FROM pairings"
+    " WHERE approved = 0 AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
+)
 _GET_STATE = "SELECT value FROM state WHERE key = ?"
 _SET_STATE = (
     "INSERT INTO state (key, value) VALUES (?, ?)"
@@ -364,8 +387,19 @@ def _code_key(code: str) -> str:
     return code.strip().casefold()
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(value: datetime, what: str) -> int:
+    """An instant as whole microseconds since 1970: exact, and ordered in SQL."""
+    if value.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    return (value - _EPOCH) // _MICROSECOND
+
+
 def _pairing(row: tuple[Any, ...]) -> Pairing:
-    code, connection_id, channel_user_id, display_name, created_at, approved = row
+    code, connection_id, channel_user_id, display_name, created_at, approved, expires = row
     return Pairing(
         code=code,
         connection_id=connection_id,
@@ -373,6 +407,7 @@ def _pairing(row: tuple[Any, ...]) -> Pairing:
         display_name=display_name,
         created_at=datetime.fromisoformat(created_at),
         approved=bool(approved),
+        expires_at=None if expires is None else _EPOCH + expires * _MICROSECOND,
     )
 
 
@@ -630,13 +665,19 @@ class _SqliteOps:
     def set_trusted(self, connection_id: str, channel_user_id: str, trusted: bool) -> None:
         self._cur.execute(_TRUST if trusted else _DISTRUST, (connection_id, channel_user_id))
 
-    def create_pairing(self, pairing: Pairing, created_at: str) -> Pairing:
+    def create_pairing(
+        self, pairing: Pairing, created_at: str, expires_at: int | None, forget_before: int
+    ) -> Pairing:
         cur = self._cur
         row = cur.execute(
             _PENDING_PAIRING, (pairing.connection_id, pairing.channel_user_id)
         ).fetchone()
         if row:
-            return _pairing(row)
+            pending = _pairing(row)
+            if not pending.expired(pairing.created_at):
+                return pending
+            cur.execute(_FORGET_PAIRING, (_code_key(pending.code),))  # a fresh code instead
+        cur.execute(_FORGET_EXPIRED, (forget_before, FORGET_EXPIRED_PER_CALL))
         key = _code_key(pairing.code)
         if cur.execute(_CODE_IN_USE, (key,)).fetchone():
             raise StoreError("that pairing code is already in use; issue a new code")
@@ -649,24 +690,29 @@ class _SqliteOps:
                 pairing.channel_user_id,
                 pairing.display_name,
                 created_at,
+                expires_at,
             ),
         )
         return pairing
 
-    def pairings(self, include_approved: bool) -> list[Pairing]:
-        sql = _PAIRINGS_ALL if include_approved else _PAIRINGS_PENDING
-        return [_pairing(row) for row in self._cur.execute(sql).fetchall()]
+    def pairings(self, include_approved: bool, now: int) -> list[Pairing]:
+        if include_approved:
+            return [_pairing(row) for row in self._cur.execute(_PAIRINGS_ALL).fetchall()]
+        return [_pairing(row) for row in self._cur.execute(_PAIRINGS_PENDING, (now,)).fetchall()]
 
     def _pairing_by_code(self, code: str) -> tuple[str, Pairing] | None:
         key = _code_key(code)
         row = self._cur.execute(_PAIRING_BY_CODE, (key,)).fetchone()
         return None if row is None else (key, _pairing(row))
 
-    def approve_pairing(self, code: str) -> Pairing | None:
+    def approve_pairing(self, code: str, now: datetime) -> Pairing | None:
+        """The pairing approved; as it was (pending) when it expired at `now`."""
         found = self._pairing_by_code(code)
         if found is None:
             return None
         key, pairing = found
+        if pairing.expired(now):
+            return pairing
         self._cur.execute(_APPROVE, (key,))
         self._cur.execute(_TRUST, (pairing.connection_id, pairing.channel_user_id))
         return dataclasses.replace(pairing, approved=True)
@@ -677,7 +723,8 @@ class _SqliteOps:
             return None
         key, pairing = found
         self._cur.execute(_FORGET_PAIRING, (key,))
-        self._cur.execute(_DISTRUST, (pairing.connection_id, pairing.channel_user_id))
+        if pairing.approved:  # a pending code trusted nobody: nothing to take back
+            self._cur.execute(_DISTRUST, (pairing.connection_id, pairing.channel_user_id))
         return pairing
 
     # -- state ------------------------------------------------------------------------------
@@ -816,6 +863,31 @@ def _child_ops(path: Path | str) -> _process.ChildOps:
     )
 
 
+def _serving_lock(path: Path) -> IO[str]:
+    """The lock on `path.lock`, with our pid in it; a StoreError naming the holder's pid when
+    another process (or another store of this one) holds it."""
+    shown = f"sqlite:///{path}"
+    try:
+        lock = open(f"{path}.lock", "a+", encoding="utf-8")  # noqa: SIM115 - held till close
+    except OSError as exc:
+        raise StoreError(f"cannot open {path}.lock: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        raise StoreError(
+            f"the store {shown} is in use by another talkbridge run"
+            + (f" (pid {holder})" if holder.isdigit() else "")
+            + ": a SQLite store serves one bridge at a time (several share a redis:// store)"
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 class SqliteStore:
     """The `Store` on one SQLite file (or ":memory:", which lives only while the store is open).
 
@@ -843,6 +915,8 @@ class SqliteStore:
         """Senders known trusted, until when (`clock()`)."""
         self._trust_gen = 0
         """Bumped by every trust write, so a read that raced a write does not fill the cache."""
+        self._serving: IO[str] | None = None
+        """The lock `lock_for_serving` took, held open until `close`."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self._path)!r})"
@@ -884,7 +958,24 @@ class SqliteStore:
         await self._writer.start()
 
     async def close(self) -> None:
-        await self._writer.stop()
+        try:
+            await self._writer.stop()
+        finally:
+            if self._serving is not None:
+                self._serving.close()  # releases the lock
+                self._serving = None
+
+    def lock_for_serving(self) -> None:
+        """Make this the one store a bridge serves its file through, until `close` (the
+        `Bridge` takes it at start). A second bridge on the file would take the first's
+        messages under way for left over from a crash and answer them again, and number the
+        same conversations' messages on its own. Commands that read or change a few things
+        (`talkbridge pair`, `check`) take no lock and work beside it.
+
+        The lock is on a `.lock` file beside the database, so it goes with the process however
+        it ends. A StoreError names the pid holding it."""
+        if self._serving is None and self._path != MEMORY:
+            self._serving = _serving_lock(Path(self._path))
 
     def health(self) -> dict[str, Any]:
         return self._writer.health()
@@ -1066,16 +1157,32 @@ class SqliteStore:
         if not _code_key(pairing.code):
             raise ValueError("a pairing code must not be empty")
         created_at = _iso(pairing.created_at, "Pairing.created_at")
-        return await self._writer.submit(self._ops.create_pairing, pairing, created_at)
+        expires_at = (
+            None
+            if pairing.expires_at is None
+            else _micros(pairing.expires_at, "Pairing.expires_at")
+        )
+        forget_before = _micros(pairing.created_at - EXPIRED_PAIRINGS_KEPT, "Pairing.created_at")
+        return await self._writer.submit(
+            self._ops.create_pairing, pairing, created_at, expires_at, forget_before
+        )
 
-    async def pairings(self, *, include_approved: bool = False) -> Sequence[Pairing]:
-        return await self._writer.submit(self._ops.pairings, include_approved)
+    async def pairings(
+        self, *, include_approved: bool = False, now: datetime | None = None
+    ) -> Sequence[Pairing]:
+        at = _micros(now or utcnow(), "now")
+        return await self._writer.submit(self._ops.pairings, include_approved, at)
 
-    async def approve_pairing(self, code: str) -> Pairing | None:
+    async def approve_pairing(self, code: str, *, now: datetime | None = None) -> Pairing | None:
+        at = now or utcnow()
+        _micros(at, "now")  # a naive `now` is refused here, not in the writer
         self._invalidate_trust()
-        approved = await self._writer.submit(self._ops.approve_pairing, code)
-        if approved is not None:
-            self._trust.pop((approved.connection_id, approved.channel_user_id), None)
+        approved: Pairing | None = await self._writer.submit(self._ops.approve_pairing, code, at)
+        if approved is None:
+            return None
+        if not approved.approved:
+            raise PairingExpiredError(approved)
+        self._trust.pop((approved.connection_id, approved.channel_user_id), None)
         return approved
 
     async def revoke_pairing(self, code: str) -> Pairing | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import Redis
 
-from talkbridge.errors import ConfigError, StoreError
+from talkbridge.errors import ConfigError, PairingExpiredError, StoreError
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
@@ -102,6 +103,46 @@ async def test_every_key_lives_under_the_prefix(url: str, raw: Redis) -> None:
     assert len(ours) >= 12
     assert all(k.startswith(prefix.encode() + b":") for k in ours)
     await raw.delete(*ours)
+
+
+async def test_a_code_pending_since_before_codes_expired_counts_as_expired(
+    url: str, raw: Redis
+) -> None:
+    """Such a code could be approved months later: it expired when it was given, as the
+    SQLite store's migration has it, and its sender's next message gets a fresh code."""
+    keys = RedisKeys(f"tbtest-{uuid.uuid4().hex[:12]}")
+    store = RedisStore(url, prefix=keys.prefix)
+    await store.open()
+    given = "2024-05-01T12:00:00+00:00"
+    legacy = {
+        "code": "ABCD-EFGH",
+        "connection_id": "tg",
+        "channel_user_id": "u1",
+        "display_name": "U",
+        "created_at": given,
+        "approved": False,
+        "tk": keys.trusted("tg"),
+        "pf": "tg\x1fu1",
+    }
+    try:
+        await raw.hset(keys.pairings(), "abcd-efgh", json.dumps(legacy))
+        await raw.zadd(keys.pairing_order(), {"abcd-efgh": 1})
+        await raw.hset(keys.pairing_pending(), "tg\x1fu1", "abcd-efgh")
+        (old,) = await store.pairings(include_approved=True)
+        assert old.expires_at == datetime.fromisoformat(given) and old.expired(old.created_at)
+        assert list(await store.pairings()) == []
+        with pytest.raises(PairingExpiredError):
+            await store.approve_pairing("ABCD-EFGH")
+        assert not await store.is_trusted("tg", "u1")
+        now = datetime.now(UTC)
+        fresh = Pairing("JKLM-NPQR", "tg", "u1", "U", now, False, now + timedelta(hours=1))
+        assert await store.create_pairing(fresh) == fresh
+        assert list(await store.pairings(include_approved=True)) == [fresh]
+    finally:
+        await store.close()
+        found = [k async for k in raw.scan_iter(match=keys.pattern())]
+        if found:
+            await raw.delete(*found)
 
 
 async def test_two_prefixes_share_one_server_without_seeing_each_other(url: str) -> None:

@@ -398,6 +398,41 @@ async def test_a_version_3_file_keeps_its_once_records_and_reply_map(tmp_path: P
     peek.close()
 
 
+async def test_a_version_4_file_has_its_old_pending_codes_expired_and_approvals_kept(
+    tmp_path: Path,
+) -> None:
+    """Codes given before pending pairings expired could be approved months later: they
+    count as expired since they were given; what was approved stays approved."""
+    from talkbridge.errors import PairingExpiredError
+
+    path = tmp_path / "v4.db"
+    insert = (
+        "INSERT INTO pairings (code_key, code, connection_id, channel_user_id, display_name,"
+        " created_at, approved) VALUES (?, ?, 'tg', ?, 'N', '2024-05-01T12:00:00.250000+00:00', ?)"
+    )
+    with sqlite3.connect(path) as conn:
+        for script in sqlite_module._MIGRATIONS[:4]:
+            conn.executescript(script)
+        conn.execute(insert, ("abcd-efgh", "ABCD-EFGH", "old", 0))
+        conn.execute(insert, ("jklm-npqr", "JKLM-NPQR", "approved", 1))
+        conn.execute("INSERT INTO trusted VALUES ('tg', 'approved')")
+        conn.execute("PRAGMA user_version = 4")
+    conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        assert [p.code for p in await store.pairings()] == []
+        old, approved = await store.pairings(include_approved=True)
+        assert old.expires_at == old.created_at  # expired when it was given
+        assert approved.approved and approved.expires_at is None
+        with pytest.raises(PairingExpiredError):
+            await store.approve_pairing("ABCD-EFGH")
+        assert not await store.is_trusted("tg", "old")
+        assert await store.is_trusted("tg", "approved")
+    finally:
+        await store.close()
+
+
 async def test_the_seen_filter_is_built_in_steps_with_other_writes_in_between(
     db: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

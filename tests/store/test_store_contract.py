@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from talkbridge.errors import PairingExpiredError
 from talkbridge.message import Attachment, MessageRouting, NormalizedMessage, ReplyTo
 from talkbridge.store import FailedSend, Pairing, Retention, Store
+from talkbridge.store.base import EXPIRED_PAIRINGS_KEPT
 
 from .conftest import Reopen
 
@@ -29,15 +31,27 @@ def msg(message_id: str, *, connection_id: str = "web", thread_id: str = "t1") -
     )
 
 
-def pairing(code: str, user: str = "u1", connection_id: str = "tg") -> Pairing:
+def pairing(
+    code: str,
+    user: str = "u1",
+    connection_id: str = "tg",
+    *,
+    at: datetime = T0,
+    lasts: timedelta | None = None,
+) -> Pairing:
+    """A pending pairing asked for `at`, expiring `lasts` later (never when None)."""
     return Pairing(
         code=code,
         connection_id=connection_id,
         channel_user_id=user,
         display_name=f"name of {user}",
-        created_at=T0,
+        created_at=at,
         approved=False,
+        expires_at=None if lasts is None else at + lasts,
     )
+
+
+HOUR = timedelta(hours=1)
 
 
 # -- inbound inbox ---------------------------------------------------------------------------
@@ -406,6 +420,94 @@ async def test_revoke_pairing_forgets_it_and_the_trust_it_gave(
     store = await reopen()
     assert [p.code for p in await store.pairings()] == ["THIRD3"]
     assert await store.is_trusted("tg", "u1") is False
+
+
+async def test_a_pending_pairing_expires_and_its_sender_gets_a_fresh_code(
+    store: Store, reopen: Reopen
+) -> None:
+    given = await store.create_pairing(pairing("ABC123", lasts=HOUR))
+    assert given.expires_at == T0 + HOUR
+    minute = timedelta(minutes=1)
+    assert list(await store.pairings(now=T0 + HOUR - minute)) == [given]
+    assert list(await store.pairings(now=T0 + HOUR)) == []  # `pair list` no longer shows it
+    assert list(await store.pairings(include_approved=True, now=T0 + HOUR)) == [given]
+
+    with pytest.raises(PairingExpiredError, match="ABC123 expired at 2024-05-01 13:00 UTC") as info:
+        await store.approve_pairing("abc123", now=T0 + HOUR)
+    assert info.value.pairing == given
+    assert "writing again" in str(info.value)
+    assert await store.is_trusted("tg", "u1") is False
+    store = await reopen()
+    with pytest.raises(PairingExpiredError):  # still refused, not taken for approved
+        await store.approve_pairing("ABC123", now=T0 + HOUR)
+
+    # The sender writes again: a fresh code, and the expired one is gone, not piled up.
+    fresh = await store.create_pairing(pairing("NEW777", at=T0 + 2 * HOUR, lasts=HOUR))
+    assert fresh.code == "NEW777"
+    assert list(await store.pairings(include_approved=True, now=T0 + 2 * HOUR)) == [fresh]
+    assert await store.approve_pairing("ABC123", now=T0 + 2 * HOUR) is None
+    approved = await store.approve_pairing("NEW777", now=T0 + 2 * HOUR + minute)
+    assert approved is not None and approved.approved
+    assert await store.is_trusted("tg", "u1") is True
+    # An approval does not expire: listed and approvable (again) long after the code's time.
+    later = T0 + 1000 * HOUR
+    assert list(await store.pairings(include_approved=True, now=later)) == [approved]
+    assert await store.approve_pairing("NEW777", now=later) == approved
+
+
+async def test_a_sender_writing_while_pending_keeps_one_code(store: Store) -> None:
+    first = await store.create_pairing(pairing("ABC123", lasts=HOUR))
+    for n in range(5):
+        again = pairing(f"XYZ{n}", at=T0 + n * timedelta(minutes=10), lasts=HOUR)
+        assert await store.create_pairing(again) == first
+    assert list(await store.pairings(include_approved=True, now=T0)) == [first]
+    approved = await store.approve_pairing("ABC123", now=T0 + HOUR - timedelta(seconds=1))
+    assert approved is not None and approved.approved
+
+
+async def test_pairings_expired_long_ago_are_forgotten_when_a_code_is_given(
+    store: Store,
+) -> None:
+    """Senders who never write again do not grow the store for ever; one whose code expired
+    lately is kept a while, so `pair approve` can say it expired. Approvals stay, and so does
+    a pairing given without a lifetime."""
+    for n in range(3):
+        await store.create_pairing(pairing(f"OLD{n}", user=f"gone{n}", lasts=HOUR))
+    week = 7 * 24 * HOUR
+    await store.create_pairing(pairing("FOREVER", user="u2", at=T0 + week))
+    await store.create_pairing(pairing("KEPT1", user="u3", at=T0 + week, lasts=HOUR))
+    await store.create_pairing(pairing("TOAPPROVE", user="u4", lasts=HOUR))
+    assert await store.approve_pairing("TOAPPROVE", now=T0) is not None
+    now = T0 + HOUR + EXPIRED_PAIRINGS_KEPT + timedelta(minutes=1)
+    await store.create_pairing(pairing("NEW777", user="u5", at=now, lasts=HOUR))
+    kept = [p.code for p in await store.pairings(include_approved=True, now=now)]
+    assert kept == ["FOREVER", "KEPT1", "TOAPPROVE", "NEW777"]
+    assert [p.code for p in await store.pairings(now=now)] == ["FOREVER", "NEW777"]
+
+
+async def test_pairing_times_must_be_timezone_aware(store: Store) -> None:
+    naive = datetime(2024, 5, 1, 12, 0)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.create_pairing(pairing("ABC123", at=naive))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.pairings(now=naive)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.approve_pairing("ABC123", now=naive)
+
+
+async def test_dropping_a_pending_code_keeps_the_trust_of_the_senders_approval(
+    store: Store,
+) -> None:
+    """A pending code never trusted anyone: dropping one that an approved sender was given
+    (as the sentinel did for a trusted sender's mail Cc'ing a stranger) took their trust."""
+    await store.create_pairing(pairing("ABC123"))
+    await store.approve_pairing("ABC123")
+    await store.create_pairing(pairing("NEW777"))
+    assert await store.is_trusted("tg", "u1") is True  # may now be cached: a drop must not win
+    dropped = await store.revoke_pairing("NEW777")
+    assert dropped is not None and not dropped.approved
+    assert await store.is_trusted("tg", "u1") is True
+    assert [p.code for p in await store.pairings(include_approved=True)] == ["ABC123"]
 
 
 # -- state -----------------------------------------------------------------------------------

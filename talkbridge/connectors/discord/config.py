@@ -73,7 +73,7 @@ class DiscordConfig(ConnectionConfig):
         """Entries of `trusted` that are not user ids (snowflakes) are role names."""
         return tuple(t for t in self.trusted if not t.isdigit() and t != "*")
 
-    def trusts_message(self, message: NormalizedMessage) -> bool:
+    def trusts_sender(self, message: NormalizedMessage) -> bool:
         """A sender is trusted by id, or by holding a trusted role in the guild it wrote in."""
         if self.trusts(message.channel_user_id):
             return True

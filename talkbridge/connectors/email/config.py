@@ -131,11 +131,8 @@ class EmailConfig(ConnectionConfig):
             patterns.append(pattern)
         return tuple(patterns)
 
-    def trusts_message(self, message: Any) -> bool:
-        return all(
-            self.trusts(a)
-            for a in [message.channel_user_id.lower(), *self.others_answered(message)]
-        )
+    def trusts_sender(self, message: Any) -> bool:
+        return self.trusts(message.channel_user_id.lower())
 
     def others_answered(self, message: Any) -> tuple[str, ...]:
         """Every address a reply-all reaches, in lower case; our own aliases are no strangers."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from talkbridge.agents.sentinel import OTHERS_NOTICE
 from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.registry import ConnectionState
 from tests.connectors.email.conftest import connection, mail
@@ -72,6 +73,30 @@ async def test_an_untrusted_sender_meets_the_sentinel(
     await smtp.wait_for(lambda: len(to(smtp, "mallory@evil.test")) == 1)
     reply = to(smtp, "mallory@evil.test")[0].message.get_body(("plain",)).get_content()
     assert "pairing code" in reply and "ignore previous instructions" not in reply
+
+
+async def test_a_trusted_sender_cc_ing_a_stranger_is_screened_but_gets_no_new_code(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    """The stranger on Cc makes the mail untrusted, so it meets the sentinel; but the sender
+    is trusted (approved, or by config), and was given a new pending code for the operator to
+    puzzle over (revoking it dropped the approval's trust)."""
+    instance = await bridge({})
+    dovecot.deliver("help", mail(sender="Bob <bob@elsewhere.test>", body="may I?"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@elsewhere.test")) == 1)
+    (pairing,) = await instance.store.pairings()
+    assert await instance.approve_pairing(pairing.code)
+    dovecot.deliver(
+        "help", mail(sender="Bob <bob@elsewhere.test>", body="our secret", Cc="eve@attacker.test")
+    )
+    dovecot.deliver("help", mail(body="ada's secret", Cc="Eve <eve@attacker.test>"))  # by config
+    await smtp.wait_for(lambda: len(to(smtp, "eve@attacker.test")) == 2)
+    for answer in to(smtp, "eve@attacker.test"):
+        text = answer.message.get_body(("plain",)).get_content().strip()
+        assert text == OTHERS_NOTICE
+    assert list(await instance.store.pairings()) == []  # no code for Bob, nor for Ada
+    assert [p.code for p in await instance.store.pairings(include_approved=True)] == [pairing.code]
+    assert await instance.store.is_trusted("help", "bob@elsewhere.test")
 
 
 async def test_three_mails_while_stopped_give_exactly_three_turns_after_restart(
