@@ -135,12 +135,14 @@ class EmailConfig(ConnectionConfig):
         return self.trusts(message.channel_user_id.lower())
 
     def others_answered(self, message: Any) -> tuple[str, ...]:
-        """Every address a reply-all reaches, in lower case; our own aliases are no strangers."""
+        """Every address a reply-all reaches, in lower case, but the mailbox's own (plus-tagged
+        too). Another mailbox at its domain is no exception: at a public provider
+        (help@gmail.com) that is anyone; colleagues are trusted by a pattern (`*@acme.com`)."""
         raw = message.raw_event if isinstance(message.raw_event, dict) else {}
-        ours = "@" + self.domain.lower()
         answered = (a.lower() for a in raw.get("answered", ()) if isinstance(a, str))
-        return tuple(a for a in answered if not a.endswith(ours))
+        return tuple(a for a in answered if not self._is_own(a))
 
-    @property
-    def domain(self) -> str:
-        return self.address.rpartition("@")[2]
+    def _is_own(self, address: str) -> bool:
+        local, _, domain = address.rpartition("@")
+        own_local, _, own_domain = self.address.lower().rpartition("@")
+        return domain == own_domain and local.partition("+")[0] == own_local.partition("+")[0]

@@ -114,7 +114,9 @@ def test_several_people_make_a_group_thread_and_we_do_not_count() -> None:
         (b"From: alice@example.org, evil@attacker.test\r\n", False),
         (b"From: alice@example.org\r\nCc: bob@example.org\r\n", True),
         (b"From: alice@example.org\r\nCc: evil@attacker.test\r\n", False),  # reply-all
-        (b"From: alice@example.org\r\nCc: support@example.com\r\n", True),  # our alias
+        (b"From: alice@example.org\r\nCc: Help+Billing@example.com\r\n", True),  # ours
+        # Another mailbox at our domain: anyone's, at a public provider; trusted by pattern.
+        (b"From: alice@example.org\r\nCc: support@example.com\r\n", False),
     ],
 )
 def test_a_mail_is_trusted_only_when_everyone_it_answers_to_is(
