@@ -7,6 +7,7 @@ from a fixed table, so no request path ever reaches the file system.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import hmac
 import html
@@ -153,13 +154,11 @@ class HttpRoutes:
             response.headers["Allow"] = "GET, HEAD"
             return response
         if url.path == WS_PATH:
-            return None
+            return _head_of_handshake(connection, request) if request.method == "HEAD" else None
         if "websocket" in request.headers.get("Upgrade", "").lower():
             return _response(404, f"the socket is at {WS_PATH}\n".encode(), "text/plain")
         response = self._route(url.path, url.query, request.headers)
-        if request.method == "HEAD":  # the headers GET would send, Content-Length included
-            response = Response(response.status_code, response.reason_phrase, response.headers)
-        return response
+        return _headers_only(response) if request.method == "HEAD" else response
 
     def _route(self, path: str, query: str, headers: Headers) -> Response:
         if path in ("/", "/index.html"):
@@ -229,6 +228,22 @@ class HttpRoutes:
         # 503 while stopping: a load balancer's health check takes the node out at once.
         code = 503 if status == "stopping" else 200
         return _response(code, body.encode(), "application/json")
+
+
+def _head_of_handshake(connection: ServerConnection, request: Request) -> Response:
+    """`HEAD /ws` answered as `GET /ws` would be, without the body: websockets refuses any
+    method but GET (405, `Allow: GET`), so a health checker probing with HEAD got a status
+    that contradicts the 426 a plain GET gets (and our own `Allow: GET, HEAD`)."""
+    as_get = connection.protocol.accept(dataclasses.replace(request, method="GET"))
+    if as_get.status_code == 101:  # a full handshake: a socket opens only on a GET
+        body = b"a WebSocket handshake is a GET request: HEAD opens no socket\n"
+        as_get = _response(400, body, "text/plain; charset=utf-8")
+    return _headers_only(as_get)
+
+
+def _headers_only(response: Response) -> Response:
+    """The answer to HEAD: the headers GET would get, Content-Length included, no body."""
+    return Response(response.status_code, response.reason_phrase, response.headers)
 
 
 _OPEN_PRINTED_LINK = (

@@ -179,6 +179,51 @@ async def test_methods_other_than_get_and_head_are_405(webchat: Webchat) -> None
                 assert resp.headers["Allow"] == "GET, HEAD"
 
 
+HANDSHAKE = {
+    "Connection": "Upgrade",
+    "Upgrade": "websocket",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version": "13",
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/ws", {}),  # a health checker probing the socket's path: 426, like GET
+        ("/ws?x=1", {"Connection": "Upgrade"}),
+        ("/ws", {"Connection": "Upgrade", "Upgrade": "websocket"}),  # no key: 400, like GET
+        ("/healthz", {}),
+        ("/", {}),
+        (f"/?token={quote(TOKEN_A)}", {}),
+        ("/static/app.js", {}),
+        ("/nope", {}),
+    ],
+)
+async def test_head_answers_as_get_does_without_the_body(
+    webchat: Webchat, path: str, headers: dict[str, str]
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{webchat.http}{path}", headers=headers) as get:
+            body = await get.read()
+        async with http.head(f"{webchat.http}{path}", headers=headers) as head:
+            assert await head.read() == b""
+    assert head.status == get.status, (path, head.status, get.status)
+    for name in ("Content-Type", "Content-Length", "Upgrade", "Allow", "Set-Cookie"):
+        assert head.headers.get(name) == get.headers.get(name), (path, name)
+    assert int(head.headers["Content-Length"]) == len(body) > 0
+
+
+async def test_head_with_a_whole_handshake_opens_no_socket(webchat: Webchat) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.head(f"{webchat.http}/ws", headers=HANDSHAKE) as head,
+    ):
+        assert head.status == 400 and "Sec-WebSocket-Accept" not in head.headers
+        assert await head.read() == b""
+    assert webchat.connector.socket_count() == 0
+
+
 async def test_a_websocket_upgrade_elsewhere_than_ws_is_refused(webchat: Webchat) -> None:
     async with aiohttp.ClientSession() as http:
         for path in ("/healthz", "/static/app.js", f"/?token={quote(TOKEN_A)}"):
