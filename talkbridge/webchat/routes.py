@@ -26,6 +26,7 @@ from websockets.http11 import Request, Response
 from talkbridge.webchat.auth import TokenAuth
 
 WS_PATH = "/ws"
+ALLOWED_METHODS = ("GET", "HEAD")
 TOKEN_COOKIE_AGE = 30 * 24 * 3600
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -149,16 +150,14 @@ class HttpRoutes:
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
-        if request.method not in ("GET", "HEAD"):
-            response = _response(405, b"only GET\n", "text/plain; charset=utf-8")
-            response.headers["Allow"] = "GET, HEAD"
-            return response
+        if request.method not in ALLOWED_METHODS:
+            return method_not_allowed()
         if url.path == WS_PATH:
             return _head_of_handshake(connection, request) if request.method == "HEAD" else None
         if "websocket" in request.headers.get("Upgrade", "").lower():
             return _response(404, f"the socket is at {WS_PATH}\n".encode(), "text/plain")
         response = self._route(url.path, url.query, request.headers)
-        return _headers_only(response) if request.method == "HEAD" else response
+        return headers_only(response) if request.method == "HEAD" else response
 
     def _route(self, path: str, query: str, headers: Headers) -> Response:
         if path in ("/", "/index.html"):
@@ -238,10 +237,23 @@ def _head_of_handshake(connection: ServerConnection, request: Request) -> Respon
     if as_get.status_code == 101:  # a full handshake: a socket opens only on a GET
         body = b"a WebSocket handshake is a GET request: HEAD opens no socket\n"
         as_get = _response(400, body, "text/plain; charset=utf-8")
-    return _headers_only(as_get)
+    return headers_only(as_get)
 
 
-def _headers_only(response: Response) -> Response:
+def method_not_allowed(more: str = "") -> Response:
+    """405 for any method but GET and HEAD, with the `Allow` header RFC 9110 asks for."""
+    response = text_response(
+        405, f"only GET and HEAD are served here (the chat itself is the WebSocket at /ws){more}\n"
+    )
+    response.headers["Allow"] = ", ".join(ALLOWED_METHODS)
+    return response
+
+
+def text_response(status: int, text: str) -> Response:
+    return _response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+def headers_only(response: Response) -> Response:
     """The answer to HEAD: the headers GET would get, Content-Length included, no body."""
     return Response(response.status_code, response.reason_phrase, response.headers)
 
