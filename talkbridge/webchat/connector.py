@@ -56,7 +56,7 @@ from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
 from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
 from talkbridge.webchat.socket_writes import keeping_up, write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
-from talkbridge.webchat.unreadable import AnsweringConnection
+from talkbridge.webchat.unreadable import AnsweringConnection, close_after_answer
 
 if TYPE_CHECKING:
     from talkbridge.cluster.fanout import WebchatFanout
@@ -189,6 +189,7 @@ class WebchatConnector(BaseConnector):
                 # Answers the requests websockets' parser cannot read (a body, HTTP/2…),
                 # which it would close without a word.
                 create_connection=AnsweringConnection,
+                process_response=close_after_answer,
                 # Above our own limit, so an oversized frame gets an error frame from us
                 # instead of the library closing the socket (1009) on the user.
                 max_size=max(limit * 16, 1 << 20),

@@ -235,8 +235,9 @@ def _head_of_handshake(connection: ServerConnection, request: Request) -> Respon
     that contradicts the 426 a plain GET gets (and our own `Allow: GET, HEAD`)."""
     as_get = connection.protocol.accept(dataclasses.replace(request, method="GET"))
     if as_get.status_code == 101:  # a full handshake: a socket opens only on a GET
-        body = b"a WebSocket handshake is a GET request: HEAD opens no socket\n"
-        as_get = _response(400, body, "text/plain; charset=utf-8")
+        as_get = text_response(
+            400, "a WebSocket handshake is a GET request: HEAD opens no socket\n"
+        )
     return headers_only(as_get)
 
 

@@ -1,4 +1,5 @@
-"""An HTTP answer for the requests websockets' own parser cannot read.
+"""An HTTP answer for the requests websockets' own parser cannot read, and for clients that
+half-close once their request is out.
 
 websockets reads the request head itself, before `process_request` (our routes) runs, and it
 reads no request body: a `Content-Length` other than 0 or a `Transfer-Encoding` (`curl -d`, a
@@ -6,7 +7,8 @@ form, a proxy's POST health check), like an HTTP/2 preface, a line not ended by 
 that is not ASCII, makes it close the connection without a word ("Empty reply from server", a
 proxy's 502). So the connection runs the same parser on a copy of the head first; when that copy
 fails, it answers itself and hands websockets nothing. It is plugged in with
-`serve(create_connection=...)`, websockets' option for a connection subclass.
+`serve(create_connection=...)`, websockets' option for a connection subclass (and
+`process_response`, which only tells it when the answer is being written).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import HeaderLineTooLong, RequestLineTooLong, TooManyHeaders
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 from websockets.streams import StreamReader
 
 from talkbridge.webchat.routes import (
@@ -98,6 +101,12 @@ def _unreadable(exc: Exception) -> tuple[int, str]:
     return 400, "not an HTTP/1.1 request head this server can read (METHOD /path HTTP/1.1)"
 
 
+def close_after_answer(connection: ServerConnection, request: Request, response: Response) -> None:
+    """serve's `process_response` hook: it changes no answer, it only tells the connection."""
+    if isinstance(connection, AnsweringConnection):
+        connection.answering(response)
+
+
 class AnsweringConnection(ServerConnection):
     """A websockets server connection that answers a request head websockets cannot read."""
 
@@ -105,6 +114,8 @@ class AnsweringConnection(ServerConnection):
         super().__init__(*args, **kwargs)
         self._head_reader: HeadReader | None = HeadReader()
         self._answered = False
+        self._peer_done = False
+        """The client ended its sending side after its request (a half-close)."""
 
     def data_received(self, data: bytes) -> None:
         if self._answered:
@@ -118,6 +129,35 @@ class AnsweringConnection(ServerConnection):
                 self._answer(answer)
                 return
         super().data_received(data)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio allows True
+        """A client may end its sending side once its request is out (`socat`, `nc -N`, a
+        script's `shutdown(SHUT_WR)`): its answer must still go back. websockets closed the
+        connection there and then, before `process_request` had answered."""
+        if self._awaits_answer():
+            self._peer_done = True
+            return True  # kept open for the answer; closed once it is written (`answering`)
+        return super().eof_received()
+
+    def _awaits_answer(self) -> bool:
+        """A request is read and nothing was written back yet (`close_expected`: the answer
+        and its EOF went out)."""
+        return (
+            self.request is not None
+            and self.protocol.state is State.CONNECTING
+            and not self.protocol.close_expected()
+        )
+
+    def answering(self, response: Response) -> None:
+        """websockets is about to write `response`: to a client that half-closed, the
+        connection is closed once it is out. Else websockets waits `close_timeout` (10 s) for
+        a close that cannot come, since the transport reads no more after the EOF."""
+        if self._peer_done and response.status_code != 101:
+            self.loop.call_soon(self._close_if_answered)
+
+    def _close_if_answered(self) -> None:
+        if self.protocol.close_expected():  # the answer and our EOF went to the transport
+            self.transport.close()  # flushes what it still holds, then closes
 
     def _answer(self, response: Response) -> None:
         """Write the answer and end the sending side; websockets still waits for a request,

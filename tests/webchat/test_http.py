@@ -226,13 +226,17 @@ async def test_head_with_a_whole_handshake_opens_no_socket(webchat: Webchat) -> 
     assert webchat.connector.socket_count() == 0
 
 
-async def _raw(webchat: Webchat, *pieces: bytes) -> tuple[int, dict[str, str], bytes]:
+async def _raw(
+    webchat: Webchat, *pieces: bytes, half_close: bool = False
+) -> tuple[int, dict[str, str], bytes]:
     """Send a request exactly as given (in these pieces) and read the answer to its end."""
     reader, writer = await asyncio.open_connection("127.0.0.1", webchat.port)
     try:
         for piece in pieces:
             writer.write(piece)
             await writer.drain()
+        if half_close:
+            writer.write_eof()
         answer = await asyncio.wait_for(reader.read(), TIMEOUT)
     finally:
         writer.close()
@@ -307,6 +311,17 @@ async def test_a_refused_body_is_answered_whether_sent_in_pieces_large_or_on_hea
     ):
         assert resp.status == 405 and resp.headers["Allow"] == "GET, HEAD"
         assert "no request body is read" in await resp.text()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    webchat: Webchat,
+) -> None:
+    """`socat`, `nc -N` or a script's `shutdown(SHUT_WR)` end their side once the request is out:
+    websockets closed the connection before the answer went back."""
+    status, _, body = await _raw(webchat, b"GET /healthz HTTP/1.0\r\n\r\n", half_close=True)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, _ = await _raw(webchat, b"GET /ws HTTP/1.1\r\nHost: h\r\n\r\n", half_close=True)
+    assert status == 426
 
 
 async def test_a_request_in_small_pieces_still_opens_the_socket(webchat: Webchat) -> None:
