@@ -60,10 +60,17 @@ def load_assets() -> dict[str, Asset]:
     return assets
 
 
+def header(headers: Headers, name: str, joiner: str = ", ") -> str:
+    """A header's value, '' when absent, its lines joined when it came more than once
+    (`headers.get` raises then: a 500, or a socket's handler failing, with a traceback logged
+    for any client that repeats a header)."""
+    return joiner.join(headers.get_all(name))
+
+
 def token_cookie_name(headers: Headers) -> str:
     """One cookie per port: browsers share a host's cookies across ports, and two bridges on
     one machine must not overwrite each other's."""
-    port = headers.get("Host", "").rpartition(":")[2]
+    port = header(headers, "Host").rpartition(":")[2]
     return f"talkbridge_token_{port}" if port.isdigit() else "talkbridge_token"
 
 
@@ -75,7 +82,8 @@ def cookie_token(headers: Headers) -> str:
     all of which browsers keep) it stops, so the token cookie after it went unseen.
     """
     name = token_cookie_name(headers)
-    for pair in headers.get("Cookie", "").split(";"):
+    # Several Cookie lines are one list (RFC 9113: HTTP/2 sends each cookie on its own).
+    for pair in header(headers, "Cookie", "; ").split(";"):
         key, equals, value = pair.partition("=")
         if equals and key.strip() == name:
             return unquote(value.strip())
@@ -90,10 +98,11 @@ def foreign_origin(headers: Headers) -> str | None:
     same host could chat (and read history) as the cookie's holder. A client that sends no
     `Origin` is not a browser, and holds the cookie only if it was given the token.
     """
-    origin = headers.get("Origin")
-    if origin is None:
+    if not headers.get_all("Origin"):
         return None
-    named = [headers.get("Host", ""), *headers.get("X-Forwarded-Host", "").split(",")]
+    origin = header(headers, "Origin")  # websockets refuses a handshake with two (400)
+    # Proxies in a chain may each add an X-Forwarded-Host line rather than extend the one.
+    named = [header(headers, "Host"), *header(headers, "X-Forwarded-Host").split(",")]
     hosts = {h.strip().lower() for h in named if h.strip()}
     try:
         parts = urlsplit(origin)
@@ -152,9 +161,11 @@ class HttpRoutes:
         url = urlsplit(request.path)
         if request.method not in ALLOWED_METHODS:
             return method_not_allowed()
+        if len(request.headers.get_all("Host")) > 1:  # RFC 9112 §3.2: answered with a 400
+            return text_response(400, "the request has more than one Host header\n")
         if url.path == WS_PATH:
             return _head_of_handshake(connection, request) if request.method == "HEAD" else None
-        if "websocket" in request.headers.get("Upgrade", "").lower():
+        if "websocket" in header(request.headers, "Upgrade").lower():
             return _response(404, f"the socket is at {WS_PATH}\n".encode(), "text/plain")
         response = self._route(url.path, url.query, request.headers)
         return headers_only(response) if request.method == "HEAD" else response

@@ -333,6 +333,52 @@ async def test_a_request_in_small_pieces_still_opens_the_socket(webchat: Webchat
     assert frames[-1]["text"] == "echo: whole"
 
 
+async def test_a_header_sent_twice_is_read_not_a_500(webchat: Webchat) -> None:
+    """A repeated header made `Headers.get` raise: a 500 with a traceback in the log for the
+    page, and a failed socket handler for the cookie login."""
+    token_cookie = f"talkbridge_token_{webchat.port}={quote(TOKEN_A)}"
+    host = f"Host: 127.0.0.1:{webchat.port}\r\n".encode()
+    # RFC 9113: HTTP/2 sends each cookie on a line of its own; a proxy may pass them on so.
+    twice = host + f"Cookie: theme=dark\r\nCookie: {token_cookie}\r\n".encode()
+    status, _, body = await _raw(webchat, b"GET / HTTP/1.1\r\n" + twice + b"\r\n")
+    assert status == 200 and b"<title>talkbridge</title>" in body
+    status, _, _ = await _raw(
+        webchat, b"GET /healthz HTTP/1.1\r\nUpgrade: h2c\r\nUpgrade: x\r\n\r\n"
+    )
+    assert status == 200
+    status, _, body = await _raw(webchat, b"GET /healthz HTTP/1.1\r\n" + host * 2 + b"\r\n")
+    assert status == 400 and b"more than one Host header" in body  # RFC 9112 3.2
+    page = f"http://127.0.0.1:{webchat.port}"
+    logins: list[tuple[list[tuple[str, str]], str]] = [
+        ([("Cookie", "theme=dark"), ("Cookie", token_cookie), ("Origin", page)], "ready"),
+        (
+            [
+                ("Cookie", token_cookie),
+                ("Origin", "https://chat.example"),
+                ("X-Forwarded-Host", "edge.example"),  # a chain of proxies, a line each
+                ("X-Forwarded-Host", "chat.example:443"),
+            ],
+            "ready",
+        ),
+        (
+            [
+                ("Cookie", token_cookie),
+                ("Origin", "https://evil.example"),
+                ("X-Forwarded-Host", "edge.example"),
+                ("X-Forwarded-Host", "chat.example:443"),
+            ],
+            "error",
+        ),
+    ]
+    for headers, answer in logins:
+        async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+            await ws.send(json.dumps({"type": "auth"}))
+            reply = json.loads(await ws.recv())
+        assert reply["type"] == answer, (headers, reply)
+        if answer == "error":
+            assert reply["code"] == "unauthorized" and "own page" in reply["message"]
+
+
 async def test_a_websocket_upgrade_elsewhere_than_ws_is_refused(webchat: Webchat) -> None:
     async with aiohttp.ClientSession() as http:
         for path in ("/healthz", "/static/app.js", f"/?token={quote(TOKEN_A)}"):
