@@ -5,7 +5,8 @@ websockets reads the request head itself, before `process_request` (our routes) 
 reads no request body: a `Content-Length` other than 0 or a `Transfer-Encoding` (`curl -d`, a
 form, a proxy's POST health check), like an HTTP/2 preface, a line not ended by CRLF or a path
 that is not ASCII, makes it close the connection without a word ("Empty reply from server", a
-proxy's 502). So the connection runs the same parser on a copy of the head first; when that copy
+proxy's 502); a TLS handshake (`https://` to this plain port) even waited 10 s for a line that
+never came. So the connection runs the same parser on a copy of the head first; when that copy
 fails, it answers itself and hands websockets nothing. It is plugged in with
 `serve(create_connection=...)`, websockets' option for a connection subclass (and
 `process_response`, which only tells it when the answer is being written).
@@ -28,6 +29,9 @@ from talkbridge.webchat.routes import (
     text_response,
 )
 
+TLS_HANDSHAKE = b"\x16\x03"
+"""How a TLS connection starts (a handshake record, TLS 1.x): `https://` to this plain port."""
+
 
 class HeadReader:
     """websockets' request parser, run on a copy of the bytes before the real one sees them."""
@@ -42,6 +46,9 @@ class HeadReader:
     def feed(self, data: bytes) -> Response | None:
         """The answer to give instead of websockets when the head so far cannot be read."""
         self._head += data
+        if self._head.startswith(TLS_HANDSHAKE):  # no line may ever end: it waited 10 s
+            self.done = True
+            return text_response(400, "this port speaks plain HTTP, not TLS: use http://\n")
         self._reader.feed_data(data)
         try:
             next(self._parser)

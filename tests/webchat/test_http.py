@@ -265,6 +265,7 @@ async def _raw(
         ("GET /caf\u00e9 HTTP/1.1\r\nHost: h\r\n\r\n".encode(), 400, b"must be ASCII"),
         (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400, b"METHOD /path HTTP/1.1"),
         (b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n\r\n", 414, b"too long"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32), 400, b"not TLS"),
     ],
     ids=[
         "post-body",
@@ -276,6 +277,7 @@ async def _raw(
         "non-ascii",
         "bad-header",
         "long-line",
+        "tls-hello",  # https:// to this plain port: it waited for a line until open_timeout
     ],
 )
 async def test_a_request_websockets_cannot_read_gets_a_clear_answer(
