@@ -7,6 +7,7 @@ same `sub`) without losing the user's conversations, and a static token's identi
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,33 +59,69 @@ class TokenAuth:
 
     def refusal(self, token: str) -> str:
         """Why `token` is refused, in the words its holder can act on."""
-        if self._issuer is not None and _expired(token, self._issuer):
-            return "the access token has expired; sign in again to get a new link"
-        return "the access token is wrong or no longer accepted"
+        signed = None if self._issuer is None else _signed_refusal(token, self._issuer)
+        return signed or "the access token is wrong or no longer accepted"
 
     @staticmethod
     def _signed(token: str, issuer: WebchatIssuer) -> tuple[str, float | None] | None:
         claims = _claims(token, issuer, require=["sub", "exp"])
-        if claims is None:
+        if claims is None or _time_claim_problem(claims) is not None:
             return None
-        subject, expires = claims.get("sub"), claims.get("exp")
+        subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
             return None
-        until = float(expires) + issuer.leeway if isinstance(expires, int | float) else None
-        return f"{PERSON_PREFIX}{subject}", until
+        return f"{PERSON_PREFIX}{subject}", float(claims["exp"]) + issuer.leeway
 
 
-def _expired(token: str, issuer: WebchatIssuer) -> bool:
-    """A token this issuer signed whose time is up (signature checked, expiry not)."""
-    claims = _claims(token, issuer, verify_exp=False)
-    expires = claims.get("exp") if claims is not None else None
-    return isinstance(expires, int | float) and expires + issuer.leeway < time.time()
+def _signed_refusal(token: str, issuer: WebchatIssuer) -> str | None:
+    """Why a token this issuer did sign is refused: its times (None: not one it signed)."""
+    claims = _claims(token, issuer, verify_times=False)
+    if claims is None:
+        return None
+    problem = _time_claim_problem(claims)
+    if problem is not None:
+        return problem
+    expires = claims.get("exp")
+    if expires is not None and expires + issuer.leeway < time.time():
+        return "the access token has expired; sign in again to get a new link"
+    return None
+
+
+TIME_CLAIMS = ("exp", "iat", "nbf")
+
+
+def _time_claim_problem(claims: dict[str, Any]) -> str | None:
+    """Why a time claim is unusable, or None: RFC 7519 makes them JSON numbers, yet PyJWT takes
+    anything `int()` takes (`"1893456000"`, `true`), and a string `exp` then left the socket
+    without an expiry, open for good."""
+    for name in TIME_CLAIMS:
+        if name in claims and not _is_time(claims[name]):
+            return (
+                f"the access token's '{name}' claim is not a time: it must be a JSON number "
+                "of seconds since 1970 (not a string or a boolean)"
+            )
+    return None
+
+
+def _is_time(value: object) -> bool:
+    """A JSON number a float can hold (`10**400` cannot: a crash when the expiry was set)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _claims(
-    token: str, issuer: WebchatIssuer, *, require: list[str] | None = None, verify_exp: bool = True
+    token: str,
+    issuer: WebchatIssuer,
+    *,
+    require: list[str] | None = None,
+    verify_times: bool = True,
 ) -> dict[str, Any] | None:
-    """The claims of a token this issuer signed (HS256, its audience), or None."""
+    """The claims of a token this issuer signed (HS256, its audience), or None; with
+    `verify_times` off, whatever its `exp`, `iat` and `nbf` say (to tell why it is refused)."""
     import jwt
 
     try:
@@ -94,7 +131,12 @@ def _claims(
             algorithms=["HS256"],
             audience=issuer.audience,
             leeway=issuer.leeway,
-            options={"require": require or [], "verify_exp": verify_exp},
+            options={
+                "require": require or [],
+                "verify_exp": verify_times,
+                "verify_iat": verify_times,
+                "verify_nbf": verify_times,
+            },
         )
     except jwt.PyJWTError:
         return None

@@ -50,11 +50,13 @@ from talkbridge.webchat.protocol import (
     frame_ids,
     message_frame,
     parse_frame,
+    reply_frame,
 )
 from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
 from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
 from talkbridge.webchat.socket_writes import keeping_up, write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
+from talkbridge.webchat.unreadable import AnsweringConnection, close_after_answer
 
 if TYPE_CHECKING:
     from talkbridge.cluster.fanout import WebchatFanout
@@ -184,6 +186,10 @@ class WebchatConnector(BaseConnector):
                 self.config.host,
                 self.config.port,
                 process_request=self._routes,
+                # Answers the requests websockets' parser cannot read (a body, HTTP/2…),
+                # which it would close without a word.
+                create_connection=AnsweringConnection,
+                process_response=close_after_answer,
                 # Above our own limit, so an oversized frame gets an error frame from us
                 # instead of the library closing the socket (1009) on the user.
                 max_size=max(limit * 16, 1 << 20),
@@ -333,9 +339,7 @@ class WebchatConnector(BaseConnector):
                 "history_limit": self.config.history_limit,
             },
         }
-        if frame.ref is not None:
-            ready["ref"] = frame.ref
-        await ws.send(dumps(ready))
+        await ws.send(dumps(reply_frame(ready, frame.ref)))
         return session_id, expires_at
 
     async def _serve_socket(self, ws: ServerConnection, session_id: str) -> None:
@@ -388,10 +392,10 @@ class WebchatConnector(BaseConnector):
             if frame.ref is None:
                 await self._publish(session_id, out)
             else:  # the ref is the asking socket's own: the other tabs get the frame without it
-                await ws.send(dumps({**out, "ref": frame.ref}))
+                await ws.send(dumps(reply_frame(out, frame.ref)))
                 await self._publish(session_id, out, skip=ws)
         elif isinstance(frame, PingFrame):
-            await ws.send(dumps({"type": "pong", "ref": frame.ref}))
+            await ws.send(dumps(reply_frame({"type": "pong"}, frame.ref)))
         else:
             raise FrameError("bad_frame", "this socket is already authenticated", ref=frame.ref)
 
@@ -423,14 +427,10 @@ class WebchatConnector(BaseConnector):
             raise
         native_id = f"{thread_id}:{frame.client_id}"
         store = self.context.store
-        ack: dict[str, Any] = {
-            "type": "ack",
-            "thread_id": thread_id,
-            "client_id": frame.client_id,
-            "id": native_id,
-        }
-        if frame.ref is not None:
-            ack["ref"] = frame.ref
+        ack = reply_frame(
+            {"type": "ack", "thread_id": thread_id, "client_id": frame.client_id, "id": native_id},
+            frame.ref,
+        )
         # One lock per session: turns reach the router in seq order. The store records a
         # client id once even when a resend races its original (two tabs, two nodes).
         async with self._sessions.lock(session_id):
@@ -554,9 +554,7 @@ class WebchatConnector(BaseConnector):
         }
         if frame.before_seq is not None:
             out["before_seq"] = frame.before_seq
-        if frame.ref is not None:
-            out["ref"] = frame.ref
-        await ws.send(dumps(out))
+        await ws.send(dumps(reply_frame(out, frame.ref)))
         # A reply under way: its text so far, for a tab that joins (or comes back) mid-stream;
         # the deltas after it continue from there.
         under_way = self._streams.so_far(frame.thread_id)
@@ -779,8 +777,7 @@ async def _refuse(
     ref: str | None = None,
     close_code: int = CLOSE_UNAUTHORIZED,
 ) -> None:
-    frame = error_frame(code, message, **({"ref": ref} if ref is not None else {}))
-    await ws.send(dumps(frame))
+    await ws.send(dumps(reply_frame(error_frame(code, message), ref)))
     await ws.close(close_code, code)
 
 

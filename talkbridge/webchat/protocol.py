@@ -238,6 +238,12 @@ def _describe(kind: str, exc: ValidationError) -> str:
 # ---- server frames ---------------------------------------------------------------------------
 
 
+def reply_frame(frame: dict[str, Any], ref: str | None) -> dict[str, Any]:
+    """`frame` as the answer to a client frame: with its `ref` when it gave one, and without
+    the key when it gave none (a client tells its requests apart by the key, so no null)."""
+    return frame if ref is None else {**frame, "ref": ref}
+
+
 def error_frame(code: ErrorCode, message: str, **fields: Any) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message, **fields}
 

@@ -7,6 +7,7 @@ from a fixed table, so no request path ever reaches the file system.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import hmac
 import html
@@ -25,6 +26,7 @@ from websockets.http11 import Request, Response
 from talkbridge.webchat.auth import TokenAuth
 
 WS_PATH = "/ws"
+ALLOWED_METHODS = ("GET", "HEAD")
 TOKEN_COOKIE_AGE = 30 * 24 * 3600
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -58,10 +60,17 @@ def load_assets() -> dict[str, Asset]:
     return assets
 
 
+def header(headers: Headers, name: str, joiner: str = ", ") -> str:
+    """A header's value, '' when absent, its lines joined when it came more than once
+    (`headers.get` raises then: a 500, or a socket's handler failing, with a traceback logged
+    for any client that repeats a header)."""
+    return joiner.join(headers.get_all(name))
+
+
 def token_cookie_name(headers: Headers) -> str:
     """One cookie per port: browsers share a host's cookies across ports, and two bridges on
     one machine must not overwrite each other's."""
-    port = headers.get("Host", "").rpartition(":")[2]
+    port = header(headers, "Host").rpartition(":")[2]
     return f"talkbridge_token_{port}" if port.isdigit() else "talkbridge_token"
 
 
@@ -73,7 +82,8 @@ def cookie_token(headers: Headers) -> str:
     all of which browsers keep) it stops, so the token cookie after it went unseen.
     """
     name = token_cookie_name(headers)
-    for pair in headers.get("Cookie", "").split(";"):
+    # Several Cookie lines are one list (RFC 9113: HTTP/2 sends each cookie on its own).
+    for pair in header(headers, "Cookie", "; ").split(";"):
         key, equals, value = pair.partition("=")
         if equals and key.strip() == name:
             return unquote(value.strip())
@@ -88,10 +98,11 @@ def foreign_origin(headers: Headers) -> str | None:
     same host could chat (and read history) as the cookie's holder. A client that sends no
     `Origin` is not a browser, and holds the cookie only if it was given the token.
     """
-    origin = headers.get("Origin")
-    if origin is None:
+    if not headers.get_all("Origin"):
         return None
-    named = [headers.get("Host", ""), *headers.get("X-Forwarded-Host", "").split(",")]
+    origin = header(headers, "Origin")  # websockets refuses a handshake with two (400)
+    # Proxies in a chain may each add an X-Forwarded-Host line rather than extend the one.
+    named = [header(headers, "Host"), *header(headers, "X-Forwarded-Host").split(",")]
     hosts = {h.strip().lower() for h in named if h.strip()}
     try:
         parts = urlsplit(origin)
@@ -148,18 +159,16 @@ class HttpRoutes:
 
     def __call__(self, connection: ServerConnection, request: Request) -> Response | None:
         url = urlsplit(request.path)
-        if request.method not in ("GET", "HEAD"):
-            response = _response(405, b"only GET\n", "text/plain; charset=utf-8")
-            response.headers["Allow"] = "GET, HEAD"
-            return response
+        if request.method not in ALLOWED_METHODS:
+            return method_not_allowed()
+        if len(request.headers.get_all("Host")) > 1:  # RFC 9112 §3.2: answered with a 400
+            return text_response(400, "the request has more than one Host header\n")
         if url.path == WS_PATH:
-            return None
-        if "websocket" in request.headers.get("Upgrade", "").lower():
+            return _head_of_handshake(connection, request) if request.method == "HEAD" else None
+        if "websocket" in header(request.headers, "Upgrade").lower():
             return _response(404, f"the socket is at {WS_PATH}\n".encode(), "text/plain")
         response = self._route(url.path, url.query, request.headers)
-        if request.method == "HEAD":  # the headers GET would send, Content-Length included
-            response = Response(response.status_code, response.reason_phrase, response.headers)
-        return response
+        return headers_only(response) if request.method == "HEAD" else response
 
     def _route(self, path: str, query: str, headers: Headers) -> Response:
         if path in ("/", "/index.html"):
@@ -229,6 +238,36 @@ class HttpRoutes:
         # 503 while stopping: a load balancer's health check takes the node out at once.
         code = 503 if status == "stopping" else 200
         return _response(code, body.encode(), "application/json")
+
+
+def _head_of_handshake(connection: ServerConnection, request: Request) -> Response:
+    """`HEAD /ws` answered as `GET /ws` would be, without the body: websockets refuses any
+    method but GET (405, `Allow: GET`), so a health checker probing with HEAD got a status
+    that contradicts the 426 a plain GET gets (and our own `Allow: GET, HEAD`)."""
+    as_get = connection.protocol.accept(dataclasses.replace(request, method="GET"))
+    if as_get.status_code == 101:  # a full handshake: a socket opens only on a GET
+        as_get = text_response(
+            400, "a WebSocket handshake is a GET request: HEAD opens no socket\n"
+        )
+    return headers_only(as_get)
+
+
+def method_not_allowed(more: str = "") -> Response:
+    """405 for any method but GET and HEAD, with the `Allow` header RFC 9110 asks for."""
+    response = text_response(
+        405, f"only GET and HEAD are served here (the chat itself is the WebSocket at /ws){more}\n"
+    )
+    response.headers["Allow"] = ", ".join(ALLOWED_METHODS)
+    return response
+
+
+def text_response(status: int, text: str) -> Response:
+    return _response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+def headers_only(response: Response) -> Response:
+    """The answer to HEAD: the headers GET would get, Content-Length included, no body."""
+    return Response(response.status_code, response.reason_phrase, response.headers)
 
 
 _OPEN_PRINTED_LINK = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -115,6 +116,100 @@ async def test_a_second_tab_sees_new_messages(webchat: Webchat, context: Any) ->
     await expect(first.locator(".msg .bubble")).to_have_text(
         ["from the first tab", "echo: from the first tab", "and back", "echo: and back"]
     )
+
+
+class Frames:
+    """Every websocket frame a page sends and receives, parsed."""
+
+    def __init__(self, page: Any) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.received: list[dict[str, Any]] = []
+        page.on("websocket", self._socket)
+
+    def _socket(self, ws: Any) -> None:
+        ws.on("framesent", lambda payload: self.sent.append(json.loads(payload)))
+        ws.on("framereceived", lambda payload: self.received.append(json.loads(payload)))
+
+    def sends(self) -> list[str]:
+        return [f["client_id"] for f in self.sent if f["type"] == "send"]
+
+
+async def open_watched_chat(context: Any, webchat: Webchat) -> tuple[Any, Frames]:
+    page = await context.new_page()
+    frames = Frames(page)
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online", timeout=MS)
+    return page, frames
+
+
+async def test_two_tabs_send_each_message_once_even_after_a_reconnect(
+    webchat: Webchat, context: Any
+) -> None:
+    """Tabs share the outbox: each tab sent every message it saw pending (at once, and again
+    after a reconnect), so each went out once per tab, the copies acknowledged as duplicates.
+    The tab a message was typed in sends it; the other shows it and leaves it be."""
+    first, first_frames = await open_watched_chat(context, webchat)
+    second, second_frames = await open_watched_chat(context, webchat)
+    for page, text in ((first, "one"), (second, "two")):
+        await say(page, text)
+        for tab in (first, second):
+            await expect(tab.locator(".msg-assistant .bubble").last).to_have_text(f"echo: {text}")
+    await context.set_offline(True)
+    for page in (first, second):
+        await expect(page.locator("#status")).to_have_attribute("data-state", "offline")
+    await say(first, "typed offline")
+    await expect(second.locator(".msg.pending .bubble")).to_have_text(["typed offline"])
+    await context.set_offline(False)
+    texts = ["one", "two", "typed offline"]
+    for page in (first, second):
+        await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+            [f"echo: {t}" for t in texts]
+        )
+    # A last turn from each tab: whatever either sent before it was sent before it.
+    await say(second, "last from the second")
+    await expect(first.locator(".msg-assistant .bubble").last).to_have_text(
+        "echo: last from the second"
+    )
+    await say(first, "last from the first")
+    await expect(second.locator(".msg-assistant .bubble").last).to_have_text(
+        "echo: last from the first"
+    )
+    texts += ["last from the second", "last from the first"]
+    assert [m.text for m in webchat.echo.turns] == texts
+    sends = first_frames.sends() + second_frames.sends()
+    assert len(sends) == len(set(sends)) == len(texts), sends  # each message went out once
+    received = first_frames.received + second_frames.received
+    assert [f for f in received if f["type"] == "ack" and f["duplicate"]] == []
+    assert [f for f in received if f["type"] == "error"] == []
+    for page in (first, second):
+        await expect(page.locator("#toast")).to_be_hidden()
+        await expect(page.locator(".msg.pending, .msg.failed")).to_have_count(0)
+
+
+async def test_a_message_left_pending_by_a_reload_is_sent_by_the_reloaded_page(
+    webchat: Webchat, context: Any
+) -> None:
+    """The reloaded page is a new tab: it takes over what the page before it left unsent."""
+    page = await context.new_page()
+    swallow = {"sends": True}
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(
+            lambda m: None if swallow["sends"] and '"type":"send"' in m else server.send(m)
+        )
+        server.on_message(ws.send)
+
+    await page.route_web_socket("**/ws", relay)
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await say(page, "left pending")
+    await expect(page.locator(".msg.pending .meta")).to_have_text("Sending…")
+    swallow["sends"] = False
+    await page.reload()
+    await expect(page.locator(".msg .bubble")).to_have_text(["left pending", "echo: left pending"])
+    assert [m.text for m in webchat.echo.turns] == ["left pending"]
 
 
 async def test_html_and_script_in_messages_show_as_text(webchat: Webchat, context: Any) -> None:

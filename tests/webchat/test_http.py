@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 from urllib.parse import quote
 
@@ -10,7 +12,7 @@ import pytest
 import websockets
 
 from talkbridge.webchat.routes import HttpRoutes, health_status, load_assets, tokens_match
-from tests.webchat.conftest import TOKEN_A, TOKEN_B, Webchat
+from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, Webchat
 
 
 async def _get(url: str) -> tuple[int, dict[str, str], str]:
@@ -177,6 +179,206 @@ async def test_methods_other_than_get_and_head_are_405(webchat: Webchat) -> None
             async with http.request(method, f"{webchat.http}/healthz") as resp:
                 assert resp.status == 405, method
                 assert resp.headers["Allow"] == "GET, HEAD"
+
+
+HANDSHAKE = {
+    "Connection": "Upgrade",
+    "Upgrade": "websocket",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "Sec-WebSocket-Version": "13",
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/ws", {}),  # a health checker probing the socket's path: 426, like GET
+        ("/ws?x=1", {"Connection": "Upgrade"}),
+        ("/ws", {"Connection": "Upgrade", "Upgrade": "websocket"}),  # no key: 400, like GET
+        ("/healthz", {}),
+        ("/", {}),
+        (f"/?token={quote(TOKEN_A)}", {}),
+        ("/static/app.js", {}),
+        ("/nope", {}),
+    ],
+)
+async def test_head_answers_as_get_does_without_the_body(
+    webchat: Webchat, path: str, headers: dict[str, str]
+) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{webchat.http}{path}", headers=headers) as get:
+            body = await get.read()
+        async with http.head(f"{webchat.http}{path}", headers=headers) as head:
+            assert await head.read() == b""
+    assert head.status == get.status, (path, head.status, get.status)
+    for name in ("Content-Type", "Content-Length", "Upgrade", "Allow", "Set-Cookie"):
+        assert head.headers.get(name) == get.headers.get(name), (path, name)
+    assert int(head.headers["Content-Length"]) == len(body) > 0
+
+
+async def test_head_with_a_whole_handshake_opens_no_socket(webchat: Webchat) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.head(f"{webchat.http}/ws", headers=HANDSHAKE) as head,
+    ):
+        assert head.status == 400 and "Sec-WebSocket-Accept" not in head.headers
+        assert await head.read() == b""
+    assert webchat.connector.socket_count() == 0
+
+
+async def _raw(
+    webchat: Webchat, *pieces: bytes, half_close: bool = False
+) -> tuple[int, dict[str, str], bytes]:
+    """Send a request exactly as given (in these pieces) and read the answer to its end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", webchat.port)
+    try:
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+        if half_close:
+            writer.write_eof()
+        answer = await asyncio.wait_for(reader.read(), TIMEOUT)
+    finally:
+        writer.close()
+    assert answer, "the connection was closed without an answer"
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    assert int(headers["Content-Length"]) == len(body) or pieces[0].startswith(b"HEAD ")
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "says"),
+    [
+        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello", 405, b"only GET"),
+        (b"POST /ws HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}", 405, b"only GET"),
+        (
+            b"PUT /healthz HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n0\r\n\r\n",
+            405,
+            b"no request body is read",
+        ),
+        (b"GET /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi", 400, b"no body"),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, b"only HTTP/1.1"),
+        (b"GET /healthz HTTP/1.1\nHost: h\n\n", 400, b"must end with CRLF"),
+        ("GET /caf\u00e9 HTTP/1.1\r\nHost: h\r\n\r\n".encode(), 400, b"must be ASCII"),
+        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400, b"METHOD /path HTTP/1.1"),
+        (b"GET /" + b"x" * 9000 + b" HTTP/1.1\r\n\r\n", 414, b"too long"),
+        (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32), 400, b"not TLS"),
+    ],
+    ids=[
+        "post-body",
+        "post-ws-body",
+        "put-chunked",
+        "get-body",
+        "http2",
+        "lf-only",
+        "non-ascii",
+        "bad-header",
+        "long-line",
+        "tls-hello",  # https:// to this plain port: it waited for a line until open_timeout
+    ],
+)
+async def test_a_request_websockets_cannot_read_gets_a_clear_answer(
+    webchat: Webchat, request_bytes: bytes, status: int, says: bytes
+) -> None:
+    """websockets' parser reads no body and closes the connection without a word on what it
+    cannot read: curl said "Empty reply from server", a proxy would say 502."""
+    got, headers, body = await _raw(webchat, request_bytes)
+    assert (got, headers["Content-Type"]) == (status, "text/plain; charset=utf-8"), body
+    assert says in body and headers["Connection"] == "close"
+    if status == 405:
+        assert headers["Allow"] == "GET, HEAD"
+    assert b"hello" not in body and b"caf" not in body  # nothing of the request comes back
+
+
+async def test_a_refused_body_is_answered_whether_sent_in_pieces_large_or_on_head(
+    webchat: Webchat,
+) -> None:
+    head = b"POST /healthz HTTP/1.1\r\nHost: h\r\nContent-Length: 11\r\n\r\n"
+    pieces = [head[i : i + 7] for i in range(0, len(head), 7)]
+    status, _, _ = await _raw(webchat, *pieces, b"hello", b" world")
+    assert status == 405
+    status, headers, body = await _raw(
+        webchat, b"HEAD / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nabc"
+    )
+    assert status == 400 and body == b"" and int(headers["Content-Length"]) > 0
+    # A real client with a real body: read to its end, then answered (no reset loses it).
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{webchat.http}/?token={quote(TOKEN_A)}", data=io.BytesIO(b"x" * (4 << 20))
+        ) as resp,
+    ):
+        assert resp.status == 405 and resp.headers["Allow"] == "GET, HEAD"
+        assert "no request body is read" in await resp.text()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    webchat: Webchat,
+) -> None:
+    """`socat`, `nc -N` or a script's `shutdown(SHUT_WR)` end their side once the request is out:
+    websockets closed the connection before the answer went back."""
+    status, _, body = await _raw(webchat, b"GET /healthz HTTP/1.0\r\n\r\n", half_close=True)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, _ = await _raw(webchat, b"GET /ws HTTP/1.1\r\nHost: h\r\n\r\n", half_close=True)
+    assert status == 426
+
+
+async def test_a_request_in_small_pieces_still_opens_the_socket(webchat: Webchat) -> None:
+    """The head is read ahead of websockets on a copy: what it can read reaches it intact."""
+    status, _, _ = await _raw(webchat, *(bytes([b]) for b in b"GET /healthz HTTP/1.1\r\n\r\n"))
+    assert status == 200
+    client = await webchat.authed()
+    frames = await client.turn("whole", "c1")
+    assert frames[-1]["text"] == "echo: whole"
+
+
+async def test_a_header_sent_twice_is_read_not_a_500(webchat: Webchat) -> None:
+    """A repeated header made `Headers.get` raise: a 500 with a traceback in the log for the
+    page, and a failed socket handler for the cookie login."""
+    token_cookie = f"talkbridge_token_{webchat.port}={quote(TOKEN_A)}"
+    host = f"Host: 127.0.0.1:{webchat.port}\r\n".encode()
+    # RFC 9113: HTTP/2 sends each cookie on a line of its own; a proxy may pass them on so.
+    twice = host + f"Cookie: theme=dark\r\nCookie: {token_cookie}\r\n".encode()
+    status, _, body = await _raw(webchat, b"GET / HTTP/1.1\r\n" + twice + b"\r\n")
+    assert status == 200 and b"<title>talkbridge</title>" in body
+    status, _, _ = await _raw(
+        webchat, b"GET /healthz HTTP/1.1\r\nUpgrade: h2c\r\nUpgrade: x\r\n\r\n"
+    )
+    assert status == 200
+    status, _, body = await _raw(webchat, b"GET /healthz HTTP/1.1\r\n" + host * 2 + b"\r\n")
+    assert status == 400 and b"more than one Host header" in body  # RFC 9112 3.2
+    page = f"http://127.0.0.1:{webchat.port}"
+    logins: list[tuple[list[tuple[str, str]], str]] = [
+        ([("Cookie", "theme=dark"), ("Cookie", token_cookie), ("Origin", page)], "ready"),
+        (
+            [
+                ("Cookie", token_cookie),
+                ("Origin", "https://chat.example"),
+                ("X-Forwarded-Host", "edge.example"),  # a chain of proxies, a line each
+                ("X-Forwarded-Host", "chat.example:443"),
+            ],
+            "ready",
+        ),
+        (
+            [
+                ("Cookie", token_cookie),
+                ("Origin", "https://evil.example"),
+                ("X-Forwarded-Host", "edge.example"),
+                ("X-Forwarded-Host", "chat.example:443"),
+            ],
+            "error",
+        ),
+    ]
+    for headers, answer in logins:
+        async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+            await ws.send(json.dumps({"type": "auth"}))
+            reply = json.loads(await ws.recv())
+        assert reply["type"] == answer, (headers, reply)
+        if answer == "error":
+            assert reply["code"] == "unauthorized" and "own page" in reply["message"]
 
 
 async def test_a_websocket_upgrade_elsewhere_than_ws_is_refused(webchat: Webchat) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import jwt
+import pytest
 import websockets
 from pydantic import SecretStr
 
@@ -37,6 +38,50 @@ def test_identities() -> None:
     assert auth.identify(wrong_audience) is None
     assert auth.identify("static-token") not in (None, "sub:static-token")
     assert TokenAuth(["static-token"]).identify(signed("ada")) is None  # no issuer configured
+
+
+FAR = 4_102_444_800
+"""2100-01-01: a time still ahead whenever the suite runs (a time taken at import is not: the
+suite runs for minutes before it gets here)."""
+
+
+@pytest.mark.parametrize(
+    ("claim", "value"),
+    [
+        ("exp", str(FAR)),  # PyJWT takes it (`int("…")`): the socket then never expired
+        ("exp", 10**400),  # beyond a float: setting the socket's expiry crashed
+        ("exp", True),
+        ("iat", "1700000000"),
+        ("nbf", "1700000000"),
+        ("nbf", False),
+    ],
+    ids=["exp-string", "exp-huge", "exp-bool", "iat-string", "nbf-string", "nbf-bool"],
+)
+async def test_a_time_claim_that_is_not_a_json_number_is_refused_naming_it(
+    start_webchat: StartWebchat, claim: str, value: object
+) -> None:
+    token = signed("ada", **{claim: value})
+    assert TokenAuth([], ISSUER).identify(token) is None
+    chat = await start_webchat(issuer=ISSUER, static_tokens=[])
+    async with websockets.connect(chat.ws_url) as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        error = json.loads(await ws.recv())
+        await asyncio.wait_for(ws.wait_closed(), 10)
+    assert error["code"] == "unauthorized" and ws.close_code == 4401
+    assert f"'{claim}' claim is not a time: it must be a JSON number" in error["message"]
+    async with aiohttp.ClientSession() as http, http.get(f"{chat.http}/?token={token}") as resp:
+        page = await resp.text()
+    assert resp.status == 401 and "This access token is not valid" in page
+    assert f"The access token's '{claim}' claim is not a time" in page
+
+
+def test_time_claims_that_are_json_numbers_are_accepted() -> None:
+    auth = TokenAuth([], ISSUER)
+    now = time.time()
+    assert auth.identify(signed("ada", exp=now + 300.5, iat=now - 1.5, nbf=int(now))) == "sub:ada"
+    assert auth.admit(signed("ada", exp=FAR)) == ("sub:ada", FAR + ISSUER.leeway)
+    assert auth.refusal(signed("ada", ttl=-120)).startswith("the access token has expired")
+    assert auth.refusal("not-a-jwt") == "the access token is wrong or no longer accepted"
 
 
 async def test_a_renewed_token_keeps_the_session_and_another_user_cannot_take_it(

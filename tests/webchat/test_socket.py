@@ -206,6 +206,31 @@ async def test_bad_frames_get_an_error_and_the_socket_stays_usable(
     assert frames[-1]["text"] == "echo: still here"
 
 
+async def test_replies_to_frames_without_a_ref_carry_none(webchat: Webchat) -> None:
+    """A client that gave no `ref` gets no `ref` back: not `"ref": null`, which a client
+    matching replies by `"ref" in frame` (or a strict schema) takes for a ref of its own."""
+    client = await webchat.authed()  # `ready` answered an auth frame without a ref
+    thread_id = client.thread_id
+    asked: list[tuple[dict[str, Any], str]] = [
+        ({"type": "ping"}, "pong"),
+        ({"type": "ping", "ref": None}, "pong"),
+        ({"type": "history", "thread_id": thread_id}, "history"),
+        ({"type": "new_conversation"}, "conversation"),
+        ({"type": "send", "thread_id": thread_id, "client_id": "no-ref", "text": "hi"}, "ack"),
+        ({"type": "send", "thread_id": thread_id, "client_id": "no-ref", "text": "hi"}, "ack"),
+        ({"type": "history", "thread_id": "nope"}, "error"),
+    ]
+    replies = [client.ready]
+    for frame, answer in asked:
+        await client.send(frame)
+        replies.append(await client.expect(answer))
+    assert [r["type"] for r in replies[-3:]] == ["ack", "ack", "error"]
+    assert replies[-2]["duplicate"] is True
+    assert [r for r in replies if "ref" in r] == []
+    await client.send({"type": "ping", "ref": ""})  # an empty ref is still a ref: echoed
+    assert await client.expect("pong") == {"type": "pong", "ref": ""}
+
+
 async def test_a_send_over_the_limit_is_named_in_its_error(webchat: Webchat) -> None:
     client = await webchat.authed()
     big = {"type": "send", "thread_id": client.thread_id, "client_id": "big", "text": "x" * 5000}

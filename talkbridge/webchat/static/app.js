@@ -6,7 +6,9 @@
 //   arrives twice (history after a reconnect, a broadcast racing it) is shown once;
 // - what we send waits in an outbox (kept in localStorage) under a client id until the server
 //   acknowledges it; after a reconnect or a reload the outbox is sent again with the same ids,
-//   and the server never makes a second turn of a client id it has seen.
+//   and the server never makes a second turn of a client id it has seen;
+// - tabs share the outbox, but each message is sent by the tab it was typed in while that tab
+//   lives; another tab takes it over once that tab is gone (its Web Lock is released).
 
 import { renderMarkdown, renderPlain } from "./markdown.js";
 
@@ -122,8 +124,8 @@ function dropFromOutbox(unwanted) {
   if (kept.length !== stored.length) writeOutbox(kept);
   return before !== state.outbox.length;
 }
-// Another tab added or sent something: take its outbox over, and send what is new here too
-// (the client id makes a second copy harmless), in case that tab is gone before it can.
+// Another tab added or sent something: take its outbox over. What it typed is its own to send
+// (`transmit` leaves it to that tab, and takes it over if that tab goes before it could).
 window.addEventListener("storage", (event) => {
   if (event.key !== KEY.outbox) return;
   const mine = new Set(state.outbox.map((m) => m.client_id));
@@ -131,6 +133,37 @@ window.addEventListener("storage", (event) => {
   for (const item of state.outbox) if (!mine.has(item.client_id)) transmit(item);
   renderThread({ keep: true });
 });
+
+// Which tab sends a message: the one it was typed in (`tab`), while that tab lives, so a message
+// goes out once, not once per open tab. Each tab holds a Web Lock named after itself for its whole
+// life; another tab asks for that lock to learn when it is gone (closed, reloaded, crashed) and
+// then sends what it left. Without Web Locks (plain http from another host than localhost), every
+// tab sends everything: the client id keeps a second copy from making a second turn.
+const TAB = randomId();
+const tabLocks = navigator.locks ?? null;
+const tabLock = (tab) => `talkbridge.tab.${tab}`;
+if (tabLocks) tabLocks.request(tabLock(TAB), () => new Promise(() => {}));
+
+function sentByThisTab(item) {
+  return !tabLocks || !item.tab || item.tab === TAB;
+}
+
+const watchedTabs = new Set();
+/** Take over `tab`'s messages once it is gone: the lock is granted then (at once if it is). */
+function watchTab(tab) {
+  if (watchedTabs.has(tab)) return;
+  watchedTabs.add(tab);
+  tabLocks.request(tabLock(tab), () => adoptFrom(tab));
+}
+
+function adoptFrom(tab) {
+  const stored = loadOutbox();
+  const left = new Set(stored.filter((m) => m.tab === tab).map((m) => m.client_id));
+  writeOutbox(stored.map((m) => (left.has(m.client_id) ? { ...m, tab: TAB } : m)));
+  state.outbox = loadOutbox();
+  for (const item of state.outbox) if (left.has(item.client_id)) transmit(item);
+  renderThread({ keep: true });
+}
 
 function randomId() {
   const bytes = new Uint8Array(16);
@@ -527,6 +560,10 @@ function onError(frame) {
 // ---- actions --------------------------------------------------------------------------------
 
 function transmit(item) {
+  if (!sentByThisTab(item)) {
+    watchTab(item.tab);
+    return;
+  }
   if (!state.ready) return;
   send({ type: "send", thread_id: item.thread_id, client_id: item.client_id, text: item.text });
 }
@@ -534,8 +571,8 @@ function transmit(item) {
 function submit() {
   const text = ui.input.value.replace(/\s+$/, "");
   if (!text.trim() || !state.active) return;
-  const item = { thread_id: state.active, client_id: randomId(), text };
-  const size = new TextEncoder().encode(JSON.stringify({ type: "send", ...item })).length;
+  const frame = { type: "send", thread_id: state.active, client_id: randomId(), text };
+  const size = new TextEncoder().encode(JSON.stringify(frame)).length;
   if (size > state.limits.max_frame_bytes) {
     const over = size - state.limits.max_frame_bytes;
     notify(
@@ -545,6 +582,7 @@ function submit() {
     );
     return;
   }
+  const item = { thread_id: frame.thread_id, client_id: frame.client_id, text, tab: TAB };
   addToOutbox(item);
   ui.input.value = "";
   autosize();
