@@ -22,8 +22,9 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 
 
 def length(text: str) -> int:
-    """Length as Discord's client counts it (UTF-16 code units): the safe side."""
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    """Length as Discord's API counts it against the limit: code points, an emoji one (its
+    server is Python 3, and says so: discord/discord-api-docs#1315)."""
+    return len(text)
 
 
 def escape_markdown(text: str) -> str:

@@ -92,7 +92,8 @@ _HIDDEN = "\x01"  # stands in for a link, an entity or code while emphasis is ma
 
 
 def _length(text: str) -> int:
-    """Slack counts characters (code points): 4,000 astral emoji fit in one message."""
+    """Slack counts characters (code points): its advice of 4,000 characters a message is, in
+    its words, under 16 KB even when every one is a 4-byte (astral) character."""
     return len(text)
 
 
