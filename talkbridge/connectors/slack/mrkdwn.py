@@ -2,8 +2,9 @@
 
 Pure functions. Slack's mrkdwn needs `&`, `<` and `>` escaped everywhere (also in code), marks
 bold with `*`, italic with `_`, strike with `~`, and links as `<url|label>`. Splitting happens
-after rendering and never cuts an entity or a `<…>` link; a code block cut in two is closed at
-the end of one chunk and reopened in the next.
+after rendering (see `splitting`) and never cuts an entity, a `<…>` link or a character; a code
+block, inline code or an emphasis cut in two is closed at the end of one chunk and reopened in
+the next, so neither shows stray marks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import ClassVar, Literal
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.markdown import Dialect
+from talkbridge.connectors.splitting import Atom, split, text_atoms
 
 SLACK_TEXT_LIMIT = 4000
 """Slack truncates message text beyond 40,000 characters and advises at most 4,000."""
@@ -84,85 +86,179 @@ def render(text: str, markup: Literal["plain", "markdown"]) -> str:
 
 # ---- splitting --------------------------------------------------------------------------------
 
-_ATOM = re.compile(r"&(?:amp|lt|gt);|<[^<>\n]*>|```|.", re.DOTALL)
-_PARAGRAPH, _LINE, _SENTENCE, _WORD = range(4)
+_CODE = re.compile(r"```")
+_TOKEN = re.compile(r"&(?:amp|lt|gt);|<[^<>\n]*>")
+_HIDDEN = "\x01"  # stands in for a link, an entity or code while emphasis is matched
 
 
-def _break_class(tail: str) -> int | None:
-    if tail.endswith("\n\n"):
-        return _PARAGRAPH
-    if tail.endswith("\n"):
-        return _LINE
-    if len(tail) == 2 and tail[1] == " " and tail[0] in ".!?;:":
-        return _SENTENCE
-    if tail.endswith(" "):
-        return _WORD
-    return None
+def _length(text: str) -> int:
+    """Slack counts characters (code points): its advice of 4,000 characters a message is, in
+    its words, under 16 KB even when every one is a 4-byte (astral) character."""
+    return len(text)
 
 
 def split_mrkdwn(rendered: str, limit: int = SLACK_TEXT_LIMIT) -> list[str]:
     """Chunks of at most `limit` characters, cut at paragraph, line, sentence or word ends
-    (a coarser cut only if it keeps the chunk at least half full)."""
+    (a coarser cut only if it keeps the chunk at least half full), never inside a link, an
+    entity or a character; bold, italic, strike and code open at a cut are closed at the end of
+    one chunk and opened again at the start of the next."""
     if len(rendered) <= limit:
         return [rendered] if rendered else []
     if limit < 16:
         raise ValueError("limit too small to split mrkdwn safely")
-    atoms = _ATOM.findall(rendered)
-    chunks: list[str] = []
-    start = 0
-    in_code = False
-    while start < len(atoms):
-        prefix = _FENCE + "\n" if in_code else ""
-        budget = limit - len(prefix) - len("\n" + _FENCE)  # room to close a code block
-        size = 0
-        code = in_code
-        tail = ""
-        best: dict[int, tuple[int, bool, int]] = {}
-        end = start
-        while end < len(atoms) and size + len(atoms[end]) <= budget:
-            atom = atoms[end]
-            size += len(atom)
-            end += 1
-            if atom == _FENCE:
-                code = not code
-                continue
-            tail = (tail + atom)[-2:]
-            cls = _break_class(tail)
-            if cls is not None:
-                best[cls] = (end, code, size)
-        if end == len(atoms):
-            chunks.append(prefix + "".join(atoms[start:end]))
-            break
-        if end == start:  # one atom over budget (cannot happen with sane limits): take it
-            end, code = start + 1, in_code
+    pieces = split(_atoms(rendered), limit, _length)
+    return [p.text.strip() if not p.text.startswith(_FENCE) else p.text.rstrip() for p in pieces]
+
+
+def _atoms(rendered: str) -> list[Atom]:
+    """Code blocks (between ```), and around them text with its inline spans."""
+    atoms: list[Atom] = []
+    position, in_code = 0, False
+    for fence in _CODE.finditer(rendered):
+        between = rendered[position : fence.start()]
+        atoms.extend(_literal(between) if in_code else _text(between))
+        if in_code:
+            atoms.append(Atom(_FENCE, 3, "close"))
         else:
-            for cls in (_PARAGRAPH, _LINE, _SENTENCE, _WORD):
-                if cls in best and (cls == _WORD or best[cls][2] * 2 >= budget):
-                    end, code, _ = best[cls]
-                    break
-        body = "".join(atoms[start:end])
-        if code:
-            body = body.rstrip("\n") + "\n" + _FENCE
-        chunks.append(prefix + body)
-        start, in_code = end, code
-    return [chunk.strip() if not chunk.startswith(_FENCE) else chunk.rstrip() for chunk in chunks]
+            atoms.append(_open(_FENCE, closer="\n" + _FENCE, reopen=_FENCE + "\n", code=True))
+        position, in_code = fence.end(), not in_code
+    rest = rendered[position:]
+    atoms.extend(_literal(rest) if in_code else _text(rest))
+    return atoms
+
+
+def _open(mark: str, *, closer: str = "", reopen: str = "", code: bool = False) -> Atom:
+    return Atom(
+        mark,
+        len(mark),
+        "open",
+        closer=closer or mark,
+        reopen=reopen or mark,
+        inline=not code,
+        trim="\n" if code else " \t\n",
+    )
+
+
+def _literal(text: str) -> list[Atom]:
+    """Code: entities and links stay whole, nothing else is markup."""
+    atoms: list[Atom] = []
+    position = 0
+    for token in _TOKEN.finditer(text):
+        atoms.extend(text_atoms(text[position : token.start()], _length))
+        atoms.append(_token(token.group(0)))
+        position = token.end()
+    atoms.extend(text_atoms(text[position:], _length))
+    return atoms
+
+
+def _token(token: str) -> Atom:
+    """An entity, or a link or mention, which a cut never goes through; a link too long for a
+    chunk of its own is shown as its escaped text instead, cut as text."""
+    if token.startswith("&"):
+        return Atom(token, len(token), visible=unescape(token))
+    target, _, label = token[1:-1].partition("|")
+    spelled = f"{label} ({target})" if label else target
+    return Atom(token, len(token), visible=token, parts=tuple(_literal(spelled)))
+
+
+def _text(text: str) -> list[Atom]:
+    """Text outside code blocks: inline code, and emphasis as Slack reads it (see `plain_text`),
+    become spans; entities and links stay whole."""
+    hidden = list(text)
+    spans: dict[int, tuple[str, int]] = {}  # start -> (kind, end) of each span
+    for match in [*_CODE_SPAN.finditer(text), *_TOKEN.finditer(text)]:  # code first, as Slack
+        if all(c != _HIDDEN for c in hidden[match.start() : match.end()]):
+            if match.group(0).startswith("`"):
+                spans[match.start()] = ("code", match.end())
+            hidden[match.start() : match.end()] = _HIDDEN * (match.end() - match.start())
+    spans.update(_emphasis("".join(hidden)))
+    return _span_atoms(text, _nested(spans))
+
+
+def _emphasis(masked: str) -> dict[int, tuple[str, int]]:
+    """Bold, then italic, then strike, each matched once the marks found before are taken out
+    (as `plain_text` reads them), so `_~both~_` is italic around strike."""
+    spans: dict[int, tuple[str, int]] = {}
+    where = list(range(len(masked)))  # the position in `masked` of each character left
+    for pattern in _EMPHASIS:
+        marks: set[int] = set()
+        for match in pattern.finditer(masked):
+            spans[where[match.start()]] = ("emphasis", where[match.end() - 1] + 1)
+            marks |= {match.start(), match.end() - 1}
+        where = [p for i, p in enumerate(where) if i not in marks]
+        masked = "".join(c for i, c in enumerate(masked) if i not in marks)
+    return spans
+
+
+def _nested(spans: dict[int, tuple[str, int]]) -> dict[int, tuple[str, int]]:
+    """Drop spans that cross another (`*a _b* c_`): only properly nested ones are marks."""
+    kept: dict[int, tuple[str, int]] = {}
+    open_ends: list[int] = []
+    for start in sorted(spans):
+        kind, end = spans[start]
+        while open_ends and open_ends[-1] <= start:
+            open_ends.pop()
+        if open_ends and end > open_ends[-1]:
+            continue
+        kept[start] = (kind, end)
+        open_ends.append(end)
+    return kept
+
+
+def _span_atoms(text: str, spans: dict[int, tuple[str, int]]) -> list[Atom]:
+    atoms: list[Atom] = []
+    closes: list[int] = []  # where the open spans end, innermost last
+    position = 0
+    plain_from = 0
+
+    def flush(upto: int) -> None:
+        atoms.extend(_literal(text[plain_from:upto]))
+
+    while position < len(text):
+        if closes and position == closes[-1] - 1:
+            flush(position)
+            atoms.append(Atom(text[position], 1, "close"))
+            closes.pop()
+            position += 1
+            plain_from = position
+        elif position in spans:
+            flush(position)
+            kind, end = spans[position]
+            if kind == "code":
+                atoms.append(_open("`"))
+                atoms.extend(_literal(text[position + 1 : end - 1]))
+                atoms.append(Atom("`", 1, "close"))
+                position = end
+            else:
+                atoms.append(_open(text[position]))
+                closes.append(end)
+                position += 1
+            plain_from = position
+        else:
+            position += 1
+    flush(len(text))
+    return atoms
 
 
 def render_chunks(
     text: str, markup: Literal["plain", "markdown"], limit: int = SLACK_TEXT_LIMIT
 ) -> list[str]:
     """Render, then split; chunks with nothing visible are dropped."""
-    return [c for c in split_mrkdwn(render(text, markup), limit) if c.strip() and c != _FENCE]
+    return [c for c in split_mrkdwn(render(text, markup), limit) if plain_text(c).strip()]
 
 
 # ---- mrkdwn -> readable text ------------------------------------------------------------------
 
 _ANGLE = re.compile(r"<([^<>\n]+)>")
-_EMPHASIS = [
-    re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])"),
-    re.compile(r"(?<![\w_])_(?=\S)([^_\n]+?)(?<=\S)_(?![\w_])"),
-    re.compile(r"(?<![\w~])~(?=\S)([^~\n]+?)(?<=\S)~(?![\w~])"),
-]
+
+
+def _emphasis_pattern(mark: str) -> re.Pattern[str]:
+    """A span of `mark`: not inside a word, but right against another mark (`_*both*_`)."""
+    m = re.escape(mark)
+    return re.compile(rf"(?<![^\W_])(?<!{m}){m}(?=\S)([^{m}\n]+?)(?<=\S){m}(?![^\W_])(?!{m})")
+
+
+_EMPHASIS = [_emphasis_pattern("*"), _emphasis_pattern("_"), _emphasis_pattern("~")]
 _CODE_BLOCK = re.compile(r"```\n?(.*?)\n?```", re.DOTALL)
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 SPECIAL_MENTIONS = {"here": "@here", "channel": "@channel", "everyone": "@everyone"}

@@ -12,6 +12,7 @@ from talkbridge.errors import NotFoundError, PermanentError, RateLimitedError, U
 from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
+from tests.connectors.discord.test_render import shown
 from tests.peers.discord import FORUM, GENERAL, GUILD_ID, THREAD, DiscordPeer
 from tests.support.running import Inbox
 
@@ -187,6 +188,21 @@ async def test_a_long_reply_is_split_with_balanced_code_fences_and_pings_nobody(
     assert bodies[1]["content"].startswith("```python\n")
     joined = "".join(b["content"] for b in bodies)
     assert all(f"line_{i} = " in joined for i in range(100))  # nothing lost at the cut
+
+
+async def test_a_long_emphasised_reply_is_sent_in_pieces_that_each_show_their_marks(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    text = "**Summary:** " + "all good " * 50 + "\n\n**very" + " important words" * 200 + "**"
+    result = await running.connector.send(OutboundMessage(thread_id=GENERAL, text=text))
+    bodies = [body["content"] for body in peer.sent(TOKEN, GENERAL)]
+    assert len(bodies) == len(result.message_ids) >= 2
+    for body in bodies:
+        assert len(body) <= 2000
+        assert "*" not in shown(body), body[-40:]  # every bold closed where it is opened
+    assert all(body.startswith("**") and body.endswith("**") for body in bodies[1:])
+    assert "".join(shown(body) for body in bodies) == shown(text)
 
 
 async def test_a_429_on_one_route_delays_only_that_route(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from talkbridge.connectors.slack.mrkdwn import (
     plain_text,
     render,
@@ -65,3 +68,98 @@ def test_incoming_mrkdwn_is_made_readable() -> None:
         "@here @channel @ops Jan 1"
     )
     assert plain_text("&lt;b&gt; &amp;amp;") == "<b> &amp;"
+    assert plain_text("_*both*_ *_both_* *bold ~struck~*") == "both both bold struck"
+
+
+# ---- splitting keeps every chunk's markup whole ---------------------------------------------
+
+CLUSTERS = ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301", "1\ufe0f\u20e3")
+"""Characters of several code points; none of their parts ever appears alone in a test."""
+
+
+def whole_clusters(text: str) -> bool:
+    """Whether `text` holds only whole CLUSTERS: no part of one is left once they are removed."""
+    for cluster in CLUSTERS:
+        text = text.replace(cluster, "")
+    return not set(text) & set("".join(CLUSTERS)) - set("1e")
+
+
+def shown(chunks: list[str]) -> str:
+    """What the chunks show, one after the other, whitespace aside."""
+    return "".join("".join(plain_text(chunk).split()) for chunk in chunks)
+
+
+def test_emphasis_and_code_cut_by_a_split_are_closed_and_reopened() -> None:
+    text = (
+        "**" + "bold words " * 30 + "end** _" + "italic words " * 30 + "end_ ~~"
+        + "struck words " * 30 + "end~~ `" + "code words " * 30 + "end`"
+    )  # fmt: skip
+    chunks = render_chunks(text, "markdown", limit=200)
+    assert len(chunks) > 6 and all(len(c) <= 200 for c in chunks)
+    for chunk in chunks:
+        assert chunk[0] in "*_~`" and chunk[-1] in "*_~`", chunk  # opened and closed
+        assert not set(plain_text(chunk)) & set("*_~`"), chunk  # Slack shows no stray mark
+    assert shown(chunks) == shown([render_markdown(text)])
+
+
+def test_a_split_prefers_the_space_before_an_emphasis_to_cutting_it() -> None:
+    text = "word " * 30 + "**a bold phrase that will not fit**"
+    chunks = render_chunks(text, "markdown", limit=170)
+    assert chunks == [("word " * 30).strip(), "*a bold phrase that will not fit*"]
+
+
+def test_a_split_never_cuts_inside_a_user_visible_character() -> None:
+    for cluster in CLUSTERS:
+        chunks = split_mrkdwn("x" + cluster * (450 // len(cluster)), 101)
+        assert all(len(c) <= 101 and whole_clusters(c) for c in chunks), cluster
+        assert "".join(chunks) == "x" + cluster * (450 // len(cluster))
+
+
+def test_a_link_longer_than_a_chunk_is_spelled_out_rather_than_sent_over_the_limit() -> None:
+    url = "https://example.com/" + "p" * 200
+    chunks = split_mrkdwn(f"see <{url}|docs> now", 100)
+    assert all(len(c) <= 100 for c in chunks)
+    assert "".join(chunks).replace(" ", "") == f"seedocs({url})now"
+
+
+words = st.sampled_from(
+    ["alpha", "beta", "gamma.", "x", "a&b", "1<2", "😀", *CLUSTERS, "[docs](https://e.com/p)"]
+)
+Node = tuple[str, frozenset[str]]
+"""Markdown, and the emphasis marks used in it (a span never nests in one of its own kind)."""
+
+
+def _wrapped(children: list[Node]) -> st.SearchStrategy[Node]:
+    used = frozenset().union(*(marks for _, marks in children))
+    inner = " ".join(text for text, _ in children)
+    free = [mark for mark in ("**", "_", "~~") if mark not in used]
+    if not free:
+        return st.just((inner, used))
+    return st.sampled_from(free).map(lambda mark: (mark + inner + mark, used | {mark}))
+
+
+plain_words = st.lists(words, min_size=1, max_size=8).map(" ".join)
+leaves = st.one_of(
+    plain_words.map(lambda text: (text, frozenset[str]())),
+    plain_words.map(lambda text: ("`" + text.replace("[docs](https://e.com/p)", "p") + "`",
+                                  frozenset[str]())),
+)  # fmt: skip
+markdown = st.recursive(
+    leaves, lambda inner: st.lists(inner, min_size=1, max_size=4).flatmap(_wrapped), max_leaves=12
+).map(lambda node: node[0])
+paragraphs = st.lists(markdown, min_size=1, max_size=12).map(
+    lambda parts: "".join(p + (" ", "\n", "\n\n")[i % 3] for i, p in enumerate(parts))
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(paragraphs, st.integers(min_value=40, max_value=400))
+def test_split_property(source: str, limit: int) -> None:
+    """Every chunk fits, shows no stray mark and no part of a character; together they show
+    what the whole did."""
+    rendered = render_markdown(source)
+    chunks = split_mrkdwn(rendered, limit)
+    for chunk in chunks:
+        assert len(chunk) <= limit, chunk
+        assert whole_clusters(plain_text(chunk)), chunk
+    assert shown(chunks) == shown([rendered])

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from talkbridge.connectors.slack.mrkdwn import plain_text, render_markdown
 from talkbridge.errors import (
     NotFoundError,
     PermanentError,
@@ -70,6 +71,24 @@ async def test_long_replies_are_split_and_every_part_is_posted_in_order(
     assert len(posts) == len(result.message_ids) > 1
     assert all(len(p["text"]) <= 4000 for p in posts)
     assert posts[0]["text"].startswith("Part 0.") and "Part 11." in posts[-1]["text"]
+    await connector.close()
+
+
+async def test_a_long_emphasised_reply_is_posted_in_pieces_that_each_show_their_marks(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    text = "**Summary:** " + "all good " * 50 + "\n\n**very" + " important words" * 300 + "**"
+    result = await connector.send(OutboundMessage(thread_id=DM, text=text))
+    posts = [p["text"] for p in peer.posted()]
+    assert len(posts) == len(result.message_ids) >= 2
+    for post in posts:
+        assert len(post) <= 4000
+        assert "*" not in plain_text(post), post[-40:]  # every bold closed where it is opened
+    assert all(post.startswith("*") and post.endswith("*") for post in posts[1:])
+    assert (
+        " ".join(plain_text(p) for p in posts).split() == plain_text(render_markdown(text)).split()
+    )
     await connector.close()
 
 

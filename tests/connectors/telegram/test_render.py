@@ -108,12 +108,21 @@ def test_open_tags_are_closed_and_reopened_across_chunks() -> None:
     assert "".join(html_text(c) for c in chunks) == html_text(rendered)
 
 
-def test_never_splits_a_surrogate_pair_and_counts_utf16() -> None:
-    emoji = "😀"  # two UTF-16 units
-    rendered = emoji * 3000  # 6,000 units, no spaces at all
-    chunks = split_html(rendered, 4096)
-    assert [utf16_len(c) for c in chunks] == [4096, 6000 - 4096]
-    assert all(set(c) == {emoji} for c in chunks)
+def test_counts_characters_as_telegram_does_an_emoji_being_one() -> None:
+    emoji = "😀"  # two UTF-16 units, one character to Telegram's limit
+    assert split_html(emoji * 4096, 4096) == [emoji * 4096]
+    chunks = split_html(emoji * 6000, 4096)  # no spaces at all
+    assert [len(c) for c in chunks] == [4096, 6000 - 4096]
+    assert visible_length("<b>😀</b>&amp;") == 2 and utf16_len("😀") == 2
+
+
+def test_never_cuts_inside_a_user_visible_character() -> None:
+    # "x" shifts every emoji by one unit, so a cut at the limit would fall inside one.
+    for cluster in ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301"):
+        rendered = "x" + cluster * (5000 // len(cluster))
+        chunks = split_html(rendered, 4096)
+        assert len(chunks) == 2 and "".join(chunks) == rendered
+        assert chunks[1] == cluster * (len(chunks[1]) // len(cluster)), cluster
 
 
 def test_never_cuts_inside_an_entity() -> None:
@@ -126,11 +135,23 @@ def test_whitespace_only_chunks_are_dropped_when_sending() -> None:
     assert render_chunks("   ", "plain") == []
 
 
+CLUSTERS = ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301", "1\ufe0f\u20e3")
+"""Characters of several code points; none of their parts ever appears alone in a test."""
+
+
+def whole_clusters(text: str) -> bool:
+    """Whether `text` holds only whole CLUSTERS: no part of one is left once they are removed."""
+    for cluster in CLUSTERS:
+        text = text.replace(cluster, "")
+    return not set(text) & set("".join(CLUSTERS)) - set("1e")
+
+
 markdownish = st.lists(
     st.sampled_from(
         [
             *"abc xyz.!?\n*_`~[]()#>-<&\"'",
             *("😀", "é", "中", "\n\n", "**", "```", "> ", "- "),
+            *CLUSTERS,
             *("https://e.com", "[l](https://x.y)"),
         ]
     ),
@@ -147,6 +168,7 @@ def test_split_property(source: str, limit: int) -> None:
     for chunk in chunks:
         assert visible_length(chunk) <= limit
         assert balanced(chunk), chunk
+        assert whole_clusters(html_text(chunk)), chunk
     assert "".join(html_text(chunk) for chunk in chunks) == html_text(rendered)
     assert all(tags_in(chunk) <= TELEGRAM_TAGS for chunk in chunks)
 
@@ -162,6 +184,21 @@ def test_split_property_at_the_real_limit(parts: list[str]) -> None:
     chunks = split_html(rendered)
     assert all(visible_length(c) <= 4096 and balanced(c) for c in chunks)
     assert "".join(html_text(c) for c in chunks) == html_text(rendered)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from([*CLUSTERS, "x", "**", "_", " ", "\n"]), max_size=200).map("".join),
+    st.integers(min_value=20, max_value=80),
+)
+def test_split_property_keeps_characters_whole(source: str, limit: int) -> None:
+    """Runs of emoji with few spaces are cut hard, and still between characters."""
+    rendered = render_markdown(source)
+    chunks = split_html(rendered, limit)
+    for chunk in chunks:
+        assert visible_length(chunk) <= limit and balanced(chunk), chunk
+        assert whole_clusters(html_text(chunk)), chunk
+    assert "".join(html_text(chunk) for chunk in chunks) == html_text(rendered)
 
 
 def test_markup_and_entities_do_not_use_up_the_limit() -> None:

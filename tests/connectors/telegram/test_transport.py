@@ -24,6 +24,7 @@ from talkbridge.errors import (
 from talkbridge.message import Attachment, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.telegram.conftest import TOKEN
+from tests.connectors.telegram.test_render import balanced
 from tests.peers.http import free_port
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
 from tests.support.running import Inbox
@@ -337,6 +338,24 @@ async def test_a_long_reply_is_split_and_only_the_first_part_replies(
     assert all(visible_length(s["text"]) <= 4096 for s in sent)
     assert "reply_parameters" in sent[0] and all("reply_parameters" not in s for s in sent[1:])
     assert "".join(html_text(s["text"]) for s in sent) == html_text(render_markdown(text))
+
+
+async def test_a_long_emphasised_reply_arrives_in_pieces_each_whole_and_balanced(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    # No space in the bold run of thumbs: it is cut between two of them, never inside one.
+    text = "**Summary:** " + "_all good_ " * 50 + "\n\n**xyz" + "👍🏽" * 2500 + "** done"
+    result = await running.connector.send(OutboundMessage(thread_id="777", text=text))
+    sent = [s["text"] for s in peer.sent_messages]
+    assert len(sent) == len(result.message_ids) >= 2
+    for piece in sent:
+        assert visible_length(piece) <= 4096
+        assert balanced(piece), piece[:80]
+        shown = html_text(piece).replace("👍🏽", "")
+        assert "👍" not in shown and "🏽" not in shown  # no thumb without its skin tone
+    assert sent[-2].endswith("👍🏽</b>") and sent[-1].startswith("<b>👍🏽")  # bold on both sides
+    assert "".join(html_text(s) for s in sent) == html_text(render_markdown(text))
 
 
 async def test_a_photo_goes_up_with_its_caption(peer: TelegramBotAPIPeer, start: Start) -> None:
