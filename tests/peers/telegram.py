@@ -474,7 +474,7 @@ class TelegramBotAPIPeer(Waitable):
         if not text.strip():
             return self._error(call, 400, "Bad Request: message text is empty")
         visible = _strip_html(text) if call.params.get("parse_mode") == "HTML" else text
-        if len(visible) > 4096:  # characters, as TDLib (the Bot API server) counts them
+        if len(visible.encode("utf-16-le")) // 2 > 4096:
             return self._error(call, 400, "Bad Request: message is too long")
         return self._new_message(token, call, text=visible)
 

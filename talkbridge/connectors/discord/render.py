@@ -22,9 +22,9 @@ _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 
 
 def length(text: str) -> int:
-    """Length as Discord's API counts it against the limit: code points, an emoji one (its
-    server is Python 3, and says so: discord/discord-api-docs#1315)."""
-    return len(text)
+    """UTF-16 code units, an emoji two: the stricter count. Discord's API is said to count code
+    points (discord/discord-api-docs#1315), its client counts units; this fits both."""
+    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
 
 
 def escape_markdown(text: str) -> str:

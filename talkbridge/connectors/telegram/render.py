@@ -3,8 +3,9 @@
 Pure functions. Splitting happens *after* rendering (see `splitting`), so a chunk never ends
 inside a tag and every chunk is valid HTML on its own: tags open at a cut are closed at the end of
 one chunk and reopened at the start of the next. A user-visible character (an emoji with its skin
-tone, a flag, a letter with its accent) is never cut in two. Lengths are counted as Telegram
-counts them: characters of the text without its tags.
+tone, a flag, a letter with its accent) is never cut in two. Lengths are counted in UTF-16 code
+units, the stricter of the two counts reported for Telegram's limits (TDLib is said to count
+characters): a chunk fits either way.
 """
 
 from __future__ import annotations
@@ -23,15 +24,9 @@ TELEGRAM_CAPTION_LIMIT = 1024
 
 
 def utf16_len(text: str) -> int:
-    """Length in UTF-16 code units, the unit of Telegram's entity offsets (not of its limits)."""
+    """Length in UTF-16 code units (an emoji two): the unit of entity offsets, and the safe
+    side of the message limits."""
     return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
-
-
-def _length(text: str) -> int:
-    """Length as Telegram checks it against its limits: characters (code points), an emoji one.
-    The Bot API server is TDLib, which refuses a message when `utf8_length(text)` (the count of
-    UTF-8 characters of the text after entities are parsed) exceeds `message_text_length_max`."""
-    return len(text)
 
 
 def escape(text: str) -> str:
@@ -109,9 +104,9 @@ def _atoms(rendered: str) -> list[Atom]:
             atoms.append(_tag(piece))
         elif match.group("entity"):
             visible = html.unescape(piece)
-            atoms.append(Atom(piece, _length(visible), visible=visible))
+            atoms.append(Atom(piece, utf16_len(visible), visible=visible))
         else:
-            atoms.extend(text_atoms(piece, _length))
+            atoms.extend(text_atoms(piece, utf16_len))
     return atoms
 
 
@@ -127,12 +122,12 @@ _BLOCKS = ("pre", "blockquote")
 
 
 def visible_length(rendered: str) -> int:
-    """The length Telegram checks against its limit: characters of the text, without tags."""
+    """The length Telegram checks against its limit: UTF-16 units of the text, without tags."""
     return sum(atom.cost for atom in _atoms(rendered))
 
 
 def split_html(rendered: str, limit: int = TELEGRAM_TEXT_LIMIT) -> list[str]:
-    """Split rendered HTML into chunks of at most `limit` characters of visible text.
+    """Split rendered HTML into chunks of at most `limit` UTF-16 units of visible text.
 
     Telegram counts a message's length after parsing its entities: tags count nothing and
     `&amp;` counts one, so they do not use up the budget either.

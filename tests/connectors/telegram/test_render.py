@@ -108,18 +108,18 @@ def test_open_tags_are_closed_and_reopened_across_chunks() -> None:
     assert "".join(html_text(c) for c in chunks) == html_text(rendered)
 
 
-def test_counts_characters_as_telegram_does_an_emoji_being_one() -> None:
-    emoji = "😀"  # two UTF-16 units, one character to Telegram's limit
-    assert split_html(emoji * 4096, 4096) == [emoji * 4096]
-    chunks = split_html(emoji * 6000, 4096)  # no spaces at all
-    assert [len(c) for c in chunks] == [4096, 6000 - 4096]
-    assert visible_length("<b>😀</b>&amp;") == 2 and utf16_len("😀") == 2
+def test_never_splits_a_surrogate_pair_and_counts_utf16() -> None:
+    emoji = "😀"  # two UTF-16 units
+    rendered = emoji * 3000  # 6,000 units, no spaces at all
+    chunks = split_html(rendered, 4096)
+    assert [utf16_len(c) for c in chunks] == [4096, 6000 - 4096]
+    assert all(set(c) == {emoji} for c in chunks)
 
 
 def test_never_cuts_inside_a_user_visible_character() -> None:
     # "x" shifts every emoji by one unit, so a cut at the limit would fall inside one.
     for cluster in ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301"):
-        rendered = "x" + cluster * (5000 // len(cluster))
+        rendered = "x" + cluster * (5000 // utf16_len(cluster))
         chunks = split_html(rendered, 4096)
         assert len(chunks) == 2 and "".join(chunks) == rendered
         assert chunks[1] == cluster * (len(chunks[1]) // len(cluster)), cluster

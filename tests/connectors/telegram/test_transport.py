@@ -345,7 +345,7 @@ async def test_a_long_emphasised_reply_arrives_in_pieces_each_whole_and_balanced
 ) -> None:
     running = await start()
     # No space in the bold run of thumbs: it is cut between two of them, never inside one.
-    text = "**Summary:** " + "_all good_ " * 50 + "\n\n**xyz" + "👍🏽" * 2500 + "** done"
+    text = "**Summary:** " + "_all good_ " * 50 + "\n\n**xyz" + "👍🏽" * 1500 + "** done"
     result = await running.connector.send(OutboundMessage(thread_id="777", text=text))
     sent = [s["text"] for s in peer.sent_messages]
     assert len(sent) == len(result.message_ids) >= 2
