@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from talkbridge.bridge import Bridge
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, RetentionConfig
-from talkbridge.retention import keep_for, sweep
+from talkbridge.retention import keep_for, sweep, sweep_forever
 from talkbridge.store import FailedSend, Retention, SqliteStore
 from tests.support.talk_connector import make_message
 
@@ -38,6 +43,27 @@ async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path
         assert (second.dedupe, second.sent, second.more) == (5, 5, False)
         assert await store.accept_inbound(make_message(connection_id="tg", message_id="m0"))
         assert await store.sent_result("tg", "k0") is None
+    finally:
+        await store.close()
+
+
+async def test_a_sweep_frees_state_past_its_deadline_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "talkbridge.store")
+    store = SqliteStore(tmp_path / "x.db")
+    await store.open()
+    try:
+        store.wall_clock = lambda: time.time() - 2 * 86_400  # written two days ago
+        await store.set_state("album", "a day", keep_for=timedelta(days=1))
+        await store.set_state("offset", "for good")
+        swept = asyncio.Event()
+        task = asyncio.create_task(sweep_forever(store, RetentionConfig(), swept))
+        await asyncio.wait_for(swept.wait(), 10)
+        await cancel_and_wait(task)
+        assert "forgot 0 dedupe id(s), 0 send record(s), 0 failed send(s), 1 expired" in caplog.text
+        rows = await store._writer.submit(store._ops.query, "SELECT key FROM state")
+        assert rows == [("offset",)]
     finally:
         await store.close()
 

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -33,11 +33,12 @@ from talkbridge.store.base import (
     Retention,
     Role,
     check_history_window,
+    state_deadline,
 )
 from talkbridge.store.seen import SeenFilter
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -169,6 +170,12 @@ _MIGRATIONS: tuple[str, ...] = (
         WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
     DELETE FROM id_map WHERE substr(native_id, 1, 6) = char(31) || 'once' || char(31);
     """,
+    # version 5: state may expire (`set_state(..., keep_for=...)`): read as gone past its
+    # deadline, deleted by `prune`. Only expiring rows are in the index.
+    """
+    ALTER TABLE state ADD COLUMN expires_at REAL;  -- epoch seconds; NULL: kept for good
+    CREATE INDEX state_expiry ON state (expires_at) WHERE expires_at IS NOT NULL;
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
@@ -249,10 +256,14 @@ _APPROVE = "UPDATE pairings SET approved = 1 WHERE code_key = ?"
 _FORGET_PAIRING = "DELETE FROM pairings WHERE code_key = ?"
 _PAIRINGS_ALL = f"SELECT {_PAIRING_COLS} FROM pairings ORDER BY id"
 _PAIRINGS_PENDING = f"SELECT {_PAIRING_COLS} FROM pairings WHERE approved = 0 ORDER BY id"
-_GET_STATE = "SELECT value FROM state WHERE key = ?"
+_GET_STATE = "SELECT value FROM state WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)"
 _SET_STATE = (
-    "INSERT INTO state (key, value) VALUES (?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    "INSERT INTO state (key, value, expires_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
+)
+_PRUNE_STATE = (
+    "DELETE FROM state WHERE key IN"
+    " (SELECT key FROM state WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)"
 )
 
 _HOOK_COLS = (
@@ -573,7 +584,7 @@ class _SqliteOps:
         _insert_many(self._cur, _MAP_ID_HEAD, calls, 3)  # in order: a later remap wins
         return [None] * len(calls)
 
-    def lookup(self, sql: str, *params: str) -> Any:
+    def lookup(self, sql: str, *params: str | float) -> Any:
         row = self._cur.execute(sql, params).fetchone()
         return row[0] if row else None
 
@@ -593,6 +604,13 @@ class _SqliteOps:
         )
 
     def prune(
+        self, now: float, cutoffs: dict[str, float], failed_before: str, limit: int
+    ) -> Pruned:
+        expired = self._cur.execute(_PRUNE_STATE, (now, limit)).rowcount
+        pruned = self._prune_marked(now, cutoffs, failed_before, limit)
+        return pruned._replace(expired_state=expired, more=pruned.more or expired >= limit)
+
+    def _prune_marked(
         self, now: float, cutoffs: dict[str, float], failed_before: str, limit: int
     ) -> Pruned:
         cur = self._cur
@@ -682,8 +700,8 @@ class _SqliteOps:
 
     # -- state ------------------------------------------------------------------------------
 
-    def set_state(self, key: str, value: str) -> None:
-        self._cur.execute(_SET_STATE, (key, value))
+    def set_state(self, key: str, value: str, expires_at: float | None = None) -> None:
+        self._cur.execute(_SET_STATE, (key, value, expires_at))
 
     # -- durable hook queue -----------------------------------------------------------------
 
@@ -843,6 +861,8 @@ class SqliteStore:
         """Senders known trusted, until when (`clock()`)."""
         self._trust_gen = 0
         """Bumped by every trust write, so a read that raced a write does not fill the cache."""
+        self.wall_clock: Callable[[], float] = time.time
+        """What `keep_for` deadlines of state are set and read by (see `Store.wall_clock`)."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self._path)!r})"
@@ -1088,11 +1108,13 @@ class SqliteStore:
     # -- state ------------------------------------------------------------------------------
 
     async def get_state(self, key: str) -> str | None:
-        found: str | None = await self._writer.submit(self._ops.lookup, _GET_STATE, key)
+        now = self.wall_clock()
+        found: str | None = await self._writer.submit(self._ops.lookup, _GET_STATE, key, now)
         return found
 
-    async def set_state(self, key: str, value: str) -> None:
-        await self._writer.submit(self._ops.set_state, key, value)
+    async def set_state(self, key: str, value: str, *, keep_for: timedelta | None = None) -> None:
+        expires_at = state_deadline(self.wall_clock(), keep_for)
+        await self._writer.submit(self._ops.set_state, key, value, expires_at)
 
     # -- durable hook queue -----------------------------------------------------------------
 
