@@ -25,6 +25,12 @@ def test_the_config_becomes_the_store_retention() -> None:
     assert keep == Retention(timedelta(days=2), timedelta(hours=12), timedelta(days=30))
 
 
+def test_connectors_keep_their_records_as_long_as_dedupe_ids(tmp_path: Path) -> None:
+    config = BridgeConfig(retention=RetentionConfig(dedupe_days=3))
+    bridge = Bridge(config, store=SqliteStore(tmp_path / "x.db"), with_webchat=False)
+    assert bridge.context.dedupe_for == timedelta(days=3)  # e.g. a Telegram album's updates
+
+
 async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "x.db")
     await store.open()
