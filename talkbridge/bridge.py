@@ -118,7 +118,12 @@ class Bridge:
             redact=self.secrets.redact,
             history=self._agent_history,
         )
-        self.context = ConnectorContext(self.store, log, {"environment": self.config.environment})
+        self.context = ConnectorContext(
+            self.store,
+            log,
+            {"environment": self.config.environment},
+            dedupe_for=timedelta(days=self.config.retention.dedupe_days),
+        )
         self._with_webchat = with_webchat
         self.webchat: Any = None
         self.webchat_token: str | None = None
@@ -306,7 +311,7 @@ class Bridge:
             self.registry.states,
             node_info=self._node_info,
             generated_token=self.webchat_token is not None,
-            dedupe_for=timedelta(days=self.config.retention.dedupe_days),
+            dedupe_for=self.context.dedupe_for,
         )
         self.registry.add(
             self.webchat,

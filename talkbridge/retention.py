@@ -1,5 +1,6 @@
 """The retention sweep: the store forgets dedupe ids, idempotency records and failed sends once
-they are older than the config's `retention`, so it does not grow with every message ever seen."""
+they are older than the config's `retention`, and state entries past their `keep_for`, so it
+does not grow with every message ever seen."""
 
 from __future__ import annotations
 
@@ -27,12 +28,18 @@ def keep_for(config: RetentionConfig) -> Retention:
 
 async def sweep(store: Store, keep: Retention, *, step_size: int = STEP) -> Pruned:
     """One sweep, in steps; the totals of what it dropped."""
-    dedupe = sent = failed = 0
+    total = Pruned(0, 0, 0, False)
     while True:
         step = await store.prune(now=utcnow(), keep=keep, limit=step_size)
-        dedupe, sent, failed = dedupe + step.dedupe, sent + step.sent, failed + step.failed_sends
+        total = Pruned(
+            total.dedupe + step.dedupe,
+            total.sent + step.sent,
+            total.failed_sends + step.failed_sends,
+            False,
+            total.expired_state + step.expired_state,
+        )
         if not step.more:
-            return Pruned(dedupe, sent, failed, False)
+            return total
 
 
 async def sweep_forever(
@@ -47,12 +54,14 @@ async def sweep_forever(
         except Exception as exc:  # the next sweep tries again; traffic is not affected
             log.warning("retention sweep failed: %s", exc)
         else:
-            if done.dedupe or done.sent or done.failed_sends:
+            if done.dedupe or done.sent or done.failed_sends or done.expired_state:
                 log.info(
-                    "retention: forgot %d dedupe id(s), %d send record(s), %d failed send(s)",
+                    "retention: forgot %d dedupe id(s), %d send record(s), %d failed send(s),"
+                    " %d expired state entr(ies)",
                     done.dedupe,
                     done.sent,
                     done.failed_sends,
+                    done.expired_state,
                 )
         if swept is not None:
             swept.set()

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from talkbridge.bridge import Bridge
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, RetentionConfig
-from talkbridge.retention import keep_for, sweep
+from talkbridge.retention import keep_for, sweep, sweep_forever
 from talkbridge.store import FailedSend, Retention, SqliteStore
 from tests.support.talk_connector import make_message
 
@@ -18,6 +23,12 @@ NOW = Retention(timedelta(0), timedelta(0), timedelta(0))
 def test_the_config_becomes_the_store_retention() -> None:
     keep = keep_for(RetentionConfig(dedupe_days=2, sent_days=0.5, failed_sends_days=30))
     assert keep == Retention(timedelta(days=2), timedelta(hours=12), timedelta(days=30))
+
+
+def test_connectors_keep_their_records_as_long_as_dedupe_ids(tmp_path: Path) -> None:
+    config = BridgeConfig(retention=RetentionConfig(dedupe_days=3))
+    bridge = Bridge(config, store=SqliteStore(tmp_path / "x.db"), with_webchat=False)
+    assert bridge.context.dedupe_for == timedelta(days=3)  # e.g. a Telegram album's updates
 
 
 async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path) -> None:
@@ -38,6 +49,27 @@ async def test_a_sweep_drops_in_steps_what_the_previous_sweep_saw(tmp_path: Path
         assert (second.dedupe, second.sent, second.more) == (5, 5, False)
         assert await store.accept_inbound(make_message(connection_id="tg", message_id="m0"))
         assert await store.sent_result("tg", "k0") is None
+    finally:
+        await store.close()
+
+
+async def test_a_sweep_frees_state_past_its_deadline_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "talkbridge.store")
+    store = SqliteStore(tmp_path / "x.db")
+    await store.open()
+    try:
+        store.wall_clock = lambda: time.time() - 2 * 86_400  # written two days ago
+        await store.set_state("album", "a day", keep_for=timedelta(days=1))
+        await store.set_state("offset", "for good")
+        swept = asyncio.Event()
+        task = asyncio.create_task(sweep_forever(store, RetentionConfig(), swept))
+        await asyncio.wait_for(swept.wait(), 10)
+        await cancel_and_wait(task)
+        assert "forgot 0 dedupe id(s), 0 send record(s), 0 failed send(s), 1 expired" in caplog.text
+        rows = await store._writer.submit(store._ops.query, "SELECT key FROM state")
+        assert rows == [("offset",)]
     finally:
         await store.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from talkbridge import replies
@@ -66,10 +67,17 @@ class ConnectorContext:
         store: Store,
         logger: logging.Logger | None = None,
         settings: Mapping[str, Any] | None = None,
+        *,
+        dedupe_for: timedelta = timedelta(days=7),
     ) -> None:
         self.store = store
         self.logger = logger or logging.getLogger("talkbridge.connector")
         self.settings = dict(settings or {})
+        self.dedupe_for = dedupe_for
+        """How long the router remembers a message it handled (`retention.dedupe_days`): how
+        long a connector keeps what it stores per inbound message for later use (rebuilding
+        it on an edit), with `store.set_state(..., keep_for=dedupe_for)`, so the store does
+        not grow with every message."""
 
 
 class BaseConnector:

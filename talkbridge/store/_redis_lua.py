@@ -441,6 +441,25 @@ return n
 """
 )
 
+# KEYS: state hash, the entry's own key (`RedisKeys.expiring_state`)  ARGV: field
+GET_STATE: Final = """
+local value = redis.call('GET', KEYS[2])
+if value then return value end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+"""An entry is in one of the two places: SET_STATE takes it out of the other."""
+
+# KEYS: state hash, the entry's own key  ARGV: field, value, deadline (PXAT ms; "": for good)
+SET_STATE: Final = """
+if ARGV[3] == '' then
+  redis.call('DEL', KEYS[2])
+  return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return redis.call('SET', KEYS[2], ARGV[2], 'PXAT', ARGV[3])
+"""
+"""A deadline already past leaves no key at all (Redis drops it at once)."""
+
 ALL: Final[dict[str, str]] = {
     name: value
     for name, value in dict(globals()).items()

@@ -8,7 +8,7 @@ a conversation use `thread_key` = `connection_id + "\\x1f" + thread_id` (see
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
@@ -118,6 +118,8 @@ class Pruned(NamedTuple):
     failed_sends: int
     more: bool
     """A limit was reached: call `prune` again for the rest."""
+    expired_state: int = 0
+    """State entries past their `keep_for` (SQLite; Redis drops them itself)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +143,18 @@ class HookDelivery:
     """Failed attempts so far."""
     dead: bool = False
     last_error: str | None = None
+
+
+def state_deadline(now: float, keep_for: timedelta | None) -> float | None:
+    """When an entry `set_state` keeps `keep_for` from `now` (epoch seconds) runs out; None:
+    never. Raises on a lifetime that is no positive `timedelta`."""
+    if keep_for is None:
+        return None
+    if not isinstance(keep_for, timedelta):
+        raise TypeError(f"keep_for must be a timedelta or None, got {type(keep_for).__name__}")
+    if keep_for <= timedelta(0):
+        raise ValueError(f"keep_for must be positive, got {keep_for}")
+    return now + keep_for.total_seconds()
 
 
 def check_history_window(limit: int, after_seq: int, before_seq: int) -> bool:
@@ -261,10 +275,11 @@ class Store(Protocol):
 
     async def prune(self, *, now: datetime, keep: Retention, limit: int = 10_000) -> Pruned:
         """Forget the dedupe ids of completed inbound messages, the idempotency records and the
-        failed sends older than `keep`, at most `limit` of each per call; pending inbound
-        messages are never forgotten. Ages are measured from `prune` calls, not per entry: an
-        entry goes at the first call at least `keep` after an earlier call that saw it, so it
-        lives between `keep` and `keep` plus the interval between calls. Call it regularly."""
+        failed sends older than `keep`, and the state entries whose `keep_for` ran out by `now`,
+        at most `limit` of each per call; pending inbound messages are never forgotten. Ages
+        (but not state deadlines) are measured from `prune` calls, not per entry: an entry
+        goes at the first call at least `keep` after an earlier call that saw it, so it lives
+        between `keep` and `keep` plus the interval between calls. Call it regularly."""
         ...
 
     # -- trust and pairing ---------------------------------------------------------------------
@@ -298,9 +313,21 @@ class Store(Protocol):
         pairing as it was, or None for an unknown code."""
         ...
 
-    # -- small durable state for connectors (update offsets, IMAP UIDs) ------------------------
-    async def get_state(self, key: str) -> str | None: ...
-    async def set_state(self, key: str, value: str) -> None: ...
+    # -- small durable state for connectors (update offsets, IMAP UIDs, kept records) -----------
+    wall_clock: Callable[[], float]
+    """Epoch seconds (`time.time`) that `keep_for` deadlines are set and read by: a deadline
+    outlives the process, so not the monotonic clock. Tests move it instead of sleeping."""
+
+    async def get_state(self, key: str) -> str | None:
+        """The value kept under `key`; None when there is none or its `keep_for` ran out."""
+        ...
+
+    async def set_state(self, key: str, value: str, *, keep_for: timedelta | None = None) -> None:
+        """Keep `value` under `key`, replacing the value and deadline an earlier call set: for
+        good, or until `keep_for` after this call (`wall_clock`), for records that matter only
+        for a while, so that one per message does not grow the store for ever. Past its
+        deadline an entry reads as None at once; `prune` (or Redis itself) frees its space."""
+        ...
 
     # -- durable hook queue (talkbridge.hooks.durable) -----------------------------------------
     async def enqueue_hook_event(

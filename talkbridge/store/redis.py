@@ -17,9 +17,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, get_args
 
 import redis.asyncio as aioredis
@@ -46,6 +48,7 @@ from talkbridge.store.base import (
     Role,
     check_history_window,
     once_key,
+    state_deadline,
 )
 
 log = logging.getLogger("talkbridge.store")
@@ -160,7 +163,13 @@ class RedisKeys:
         return self._key("pairing", "expiry")
 
     def state(self) -> str:
+        """The hash of the state kept for good."""
         return self._key("state")
+
+    def expiring_state(self, key: str) -> str:
+        """A state entry with a deadline: a key of its own, since a hash field cannot expire
+        before Redis 7.4 (the supported Redis is Debian's, 7.0)."""
+        return self._key("statex", key)
 
     # durable hook queue
     def hook_seq(self) -> str:
@@ -502,6 +511,8 @@ class RedisStore:
         self._dropped_before_retention: set[str] = set()
         self._noted: set[str] = set()
         """Connection ids already added to `keys.swept_connections()` by this process."""
+        self.wall_clock: Callable[[], float] = time.time
+        """What `keep_for` deadlines are set by (Redis expires the entries on its own clock)."""
 
     def __repr__(self) -> str:
         return f"RedisStore({self._where!r}, prefix={self.keys.prefix!r})"
@@ -981,11 +992,15 @@ class RedisStore:
     # -- state ------------------------------------------------------------------------------
 
     async def get_state(self, key: str) -> str | None:
-        found: str | None = await self._call("HGET", self.keys.state(), key, parse=_opt_text)
+        keys = [self.keys.state(), self.keys.expiring_state(key)]
+        found: str | None = await self._script("GET_STATE", keys, [key], parse=_opt_text)
         return found
 
-    async def set_state(self, key: str, value: str) -> None:
-        await self._call("HSET", self.keys.state(), key, value)
+    async def set_state(self, key: str, value: str, *, keep_for: timedelta | None = None) -> None:
+        deadline = state_deadline(self.wall_clock(), keep_for)
+        at = "" if deadline is None else str(math.ceil(deadline * 1000))  # PXAT: milliseconds
+        keys = [self.keys.state(), self.keys.expiring_state(key)]
+        await self._script("SET_STATE", keys, [key, value, at])
 
     # -- durable hook queue -----------------------------------------------------------------
 

@@ -37,11 +37,12 @@ from talkbridge.store.base import (
     Retention,
     Role,
     check_history_window,
+    state_deadline,
 )
 from talkbridge.store.seen import SeenFilter
 
 MEMORY = ":memory:"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _MIGRATIONS: tuple[str, ...] = (
     # version 1
@@ -183,14 +184,20 @@ _MIGRATIONS: tuple[str, ...] = (
         WHERE approved = 0;
     CREATE INDEX pairings_expiry ON pairings (expires_at) WHERE approved = 0;
     """,
+    # version 6: state may expire (`set_state(..., keep_for=...)`): read as gone past its
+    # deadline, deleted by `prune`. Only expiring rows are in the index.
+    """
+    ALTER TABLE state ADD COLUMN expires_at REAL;  -- epoch seconds; NULL: kept for good
+    CREATE INDEX state_expiry ON state (expires_at) WHERE expires_at IS NOT NULL;
+    """,
 )
 
 _ROLES = frozenset(get_args(Role))
 _CACHE_MAX = 100_000
+"""Entries kept in the per-thread seq cache and the trust cache before they are dropped."""
 TRUST_CACHE_SECONDS = 5.0
 """How long a sender found trusted is taken as such without asking the writer again: how late
 a revocation made by another process (`talkbridge pair revoke`) reaches a running bridge."""
-"""Entries kept in the per-thread seq cache and the trust cache before they are dropped."""
 
 _ACCEPT_HEAD = "INSERT INTO inbound (connection_id, message_id, body)"
 _PENDING = "SELECT body FROM inbound WHERE body IS NOT NULL ORDER BY id"
@@ -272,10 +279,14 @@ _PAIRINGS_PENDING = (
     f"SELECT {_PAIRING_COLS} FROM pairings"
     " WHERE approved = 0 AND (expires_at IS NULL OR expires_at > ?) ORDER BY id"
 )
-_GET_STATE = "SELECT value FROM state WHERE key = ?"
+_GET_STATE = "SELECT value FROM state WHERE key = ? AND (expires_at IS NULL OR expires_at > ?)"
 _SET_STATE = (
-    "INSERT INTO state (key, value) VALUES (?, ?)"
-    " ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+    "INSERT INTO state (key, value, expires_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
+)
+_PRUNE_STATE = (
+    "DELETE FROM state WHERE key IN"
+    " (SELECT key FROM state WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)"
 )
 
 _HOOK_COLS = (
@@ -608,7 +619,7 @@ class _SqliteOps:
         _insert_many(self._cur, _MAP_ID_HEAD, calls, 3)  # in order: a later remap wins
         return [None] * len(calls)
 
-    def lookup(self, sql: str, *params: str) -> Any:
+    def lookup(self, sql: str, *params: str | float) -> Any:
         row = self._cur.execute(sql, params).fetchone()
         return row[0] if row else None
 
@@ -628,6 +639,13 @@ class _SqliteOps:
         )
 
     def prune(
+        self, now: float, cutoffs: dict[str, float], failed_before: str, limit: int
+    ) -> Pruned:
+        expired = self._cur.execute(_PRUNE_STATE, (now, limit)).rowcount
+        pruned = self._prune_marked(now, cutoffs, failed_before, limit)
+        return pruned._replace(expired_state=expired, more=pruned.more or expired >= limit)
+
+    def _prune_marked(
         self, now: float, cutoffs: dict[str, float], failed_before: str, limit: int
     ) -> Pruned:
         cur = self._cur
@@ -729,8 +747,8 @@ class _SqliteOps:
 
     # -- state ------------------------------------------------------------------------------
 
-    def set_state(self, key: str, value: str) -> None:
-        self._cur.execute(_SET_STATE, (key, value))
+    def set_state(self, key: str, value: str, expires_at: float | None = None) -> None:
+        self._cur.execute(_SET_STATE, (key, value, expires_at))
 
     # -- durable hook queue -----------------------------------------------------------------
 
@@ -917,6 +935,8 @@ class SqliteStore:
         """Bumped by every trust write, so a read that raced a write does not fill the cache."""
         self._serving: IO[str] | None = None
         """The lock `lock_for_serving` took, held open until `close`."""
+        self.wall_clock: Callable[[], float] = time.time
+        """What `keep_for` deadlines of state are set and read by (see `Store.wall_clock`)."""
 
     def __repr__(self) -> str:
         return f"SqliteStore({str(self._path)!r})"
@@ -1195,11 +1215,13 @@ class SqliteStore:
     # -- state ------------------------------------------------------------------------------
 
     async def get_state(self, key: str) -> str | None:
-        found: str | None = await self._writer.submit(self._ops.lookup, _GET_STATE, key)
+        now = self.wall_clock()
+        found: str | None = await self._writer.submit(self._ops.lookup, _GET_STATE, key, now)
         return found
 
-    async def set_state(self, key: str, value: str) -> None:
-        await self._writer.submit(self._ops.set_state, key, value)
+    async def set_state(self, key: str, value: str, *, keep_for: timedelta | None = None) -> None:
+        expires_at = state_deadline(self.wall_clock(), keep_for)
+        await self._writer.submit(self._ops.set_state, key, value, expires_at)
 
     # -- durable hook queue -----------------------------------------------------------------
 

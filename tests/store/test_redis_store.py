@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -161,6 +163,31 @@ async def test_two_prefixes_share_one_server_without_seeing_each_other(url: str)
                 found = [k async for k in raw.scan_iter(match=store.keys.pattern())]
                 if found:
                     await raw.delete(*found)
+
+
+async def test_state_that_expires_is_a_key_redis_expires_itself(url: str, raw: Redis) -> None:
+    # Hash fields cannot expire before Redis 7.4: each expiring entry is a key with a deadline.
+    store = RedisStore(url, prefix=f"tbtest-{uuid.uuid4().hex[:12]}")
+    await store.open()
+    t0 = time.time()
+    store.wall_clock = lambda: t0
+    own = store.keys.expiring_state("album:1")
+    try:
+        await store.set_state("album:1", "kept a day", keep_for=timedelta(days=1))
+        assert await raw.pexpiretime(own) == math.ceil((t0 + 86_400) * 1000)
+        assert not await raw.hexists(store.keys.state(), "album:1")
+        await store.set_state("album:1", "for good")  # no deadline left behind
+        assert not await raw.exists(own)
+        assert await raw.hget(store.keys.state(), "album:1") == b"for good"
+        store.wall_clock = lambda: t0 - 86_400  # written a day ago, for an hour
+        await store.set_state("album:1", "ran out", keep_for=timedelta(hours=1))
+        assert not await raw.exists(own)  # Redis dropped it: nothing for a sweep to do
+        assert not await raw.hexists(store.keys.state(), "album:1")
+    finally:
+        await store.close()
+        found = [k async for k in raw.scan_iter(match=store.keys.pattern())]
+        if found:
+            await raw.delete(*found)
 
 
 @contextlib.asynccontextmanager

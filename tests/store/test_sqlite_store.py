@@ -110,6 +110,32 @@ async def test_prune_keeps_rows_newer_than_the_mark_that_aged(tmp_path: Path) ->
         await store.close()
 
 
+async def test_prune_deletes_the_state_rows_past_their_deadline(db: SqliteStore) -> None:
+    keep = Retention(timedelta(days=7), timedelta(days=7), timedelta(days=30))
+    t0 = 1_700_000_000.0
+    db.wall_clock = lambda: t0
+    await db.set_state("album:1", "an hour", keep_for=timedelta(hours=1))
+    await db.set_state("album:2", "two hours", keep_for=timedelta(hours=2))
+    await db.set_state("album:3", "three hours", keep_for=timedelta(hours=3))
+    await db.set_state("offset", "for good")
+    later = datetime.fromtimestamp(t0 + 2.5 * 3600, UTC)
+    first = await db.prune(now=later, keep=keep, limit=1)
+    assert (first.expired_state, first.more) == (1, True)  # the limit holds for state too
+    second = await db.prune(now=later, keep=keep, limit=1)
+    assert (second.expired_state, second.more) == (1, True)  # a full step: maybe more
+    third = await db.prune(now=later, keep=keep, limit=1)
+    assert (third.expired_state, third.more) == (0, False)
+    rows = await db._writer.submit(db._ops.query, "SELECT key FROM state ORDER BY key")
+    assert rows == [("album:3",), ("offset",)]
+
+
+async def test_finding_state_that_expires_uses_its_index(db: SqliteStore) -> None:
+    plan = await db._writer.submit(
+        db._ops.query, f"EXPLAIN QUERY PLAN {sqlite_module._PRUNE_STATE}", (0.0, 10)
+    )
+    assert any("state_expiry" in row[-1] for row in plan), plan
+
+
 async def test_unopenable_path_is_a_store_error_naming_it(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("I am a file, not a folder")
     store = SqliteStore(tmp_path / "file" / "x.db")

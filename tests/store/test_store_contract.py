@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,7 @@ from talkbridge.store.base import EXPIRED_PAIRINGS_KEPT
 from .conftest import Reopen
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+DAY = 86_400.0
 
 
 def msg(message_id: str, *, connection_id: str = "web", thread_id: str = "t1") -> NormalizedMessage:
@@ -522,6 +526,58 @@ async def test_state_get_set_overwrite(store: Store, reopen: Reopen) -> None:
     store = await reopen()
     assert await store.get_state("tg:offset") == "101"
     assert await store.get_state("imap:uid") == "7"
+
+
+def written_at(store: Store, moment: float) -> None:
+    """Set the clock `keep_for` deadlines are measured by (Redis then expires on its own)."""
+    store.wall_clock = lambda: moment
+
+
+async def test_state_kept_for_a_while_reads_as_gone_once_that_ran_out(
+    store: Store, reopen: Reopen
+) -> None:
+    now = time.time()
+    written_at(store, now - 2 * DAY)  # two days ago
+    await store.set_state("album:1", "ran out a day ago", keep_for=timedelta(days=1))
+    await store.set_state("album:2", "a day left", keep_for=timedelta(days=3))
+    await store.set_state("offset", "for good")
+    written_at(store, now)
+    assert await store.get_state("album:1") is None  # at once: no sweep needed
+    assert await store.get_state("album:2") == "a day left"
+    assert await store.get_state("offset") == "for good"
+    await store.prune(now=datetime.fromtimestamp(now, UTC), keep=WEEK)
+    store = await reopen()  # deadlines are kept with the data
+    assert await store.get_state("album:1") is None
+    assert await store.get_state("album:2") == "a day left"
+    assert await store.get_state("offset") == "for good"
+
+
+async def test_set_state_replaces_the_deadline_with_the_value(store: Store) -> None:
+    now = time.time()
+    written_at(store, now - 2 * DAY)
+    await store.set_state("k", "for good")
+    await store.set_state("k", "for a day", keep_for=timedelta(days=1))  # ran out a day ago
+    await store.set_state("j", "for three days", keep_for=timedelta(days=3))
+    await store.set_state("j", "for good")
+    written_at(store, now + 2 * DAY)  # past j's first deadline
+    assert await store.get_state("k") is None  # the value kept for good does not come back
+    assert await store.get_state("j") == "for good"
+
+
+@pytest.mark.parametrize(
+    ("keep_for", "error", "says"),
+    [
+        (timedelta(0), ValueError, "keep_for must be positive, got 0:00:00"),
+        (timedelta(seconds=-1), ValueError, "keep_for must be positive"),
+        (3600, TypeError, "keep_for must be a timedelta or None, got int"),
+    ],
+)
+async def test_keep_for_is_a_positive_timedelta(
+    store: Store, keep_for: Any, error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=re.escape(says)):
+        await store.set_state("k", "v", keep_for=keep_for)
+    assert await store.get_state("k") is None
 
 
 # -- failure isolation -----------------------------------------------------------------------

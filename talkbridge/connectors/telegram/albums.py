@@ -14,7 +14,10 @@ back cannot wait for it: `getUpdates` from the old offset answers at once with t
 busy loop), and a webhook would never send the next item. So `add` writes each item to the store
 (connector state) before its update is confirmed. A closed group is delivered (the router's inbox
 has it durably once `deliver` returns), then each item's native id is mapped to the album's id
-in the store's id map, then the group leaves the record of open ones. A crash between these
+in the store's id map, then the group leaves the record of open ones. Its updates are kept
+(`kept_key`) for `keep_for` after it went out or was last edited (the router's dedupe window,
+`retention.dedupe_days`), so that an edit of an item can decode the album again; a later edit
+is one of that item alone. A crash between these
 steps delivers the album again under the same id, which the router drops as a duplicate; this
 is also why the groups an earlier run left open are delivered at once at start, not held for
 more items (a late item added to an album delivered already would be dropped with it). An item
@@ -29,6 +32,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from talkbridge.backoff import Backoff
@@ -83,9 +87,11 @@ class Albums:
         decode: Decode,
         deliver: Deliver,
         wait: float,
+        keep_for: timedelta,
         log: logging.Logger,
     ) -> None:
         self._wait = wait
+        self._keep_for = keep_for
         self._store = store
         self._cid = connection_id
         self._decode = decode
@@ -152,7 +158,8 @@ class Albums:
                 item if _native(u) == edit.edit_of else u
                 for u in _updates(await self._store.get_state(key), key, self._log)
             ]
-            await self._store.set_state(key, json.dumps(updates))
+            if updates:  # kept on from this edit, which a later one may follow
+                await self._store.set_state(key, json.dumps(updates), keep_for=self._keep_for)
         album = self._decode(updates) if updates else None
         if album is None or album.id != album_id:  # its updates are gone: the item alone
             return edit.model_copy(update={"edit_of": album_id})
@@ -172,7 +179,9 @@ class Albums:
             self._retry.reset()
             for native, _ in group.items.values():
                 await self._store.map_id(self._cid, item_key(native), album.id)
-            await self._store.set_state(kept_key(self._cid, album.id), json.dumps(updates))
+            await self._store.set_state(
+                kept_key(self._cid, album.id), json.dumps(updates), keep_for=self._keep_for
+            )
         if self._open.get(group.key) is group:
             del self._open[group.key]
         await self._save()

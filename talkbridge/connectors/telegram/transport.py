@@ -122,6 +122,7 @@ class TelegramConnector(BaseConnector):
             decode=self._decode_album,
             deliver=self._deliver_album,
             wait=config.album_wait,
+            keep_for=context.dedupe_for,
             log=self._log,
         )
         for name in ("activity", "inbound_media", "edit", "delete", "reactions", "interactions"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -28,7 +29,8 @@ async def peer() -> AsyncIterator[TelegramBotAPIPeer]:
 def make_connector(
     peer: TelegramBotAPIPeer, sqlite_store: SqliteStore
 ) -> Callable[..., TelegramConnector]:
-    def make(**overrides: Any) -> TelegramConnector:
+    def make(*, dedupe_for: timedelta = timedelta(days=7), **overrides: Any) -> TelegramConnector:
+        """A connector of the config `overrides` change; `dedupe_for` is the retention's."""
         values: dict[str, Any] = {
             "id": "tg",
             "channel": "telegram",
@@ -38,7 +40,8 @@ def make_connector(
             **overrides,
         }
         config = TelegramConfig.model_validate(values)
-        connector = create(config, ConnectorContext(sqlite_store, logging.getLogger("test")))
+        context = ConnectorContext(sqlite_store, logging.getLogger("test"), dedupe_for=dedupe_for)
+        connector = create(config, context)
         connector.retry_base = 0.01
         return connector
 

@@ -4,17 +4,21 @@ media group reach the bridge as one message, whatever the batches, restarts or e
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from talkbridge.connectors.telegram.albums import kept_key
 from talkbridge.message import NormalizedMessage
+from talkbridge.store import Retention, SqliteStore
 from tests.connectors.telegram.conftest import TOKEN
 from tests.peers.http import free_port
 from tests.peers.telegram import TelegramBotAPIPeer, album, group_text, private_text
 from tests.support.running import Inbox
 
 Start = Callable[..., Any]
+DAY = 86_400
 
 
 def files(peer: TelegramBotAPIPeer, count: int) -> list[str]:
@@ -147,6 +151,45 @@ async def test_an_edit_of_one_item_is_an_edit_of_the_whole_album(
     assert edit.id == f"777:82:edit:{edited['edit_date']}"
     assert edit.text == "Holiday\n\nthe beach" and refs(edit) == photos
     assert len(running.inbox.messages) == 2  # the edit opened no album of its own
+
+
+async def test_an_albums_kept_updates_go_once_its_edits_are_past_the_dedupe_window(
+    peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
+) -> None:
+    t0 = 1_700_000_000.0
+    clock = [t0]
+    sqlite_store.wall_clock = lambda: clock[0]
+    running = await start(album_wait=0.05, dedupe_for=timedelta(days=2))
+    photos = files(peer, 3)
+    updates = album(777, photos, first_message_id=140, caption="Holiday")
+    for update in updates:
+        peer.push_update(update)
+    [shots] = await running.inbox.wait_count(1)
+    kept = kept_key("tg", shots.id)
+
+    def edited(caption: str, after: int) -> dict[str, Any]:
+        item = dict(updates[2]["message"], caption=caption)
+        return {"edited_message": item | {"edit_date": item["date"] + after}}
+
+    clock[0] = t0 + DAY  # within the window: the edit is one of the whole album
+    peer.push_update(edited("the beach", 30))
+    _, edit = await running.inbox.wait_count(2)
+    assert edit.edit_of == shots.id and edit.text == "Holiday\n\nthe beach"
+    assert refs(edit) == photos
+    clock[0] = t0 + 2.5 * DAY  # past the album's own deadline, not past the edit's
+    assert await sqlite_store.get_state(kept) is not None
+    clock[0] = t0 + 3 * DAY + 1  # two days after the last edit: gone, before any sweep
+    assert await sqlite_store.get_state(kept) is None
+    swept = await sqlite_store.prune(
+        now=datetime.fromtimestamp(clock[0], UTC),
+        keep=Retention(timedelta(days=2), timedelta(days=2), timedelta(days=2)),
+    )
+    assert swept.expired_state == 1
+    rows = await sqlite_store._writer.submit(sqlite_store._ops.query, "SELECT key FROM state")
+    assert kept not in {key for (key,) in rows}  # the store no longer holds it
+    peer.push_update(edited("the sea", 60))  # still the album's answer, from this item alone
+    *_, late = await running.inbox.wait_count(3)
+    assert late.edit_of == shots.id and late.text == "the sea" and refs(late) == photos[2:]
 
 
 async def test_a_webhook_answers_each_item_at_once_and_delivers_the_album_as_one(
