@@ -14,7 +14,8 @@ from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from talkbridge import replies
-from talkbridge.errors import ConnectorError
+from talkbridge.connectors.boundary import scrub
+from talkbridge.errors import ConnectorError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.base import Store
 from talkbridge.talk import Feature, MessageHandler, Subscription
@@ -99,6 +100,21 @@ class BaseConnector:
         """Hand an inbound message to every subscriber; returns once they have accepted it."""
         for handler in list(self._handlers):
             await handler(message)
+
+    async def deliver_confirmed(
+        self, message: NormalizedMessage, what: str, *secrets: str | None
+    ) -> None:
+        """`deliver`, for a connector that confirms the platform's event only once it was taken
+        (an update offset, a mail marked read): a subscriber's failure is then a passing one,
+        naming `what` (secrets scrubbed), so the event stays unconfirmed and comes again."""
+        try:
+            await self.deliver(message)
+        except ConnectorError:
+            raise
+        except Exception as exc:
+            raise TransientError(
+                f"{what} was not accepted by a subscriber: {scrub(str(exc), *secrets)}"
+            ) from exc
 
     def provide(self, name: str, implementation: Feature) -> None:
         self._features[name] = implementation

@@ -266,14 +266,7 @@ class EmailConnector(BaseConnector):
             self._notify()
             return
         message = await self._remember(result)
-        try:
-            await self.deliver(message)
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise TransientError(
-                f"mail {message.id} was not accepted by a subscriber: {exc}"
-            ) from exc
+        await self.deliver_confirmed(message, f"mail {message.id}", *self._secrets)
         await session.mark_seen(uid)
         self.handled += 1
         self._notify()

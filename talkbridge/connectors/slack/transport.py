@@ -26,7 +26,7 @@ import aiohttp
 from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
-from talkbridge.connectors.boundary import permanent, readable, scrub
+from talkbridge.connectors.boundary import permanent, readable
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
     SECTION_TEXT_LIMIT,
@@ -49,7 +49,6 @@ from talkbridge.connectors.slack.events_api import EventsServer, RequestCheck
 from talkbridge.connectors.slack.ratelimit import TierGate
 from talkbridge.connectors.slack.socket_mode import Envelope, SocketSession
 from talkbridge.errors import (
-    ConnectorError,
     NotFoundError,
     PermanentError,
     RateLimitedError,
@@ -305,15 +304,7 @@ class SlackConnector(BaseConnector):
             self._log.info("message %s was deleted in Slack", result.message_id)
             await self.withdraw_reply(result.thread_id, result.message_id)
             return
-        try:
-            await self.deliver(result)
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise TransientError(
-                f"message {result.id} was not accepted by a subscriber: "
-                f"{scrub(str(exc), *self._secrets)}"
-            ) from exc
+        await self.deliver_confirmed(result, f"message {result.id}", *self._secrets)
 
     async def _names(self, user_ids: set[str], *, wait: float | None = None) -> dict[str, str]:
         """Display names of `user_ids`, looked up together; after `wait` seconds the ids of

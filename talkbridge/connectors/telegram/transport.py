@@ -67,7 +67,7 @@ from talkbridge.connectors.telegram.codec import (
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import scrub, translated
+from talkbridge.connectors.telegram.errors import translated
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.errors import (
     ConnectorError,
@@ -275,14 +275,7 @@ class TelegramConnector(BaseConnector):
         await self._deliver_checked(album, f"album {album.id}")
 
     async def _deliver_checked(self, message: NormalizedMessage, what: str) -> None:
-        try:
-            await self.deliver(message)
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise TransientError(
-                f"{what} was not accepted by a subscriber: {scrub(str(exc), self._token)}"
-            ) from exc
+        await self.deliver_confirmed(message, what, self._token, self._token.partition(":")[2])
 
     async def _answer_callback(self, query_id: str) -> None:
         # Stops the button's spinner; failing to do so must not lose the click.

@@ -14,16 +14,7 @@ from markdown_it.token import Token
 
 from talkbridge.connectors.discord.render import length, render_chunks, split_message
 from talkbridge.connectors.markdown import parser
-
-CLUSTERS = ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301", "1\ufe0f\u20e3")
-"""Characters of several code points; none of their parts ever appears alone in a test."""
-
-
-def whole_clusters(text: str) -> bool:
-    """Whether `text` holds only whole CLUSTERS: no part of one is left once they are removed."""
-    for cluster in CLUSTERS:
-        text = text.replace(cluster, "")
-    return not set(text) & set("".join(CLUSTERS)) - set("1e")
+from tests.support.splitting import CLUSTERS, emphasised_paragraphs, whole_clusters
 
 
 def shown(markdown: str) -> str:
@@ -106,31 +97,11 @@ words = st.sampled_from(
     ["alpha", "beta", "gamma.", "x", "😀", "\\*", "\\_", "<@80351110224678912>", *CLUSTERS,
      "[docs](https://e.com/p)", "https://e.com/q"]
 )  # fmt: skip
-Node = tuple[str, frozenset[str]]
-"""Markdown, and the emphasis marks used in it (a span never nests in one of its own kind)."""
-
-
-def _wrapped(children: list[Node]) -> st.SearchStrategy[Node]:
-    used = frozenset().union(*(marks for _, marks in children))
-    inner = " ".join(text for text, _ in children)
-    free = [mark for mark in ("**", "_", "~~") if mark not in used]
-    if not free:
-        return st.just((inner, used))
-    return st.sampled_from(free).map(lambda mark: (mark + inner + mark, used | {mark}))
-
-
-plain_words = st.lists(words, min_size=1, max_size=8).map(" ".join)
-leaves = st.one_of(
-    plain_words.map(lambda text: (text, frozenset[str]())),
+paragraphs = emphasised_paragraphs(
+    words,
     st.lists(st.sampled_from(["alpha", "b*c", "😀", *CLUSTERS]), min_size=1, max_size=8).map(
-        lambda code: ("`" + " ".join(code) + "`", frozenset[str]())
+        " ".join
     ),
-)
-markdown = st.recursive(
-    leaves, lambda inner: st.lists(inner, min_size=1, max_size=4).flatmap(_wrapped), max_leaves=12
-).map(lambda node: node[0])
-paragraphs = st.lists(markdown, min_size=1, max_size=12).map(
-    lambda parts: "".join(p + (" ", "\n", "\n\n")[i % 3] for i, p in enumerate(parts))
 )
 
 

@@ -12,6 +12,7 @@ from talkbridge.connectors.slack.mrkdwn import (
     render_markdown,
     split_mrkdwn,
 )
+from tests.support.splitting import CLUSTERS, emphasised_paragraphs, whole_clusters
 
 
 def test_markdown_becomes_slack_mrkdwn() -> None:
@@ -73,16 +74,6 @@ def test_incoming_mrkdwn_is_made_readable() -> None:
 
 # ---- splitting keeps every chunk's markup whole ---------------------------------------------
 
-CLUSTERS = ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301", "1\ufe0f\u20e3")
-"""Characters of several code points; none of their parts ever appears alone in a test."""
-
-
-def whole_clusters(text: str) -> bool:
-    """Whether `text` holds only whole CLUSTERS: no part of one is left once they are removed."""
-    for cluster in CLUSTERS:
-        text = text.replace(cluster, "")
-    return not set(text) & set("".join(CLUSTERS)) - set("1e")
-
 
 def shown(chunks: list[str]) -> str:
     """What the chunks show, one after the other, whitespace aside."""
@@ -125,30 +116,11 @@ def test_a_link_longer_than_a_chunk_is_spelled_out_rather_than_sent_over_the_lim
 words = st.sampled_from(
     ["alpha", "beta", "gamma.", "x", "a&b", "1<2", "😀", *CLUSTERS, "[docs](https://e.com/p)"]
 )
-Node = tuple[str, frozenset[str]]
-"""Markdown, and the emphasis marks used in it (a span never nests in one of its own kind)."""
-
-
-def _wrapped(children: list[Node]) -> st.SearchStrategy[Node]:
-    used = frozenset().union(*(marks for _, marks in children))
-    inner = " ".join(text for text, _ in children)
-    free = [mark for mark in ("**", "_", "~~") if mark not in used]
-    if not free:
-        return st.just((inner, used))
-    return st.sampled_from(free).map(lambda mark: (mark + inner + mark, used | {mark}))
-
-
-plain_words = st.lists(words, min_size=1, max_size=8).map(" ".join)
-leaves = st.one_of(
-    plain_words.map(lambda text: (text, frozenset[str]())),
-    plain_words.map(lambda text: ("`" + text.replace("[docs](https://e.com/p)", "p") + "`",
-                                  frozenset[str]())),
-)  # fmt: skip
-markdown = st.recursive(
-    leaves, lambda inner: st.lists(inner, min_size=1, max_size=4).flatmap(_wrapped), max_leaves=12
-).map(lambda node: node[0])
-paragraphs = st.lists(markdown, min_size=1, max_size=12).map(
-    lambda parts: "".join(p + (" ", "\n", "\n\n")[i % 3] for i, p in enumerate(parts))
+paragraphs = emphasised_paragraphs(
+    words,
+    st.lists(words, min_size=1, max_size=8).map(
+        lambda ws: " ".join(ws).replace("[docs](https://e.com/p)", "p")
+    ),
 )
 
 

@@ -17,6 +17,7 @@ from talkbridge.connectors.telegram.render import (
     utf16_len,
     visible_length,
 )
+from tests.support.splitting import CLUSTERS, whole_clusters
 
 TELEGRAM_TAGS = {"b", "i", "s", "u", "a", "code", "pre", "blockquote"}
 
@@ -133,17 +134,6 @@ def test_never_cuts_inside_an_entity() -> None:
 
 def test_whitespace_only_chunks_are_dropped_when_sending() -> None:
     assert render_chunks("   ", "plain") == []
-
-
-CLUSTERS = ("👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "e\u0301", "1\ufe0f\u20e3")
-"""Characters of several code points; none of their parts ever appears alone in a test."""
-
-
-def whole_clusters(text: str) -> bool:
-    """Whether `text` holds only whole CLUSTERS: no part of one is left once they are removed."""
-    for cluster in CLUSTERS:
-        text = text.replace(cluster, "")
-    return not set(text) & set("".join(CLUSTERS)) - set("1e")
 
 
 markdownish = st.lists(
