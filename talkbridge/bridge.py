@@ -30,7 +30,7 @@ from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
 from talkbridge.connectors.base import ConnectorContext
-from talkbridge.errors import ConnectorError, SendFailedError, UnknownConnectionError
+from talkbridge.errors import ConnectorError, SendFailedError, StoreError, UnknownConnectionError
 from talkbridge.hooks import HookDeps, HookRegistry
 from talkbridge.hooks.channel_message import (
     Drop,
@@ -420,6 +420,8 @@ class Bridge:
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by)}
         )
+        if routed.edit_of is None and await self._answered_before(routed):
+            return
         await self._notify_listeners(routed)
         if routed.edit_of is not None:
             await self._handle_edit(routed, agent)
@@ -514,13 +516,17 @@ class Bridge:
             thread_id=message.thread_id,
             text=outcome.text,
             reply_to=message.id,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
             meta={
                 "stream_id": outcome.session.turn_id,
                 "status": outcome.status,
                 "agent": outcome.session.agent_name,  # the history's sender of the reply
             },
         )
+        if outcome.ok:  # should the bridge die after the send, the next start queues it
+            await self.durable.remember_turn_completed(
+                outcome.session, outcome.status, message_id=message.id
+            )
         try:
             # A fresh message cannot have been answered before: skip the idempotency lookup.
             result = await self.router.send(
@@ -529,16 +535,42 @@ class Bridge:
         except SendFailedError as exc:  # recorded by the queue; nothing else to do here
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
+        await self._replied(message, result.message_ids)
+        await self._turn_completed(message, outcome)
+
+    async def _replied(self, message: NormalizedMessage, reply_ids: Sequence[str]) -> None:
+        """What follows the send of a reply (done again for one found sent before: each step
+        keeps what is there already)."""
+        cid = message.connection_id
         routing = message.routing
         if (
             routing is not None
             and routing.trust != "trusted"
             and routing.agent != self.config.agents.sentinel
         ):  # it answers words that agent alone saw
-            await self._screen(message, visible_to=routing.agent, ids=result.message_ids)
+            await self._screen(message, visible_to=routing.agent, ids=reply_ids)
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
-            await replies.remember(self.store, cid, message.id, result.message_ids)
-        await self._turn_completed(message, outcome)
+            await replies.remember(self.store, cid, message.id, reply_ids)
+
+    async def _answered_before(self, message: NormalizedMessage) -> bool:
+        """Whether a message handled again (accepted before a crash, or left by a node that
+        lost its shard) has its reply on record as sent. Its turn is then not run again: its
+        agent would be paid twice for an answer whose send is skipped, while its streamed
+        pieces reached the webchat's pages under a final message that never came."""
+        if not self.router.was_recovered(message):
+            return False  # a fresh message: no lookup
+        cid = message.connection_id
+        try:
+            reply_ids = await self.store.sent_result(cid, _reply_key(message))
+        except StoreError as exc:  # answer it: its reply's send looks again before it goes
+            log.warning("%s/%s: could not tell whether it was answered: %s", cid, message.id, exc)
+            return False
+        if not reply_ids:
+            return False
+        log.info("%s/%s was answered before; its turn is not run again", cid, message.id)
+        await self._replied(message, reply_ids)
+        await self.durable.emit_remembered_turn_completed(cid, message.thread_key, message.id)
+        return True
 
     async def _turn_completed(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
         """Durable hooks' `TurnCompleted` once a turn's answer is out (a reply, or an edit of
@@ -584,7 +616,7 @@ class Bridge:
             thread_id=message.thread_id,
             text=outcome.text,
             reply_to=message.edit_of,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
         )
         try:
             result = await self.router.send(cid, reply)
@@ -650,7 +682,7 @@ class Bridge:
             thread_id=message.thread_id,
             text=problem if development else SORRY,
             reply_to=message.id,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
         )
         try:
             result = await self.router.send(message.connection_id, reply)
@@ -690,6 +722,11 @@ def _screened(value: str | None) -> dict[str, str | None]:
         elif isinstance(item, list) and len(item) == 2 and all(isinstance(i, str) for i in item):
             screened[item[0]] = item[1]
     return screened
+
+
+def _reply_key(message: NormalizedMessage) -> str:
+    """The idempotency key of the bridge's answer to `message`: one answer per message."""
+    return f"reply:{message.id}"
 
 
 @functools.lru_cache(maxsize=1024)

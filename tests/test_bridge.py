@@ -17,7 +17,7 @@ from talkbridge.agents.runner import SORRY
 from talkbridge.agents.sentinel import GROUP_NOTICE
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig
-from talkbridge.errors import PermanentError, TransientError, UnauthorizedError
+from talkbridge.errors import PermanentError, StoreError, TransientError, UnauthorizedError
 from talkbridge.hooks import (
     Drop,
     Forward,
@@ -30,6 +30,7 @@ from talkbridge.hooks import (
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.registry import ConnectionState
+from talkbridge.store import SqliteStore
 from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
@@ -789,6 +790,54 @@ async def test_a_crash_mid_turn_is_answered_after_restart_exactly_once(tmp_path:
     assert sent.message.text == "survive"
     await bridge.router.join()
     await bridge.stop()
+
+
+async def test_a_message_handled_again_is_answered_when_the_store_cannot_say_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message handled again after a crash is looked up before its turn runs: was its reply
+    sent already? A store failing that lookup must not leave it unanswered (nor count it as
+    handled): the turn runs, and its reply's send looks again before it goes."""
+    bridge, conns = await _bridge(tmp_path)
+    never = asyncio.Event()
+
+    async def crash_after_the_reply(message: NormalizedMessage) -> None:
+        await never.wait()
+
+    bridge.router.subscribe_all(crash_after_the_reply)
+    await conns["test"].inject(make_message("once", message_id="n1"))
+    await conns["test"].wait_sent(1)
+    await bridge.stop(drain_timeout=0.01)
+
+    looked_up = SqliteStore.sent_result
+    lookups = 0
+
+    async def fails_first(self: SqliteStore, connection_id: str, key: str) -> list[str] | None:
+        nonlocal lookups
+        lookups += 1
+        if lookups == 1:
+            raise StoreError("sqlite store: disk I/O error")
+        return await looked_up(self, connection_id, key)
+
+    monkeypatch.setattr(SqliteStore, "sent_result", fails_first)
+    turns: list[str] = []
+
+    class Counting:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            turns.append(ctx.input.prompt)
+            yield Result(text=ctx.input.prompt)
+
+    bridge, conns = await _bridge(tmp_path, agents={"echo": Counting()})
+    await bridge.router.join()
+    try:
+        assert turns == ["once"]  # run again, as it could not be told answered
+        assert conns["test"].sent == []  # and still not sent twice
+        assert await bridge.store.pending_inbound() == []
+        assert "test/n1: could not tell whether it was answered" in caplog.text
+    finally:
+        await bridge.stop()
 
 
 async def test_stop_finishes_the_turn_under_way_and_leaves_the_queued_one_for_the_next_start(
