@@ -16,7 +16,7 @@ import json
 import logging
 import secrets as pysecrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -47,7 +47,7 @@ from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import Store, open_store
 from talkbridge.store.base import HistoryEntry
-from talkbridge.talk import Talk
+from talkbridge.talk import Streaming, Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -423,12 +423,22 @@ class Bridge:
         if routed.edit_of is None and await self._answered_before(routed):
             return
         await self._notify_listeners(routed)
-        if routed.edit_of is not None:
-            await self._handle_edit(routed, agent)
-            return
-        outcome = await self.answer(routed, agent)
-        if outcome is not None and outcome.text:
-            await self._reply(routed, outcome)
+        await self._turn(routed, agent)
+
+    async def _turn(self, message: NormalizedMessage, agent: str) -> None:
+        """Answer `message` (or an edit of it) with `agent`; then end what the turn streamed,
+        which its connection drops unless the turn's final message went out."""
+        stream = self._stream(message)
+        try:
+            if message.edit_of is not None:
+                await self._handle_edit(message, agent, stream)
+                return
+            outcome = await self.answer(message, agent, stream)
+            if outcome is not None and outcome.text:
+                await self._reply(message, outcome)
+        finally:
+            if stream is not None:
+                await stream.end()
 
     async def _screen(
         self, message: NormalizedMessage, *, visible_to: str | None = None, ids: Sequence[str] = ()
@@ -486,23 +496,28 @@ class Bridge:
                     )
                 )
 
-    async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
-        """Run one turn, streaming deltas and typing to connections that show them."""
-        cid = message.connection_id
-        streaming = self.router.feature(cid, "streaming")
-        activity = self.router.feature(cid, "activity")
+    def _stream(self, message: NormalizedMessage) -> _Stream | None:
+        streaming = self.router.feature(message.connection_id, "streaming")
+        if streaming is None:
+            return None
+        return _Stream(streaming, message.thread_id, self.secrets.redact)
+
+    async def answer(
+        self, message: NormalizedMessage, agent: str, stream: _Stream | None = None
+    ) -> TurnOutcome | None:
+        """Run one turn, its deltas to `stream`, and typing to connections that show it."""
+        activity = self.router.feature(message.connection_id, "activity")
         typing = self.typing.begin(activity, message.thread_id) if activity is not None else None
         on_event = None
-        if streaming is not None:
-            thread_id = message.thread_id
-            delta = streaming.delta
+        if stream is not None:
+            delta = stream.delta
             end_typing = self.typing.end
 
             async def on_event(ctx: TurnContext, event: Any) -> None:
                 if type(event) is TextDelta:
                     if typing is not None:  # the stream shows the reply coming from now on
                         end_typing(typing)
-                    await delta(thread_id, ctx.session.turn_id, event.text)
+                    await delta(ctx.session.turn_id, event.text)
 
         try:
             return await self.runner.run_turn(message, agent, on_event=on_event)
@@ -586,7 +601,9 @@ class Bridge:
             feature(connection_id, "delete") is not None
         )
 
-    async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:
+    async def _handle_edit(
+        self, message: NormalizedMessage, agent: str, stream: _Stream | None
+    ) -> None:
         """An edit re-answers by editing our earlier reply; it never starts a second thread."""
         assert message.edit_of is not None
         cid = message.connection_id
@@ -595,7 +612,7 @@ class Bridge:
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
-        outcome = await self.answer(message, agent)
+        outcome = await self.answer(message, agent, stream)
         if outcome is None or not outcome.text:
             return
         later = await replies.later_parts(self.store, cid, message.edit_of)
@@ -696,6 +713,35 @@ class Bridge:
 
     async def approve_pairing(self, code: str) -> bool:
         return await self.store.approve_pairing(code) is not None
+
+
+class _Stream:
+    """A turn's reply as a connection with `streaming` shows it while it is produced."""
+
+    __slots__ = ("_redact", "_stream_id", "_streaming", "_thread_id")
+
+    def __init__(self, streaming: Streaming, thread_id: str, redact: Callable[[str], str]) -> None:
+        self._streaming = streaming
+        self._thread_id = thread_id
+        self._redact = redact
+        self._stream_id: str | None = None
+
+    async def delta(self, stream_id: str, text: str) -> None:
+        self._stream_id = stream_id
+        await self._streaming.delta(self._thread_id, stream_id, text)
+
+    async def end(self) -> None:
+        """The turn is over: the connection drops what it showed of a reply whose final
+        message did not go out. Never raises: a failure here must not fail the turn, nor
+        stand in for its cancellation (the message would count as handled)."""
+        if self._stream_id is None:
+            return  # nothing was shown
+        try:
+            await self._streaming.end(self._thread_id, self._stream_id)
+        except Exception as exc:
+            log.warning(
+                "could not end the stream of %s: %s", self._thread_id, self._redact(str(exc))
+            )
 
 
 _SCREENED_KEY = "screened:"

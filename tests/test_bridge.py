@@ -699,10 +699,14 @@ async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) ->
     conn = conns["test"]
     deltas: list[tuple[str, str, str]] = []
     typing: list[str] = []
+    ended: list[tuple[str, str, int]] = []
 
     class Streaming:
         async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
             deltas.append((thread_id, stream_id, text))
+
+        async def end(self, thread_id: str, stream_id: str) -> None:
+            ended.append((thread_id, stream_id, len(conn.sent)))
 
     class Activity:
         async def typing(self, thread_id: str) -> None:
@@ -712,9 +716,11 @@ async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) ->
     conn.features.update(streaming=Streaming(), activity=Activity())
     await conn.inject(make_message("go", thread_id="s"))
     (sent,) = await conn.wait_sent(1)
+    await bridge.router.join()
     assert "".join(d[2] for d in deltas) == "one two three" == sent.message.text
     assert {d[1] for d in deltas} == {sent.message.meta["stream_id"]}
     assert typing == ["s"]
+    assert ended == [("s", sent.message.meta["stream_id"], 1)]  # once its final message is out
     await bridge.stop()
 
 
@@ -738,6 +744,9 @@ async def test_typing_stops_once_the_reply_streams(tmp_path: Path) -> None:
     class Streaming:
         async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
             streamed.set()
+
+        async def end(self, thread_id: str, stream_id: str) -> None:
+            pass
 
     class Activity:
         async def typing(self, thread_id: str) -> None:

@@ -295,3 +295,98 @@ async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_ne
     ]
     assert replies == []  # nothing streamed, nor answered, a second time
     assert [m["role"] for m in history["messages"]] == ["user", "assistant"]
+
+
+async def test_a_stream_cut_off_with_its_shard_is_ended_on_the_page_and_answered_once(
+    cluster: Cluster,
+) -> None:
+    # The page showed the first words of a reply whose turn was cancelled as its node lost
+    # the shard: they stayed on the page, frozen, until the turn ran again elsewhere.
+    story = Storyteller()
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
+    assert a.cluster is not None
+    await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
+    page = await page_on(a)
+    lease = a.cluster.keys.lease("shard", "0")
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        send = {"type": "send", "thread_id": page.thread_id, "client_id": "c1", "text": "tell"}
+        await page.send(send)
+        cut = await page.expect("delta")
+        await client.set(lease, "elsewhere", px=60_000)  # a's ran out, and was taken meanwhile
+        await wait_until(lambda: a.router.turns_running == 0)  # its turn was cancelled
+        shown = await page.drain_until_pong()
+        await client.delete(lease)  # the holder (a again, alone here) runs the turn again
+        again = await page.expect("delta")
+        story.go.set()
+        answer = await page.expect("message", role="assistant")
+        await until_answered(client, a)
+        rest = await page.drain_until_pong()
+    finally:
+        story.go.set()
+        await client.delete(lease)
+        await client.aclose()
+        await page.close()
+    assert {"type": "stream_end", "thread_id": page.thread_id, "stream_id": cut["stream_id"]} in (
+        shown
+    )
+    assert again["stream_id"] != cut["stream_id"] and answer["stream_id"] == again["stream_id"]
+    assert answer["text"] == "Once upon a time."
+    assert [f for f in rest if f["type"] in ("delta", "stream_end", "message")] == []
+
+
+async def test_a_turn_run_again_while_the_old_holder_sends_its_reply_ends_its_stream(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Node b runs a turn again while the node that lost the shard still sends its reply (its
+    # claim on the reply's key is held: the test plays that node). b streams the turn to the
+    # page, then finds the reply sent and sends nothing: its streamed pieces stayed on the
+    # page, a second, half copy of the answer with no final message to replace it.
+    caplog.set_level(logging.INFO, logger="talkbridge")
+    story = Storyteller()
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    assert b.cluster is not None
+    page = await page_on(b)
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    old_holder = SendClaims(client, b.cluster.keys, TTL)
+    calling, sent = asyncio.Event(), asyncio.Event()
+
+    async def old_holders_call() -> SendResult:
+        calling.set()
+        await sent.wait()
+        return SendResult(message_ids=(f"{page.thread_id}:r-old-holder",))
+
+    reply_key = f"reply:{page.thread_id}:c1"
+    old_send = asyncio.create_task(old_holder.send_once("webchat", reply_key, old_holders_call))
+    try:
+        await calling.wait()
+        send = {"type": "send", "thread_id": page.thread_id, "client_id": "c1", "text": "tell"}
+        await page.send(send)
+        delta = await page.expect("delta")
+        story.go.set()
+        await wait_until(lambda: "being sent by another send" in caplog.text)
+        sent.set()
+        await old_send
+        await until_answered(client, b)
+        await wait_until(lambda: b.router.turns_running == 0)
+        shown = await page.drain_until_pong()
+    finally:
+        sent.set()
+        story.go.set()
+        await asyncio.gather(old_send, return_exceptions=True)
+        await client.aclose()
+        await page.close()
+    assert story.runs == 1
+    assert [f for f in shown if f.get("role") == "assistant"] == []  # its reply went out before
+    end = {"type": "stream_end", "thread_id": page.thread_id, "stream_id": delta["stream_id"]}
+    assert end in shown
