@@ -16,7 +16,7 @@ import json
 import logging
 import secrets as pysecrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -52,7 +52,7 @@ from talkbridge.retention import sweep_forever
 from talkbridge.router import TalkRouter
 from talkbridge.store import SqliteStore, Store, open_store
 from talkbridge.store.base import HistoryEntry
-from talkbridge.talk import Talk
+from talkbridge.talk import Streaming, Talk
 
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster
@@ -455,13 +455,25 @@ class Bridge:
         routed = route.message.model_copy(
             update={"routing": _routing(agent, route.trust, route.routed_by, route.sender_trusted)}
         )
-        await self._notify_listeners(routed)
-        if routed.edit_of is not None:
-            await self._handle_edit(routed, agent)
+        if routed.edit_of is None and await self._answered_before(routed):
             return
-        outcome = await self.answer(routed, agent)
-        if outcome is not None and outcome.text:
-            await self._reply(routed, outcome)
+        await self._notify_listeners(routed)
+        await self._turn(routed, agent)
+
+    async def _turn(self, message: NormalizedMessage, agent: str) -> None:
+        """Answer `message` (or an edit of it) with `agent`; then end what the turn streamed,
+        which its connection drops unless the turn's final message went out."""
+        stream = self._stream(message)
+        try:
+            if message.edit_of is not None:
+                await self._handle_edit(message, agent, stream)
+                return
+            outcome = await self.answer(message, agent, stream)
+            if outcome is not None and outcome.text:
+                await self._reply(message, outcome)
+        finally:
+            if stream is not None:
+                await stream.end()
 
     async def _screen(
         self, message: NormalizedMessage, *, visible_to: str | None = None, ids: Sequence[str] = ()
@@ -519,23 +531,28 @@ class Bridge:
                     )
                 )
 
-    async def answer(self, message: NormalizedMessage, agent: str) -> TurnOutcome | None:
-        """Run one turn, streaming deltas and typing to connections that show them."""
-        cid = message.connection_id
-        streaming = self.router.feature(cid, "streaming")
-        activity = self.router.feature(cid, "activity")
+    def _stream(self, message: NormalizedMessage) -> _Stream | None:
+        streaming = self.router.feature(message.connection_id, "streaming")
+        if streaming is None:
+            return None
+        return _Stream(streaming, message.thread_id, self.secrets.redact)
+
+    async def answer(
+        self, message: NormalizedMessage, agent: str, stream: _Stream | None = None
+    ) -> TurnOutcome | None:
+        """Run one turn, its deltas to `stream`, and typing to connections that show it."""
+        activity = self.router.feature(message.connection_id, "activity")
         typing = self.typing.begin(activity, message.thread_id) if activity is not None else None
         on_event = None
-        if streaming is not None:
-            thread_id = message.thread_id
-            delta = streaming.delta
+        if stream is not None:
+            delta = stream.delta
             end_typing = self.typing.end
 
             async def on_event(ctx: TurnContext, event: Any) -> None:
                 if type(event) is TextDelta:
                     if typing is not None:  # the stream shows the reply coming from now on
                         end_typing(typing)
-                    await delta(thread_id, ctx.session.turn_id, event.text)
+                    await delta(ctx.session.turn_id, event.text)
 
         try:
             return await self.runner.run_turn(message, agent, on_event=on_event)
@@ -549,13 +566,17 @@ class Bridge:
             thread_id=message.thread_id,
             text=outcome.text,
             reply_to=message.id,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
             meta={
                 "stream_id": outcome.session.turn_id,
                 "status": outcome.status,
                 "agent": outcome.session.agent_name,  # the history's sender of the reply
             },
         )
+        if outcome.ok:  # should the bridge die after the send, the next start queues it
+            await self.durable.remember_turn_completed(
+                outcome.session, outcome.status, message_id=message.id
+            )
         try:
             # A fresh message cannot have been answered before: skip the idempotency lookup.
             result = await self.router.send(
@@ -564,16 +585,42 @@ class Bridge:
         except SendFailedError as exc:  # recorded by the queue; nothing else to do here
             log.error("reply to %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
+        await self._replied(message, result.message_ids)
+        await self._turn_completed(message, outcome)
+
+    async def _replied(self, message: NormalizedMessage, reply_ids: Sequence[str]) -> None:
+        """What follows the send of a reply (done again for one found sent before: each step
+        keeps what is there already)."""
+        cid = message.connection_id
         routing = message.routing
         if (
             routing is not None
             and routing.trust != "trusted"
             and routing.agent != self.config.agents.sentinel
         ):  # it answers words that agent alone saw
-            await self._screen(message, visible_to=routing.agent, ids=result.message_ids)
+            await self._screen(message, visible_to=routing.agent, ids=reply_ids)
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
-            await replies.remember(self.store, cid, message.id, result.message_ids)
-        await self._turn_completed(message, outcome)
+            await replies.remember(self.store, cid, message.id, reply_ids)
+
+    async def _answered_before(self, message: NormalizedMessage) -> bool:
+        """Whether a message handled again (accepted before a crash, or left by a node that
+        lost its shard) has its reply on record as sent. Its turn is then not run again: its
+        agent would be paid twice for an answer whose send is skipped, while its streamed
+        pieces reached the webchat's pages under a final message that never came."""
+        if not self.router.was_recovered(message):
+            return False  # a fresh message: no lookup
+        cid = message.connection_id
+        try:
+            reply_ids = await self.store.sent_result(cid, _reply_key(message))
+        except StoreError as exc:  # answer it: its reply's send looks again before it goes
+            log.warning("%s/%s: could not tell whether it was answered: %s", cid, message.id, exc)
+            return False
+        if not reply_ids:
+            return False
+        log.info("%s/%s was answered before; its turn is not run again", cid, message.id)
+        await self._replied(message, reply_ids)
+        await self.durable.emit_remembered_turn_completed(cid, message.thread_key, message.id)
+        return True
 
     async def _turn_completed(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
         """Durable hooks' `TurnCompleted` once a turn's answer is out (a reply, or an edit of
@@ -589,7 +636,9 @@ class Bridge:
             feature(connection_id, "delete") is not None
         )
 
-    async def _handle_edit(self, message: NormalizedMessage, agent: str) -> None:
+    async def _handle_edit(
+        self, message: NormalizedMessage, agent: str, stream: _Stream | None
+    ) -> None:
         """An edit re-answers by editing our earlier reply; it never starts a second thread."""
         assert message.edit_of is not None
         cid = message.connection_id
@@ -598,7 +647,7 @@ class Bridge:
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
-        outcome = await self.answer(message, agent)
+        outcome = await self.answer(message, agent, stream)
         if outcome is None or not outcome.text:
             return
         later = await replies.later_parts(self.store, cid, message.edit_of)
@@ -619,7 +668,7 @@ class Bridge:
             thread_id=message.thread_id,
             text=outcome.text,
             reply_to=message.edit_of,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
         )
         try:
             result = await self.router.send(cid, reply)
@@ -685,7 +734,7 @@ class Bridge:
             thread_id=message.thread_id,
             text=problem if development else SORRY,
             reply_to=message.id,
-            idempotency_key=f"reply:{message.id}",
+            idempotency_key=_reply_key(message),
         )
         try:
             result = await self.router.send(message.connection_id, reply)
@@ -701,6 +750,35 @@ class Bridge:
         """Whether `code` was known (and is approved now); `PairingExpiredError` for a code
         past its `pairing.code_ttl`, which trusts nobody."""
         return await self.store.approve_pairing(code) is not None
+
+
+class _Stream:
+    """A turn's reply as a connection with `streaming` shows it while it is produced."""
+
+    __slots__ = ("_redact", "_stream_id", "_streaming", "_thread_id")
+
+    def __init__(self, streaming: Streaming, thread_id: str, redact: Callable[[str], str]) -> None:
+        self._streaming = streaming
+        self._thread_id = thread_id
+        self._redact = redact
+        self._stream_id: str | None = None
+
+    async def delta(self, stream_id: str, text: str) -> None:
+        self._stream_id = stream_id
+        await self._streaming.delta(self._thread_id, stream_id, text)
+
+    async def end(self) -> None:
+        """The turn is over: the connection drops what it showed of a reply whose final
+        message did not go out. Never raises: a failure here must not fail the turn, nor
+        stand in for its cancellation (the message would count as handled)."""
+        if self._stream_id is None:
+            return  # nothing was shown
+        try:
+            await self._streaming.end(self._thread_id, self._stream_id)
+        except Exception as exc:
+            log.warning(
+                "could not end the stream of %s: %s", self._thread_id, self._redact(str(exc))
+            )
 
 
 _SCREENED_KEY = "screened:"
@@ -727,6 +805,11 @@ def _screened(value: str | None) -> dict[str, str | None]:
         elif isinstance(item, list) and len(item) == 2 and all(isinstance(i, str) for i in item):
             screened[item[0]] = item[1]
     return screened
+
+
+def _reply_key(message: NormalizedMessage) -> str:
+    """The idempotency key of the bridge's answer to `message`: one answer per message."""
+    return f"reply:{message.id}"
 
 
 @functools.lru_cache(maxsize=1024)

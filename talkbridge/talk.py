@@ -119,9 +119,12 @@ class Reactions(Protocol):
 
 @runtime_checkable
 class Streaming(Protocol):
-    """Show an agent's reply while it is produced (webchat); the final text still goes to `send`."""
+    """Show an agent's reply while it is produced (webchat); the final text still goes to `send`
+    (with `meta["stream_id"]`), and `end` follows the turn: a stream whose final message did
+    not go out from it (sent before, failed, or the turn was cut off) must not stay shown."""
 
     async def delta(self, thread_id: str, stream_id: str, text: str) -> None: ...
+    async def end(self, thread_id: str, stream_id: str) -> None: ...
 
 
 Feature = (

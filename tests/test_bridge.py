@@ -33,7 +33,7 @@ from talkbridge.hooks import (
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.registry import ConnectionState
-from talkbridge.store import Pairing, open_store
+from talkbridge.store import Pairing, SqliteStore, open_store
 from tests.support.talk_connector import Sent, TalkConnector, make_message
 
 
@@ -761,10 +761,14 @@ async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) ->
     conn = conns["test"]
     deltas: list[tuple[str, str, str]] = []
     typing: list[str] = []
+    ended: list[tuple[str, str, int]] = []
 
     class Streaming:
         async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
             deltas.append((thread_id, stream_id, text))
+
+        async def end(self, thread_id: str, stream_id: str) -> None:
+            ended.append((thread_id, stream_id, len(conn.sent)))
 
     class Activity:
         async def typing(self, thread_id: str) -> None:
@@ -774,9 +778,11 @@ async def test_streaming_connectors_get_the_deltas_and_typing(tmp_path: Path) ->
     conn.features.update(streaming=Streaming(), activity=Activity())
     await conn.inject(make_message("go", thread_id="s"))
     (sent,) = await conn.wait_sent(1)
+    await bridge.router.join()
     assert "".join(d[2] for d in deltas) == "one two three" == sent.message.text
     assert {d[1] for d in deltas} == {sent.message.meta["stream_id"]}
     assert typing == ["s"]
+    assert ended == [("s", sent.message.meta["stream_id"], 1)]  # once its final message is out
     await bridge.stop()
 
 
@@ -800,6 +806,9 @@ async def test_typing_stops_once_the_reply_streams(tmp_path: Path) -> None:
     class Streaming:
         async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
             streamed.set()
+
+        async def end(self, thread_id: str, stream_id: str) -> None:
+            pass
 
     class Activity:
         async def typing(self, thread_id: str) -> None:
@@ -852,6 +861,54 @@ async def test_a_crash_mid_turn_is_answered_after_restart_exactly_once(tmp_path:
     assert sent.message.text == "survive"
     await bridge.router.join()
     await bridge.stop()
+
+
+async def test_a_message_handled_again_is_answered_when_the_store_cannot_say_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message handled again after a crash is looked up before its turn runs: was its reply
+    sent already? A store failing that lookup must not leave it unanswered (nor count it as
+    handled): the turn runs, and its reply's send looks again before it goes."""
+    bridge, conns = await _bridge(tmp_path)
+    never = asyncio.Event()
+
+    async def crash_after_the_reply(message: NormalizedMessage) -> None:
+        await never.wait()
+
+    bridge.router.subscribe_all(crash_after_the_reply)
+    await conns["test"].inject(make_message("once", message_id="n1"))
+    await conns["test"].wait_sent(1)
+    await bridge.stop(drain_timeout=0.01)
+
+    looked_up = SqliteStore.sent_result
+    lookups = 0
+
+    async def fails_first(self: SqliteStore, connection_id: str, key: str) -> list[str] | None:
+        nonlocal lookups
+        lookups += 1
+        if lookups == 1:
+            raise StoreError("sqlite store: disk I/O error")
+        return await looked_up(self, connection_id, key)
+
+    monkeypatch.setattr(SqliteStore, "sent_result", fails_first)
+    turns: list[str] = []
+
+    class Counting:
+        name = "echo"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            turns.append(ctx.input.prompt)
+            yield Result(text=ctx.input.prompt)
+
+    bridge, conns = await _bridge(tmp_path, agents={"echo": Counting()})
+    await bridge.router.join()
+    try:
+        assert turns == ["once"]  # run again, as it could not be told answered
+        assert conns["test"].sent == []  # and still not sent twice
+        assert await bridge.store.pending_inbound() == []
+        assert "test/n1: could not tell whether it was answered" in caplog.text
+    finally:
+        await bridge.stop()
 
 
 async def test_stop_finishes_the_turn_under_way_and_leaves_the_queued_one_for_the_next_start(

@@ -118,6 +118,15 @@ _EVENTS: TypeAdapter[TurnCompleted | JobCompleted] = TypeAdapter(DurableEvent)
 Handler = Callable[[TurnCompleted | JobCompleted], Awaitable[object]]
 
 
+_REMEMBERED: Final = "durable:turn-completed:"
+"""State key prefix (then app id and conversation) of a turn's event kept before its reply
+went out (`DurableHooks.remember_turn_completed`)."""
+
+
+def _remembered_key(app_id: str, conversation: str) -> str:
+    return _REMEMBERED + f"{app_id}\x1f{conversation}"
+
+
 def parse_event(body: str | bytes) -> TurnCompleted | JobCompleted:
     return _EVENTS.validate_json(body)
 
@@ -284,23 +293,56 @@ class DurableHooks:
         if not self.wants_turn_completed:
             return
         try:
-            ref = TurnRef(
-                session_id=session.session_id,
-                turn_id=session.turn_id,
-                agent_name=session.agent_name,
-                connection_id=session.connection_id,
-                thread_id=session.thread_id,
-            )
-            event_id = (
-                new_event_id()
-                if message_id is None
-                else turn_event_id(self.app_id, session.connection_id, message_id)
-            )
-            await self.emit(
-                TurnCompleted(event_id=event_id, app_id=self.app_id, turn=ref, status=status)
-            )
+            await self.emit(self._turn_completed(session, status, message_id))
         except (TalkbridgeError, ValueError) as exc:
             log.error("could not queue %s for turn %s: %s", TURN_COMPLETED, session.turn_id, exc)
+
+    async def remember_turn_completed(self, session: Any, status: str, *, message_id: str) -> None:
+        """For the Bridge before a turn's reply is sent: keep the event that turn will queue
+        (the latest one per conversation). A message answered before a crash is not run
+        again at the next start (`emit_remembered_turn_completed`): had the bridge died after
+        the reply, before queueing the event, only this keeps it from being lost."""
+        if not self.wants_turn_completed:
+            return
+        try:
+            event = self._turn_completed(session, status, message_id)
+            key = _remembered_key(self.app_id, event.conversation)
+            await self.store.set_state(key, event.model_dump_json())
+        except (TalkbridgeError, ValueError) as exc:
+            log.error("could not keep %s of turn %s: %s", TURN_COMPLETED, session.turn_id, exc)
+
+    async def emit_remembered_turn_completed(
+        self, connection_id: str, conversation: str, message_id: str
+    ) -> None:
+        """For the Bridge when a message handled again was answered before (its reply is on
+        record as sent), so its turn is not run again: queue that turn's event once more, as
+        remembered (the same `event_id` and turn); nothing when the turn queued none (it
+        ended in error, or no handler listened). Never raises into the message path."""
+        if not self.wants_turn_completed:
+            return
+        event_id = turn_event_id(self.app_id, connection_id, message_id)
+        try:
+            raw = await self.store.get_state(_remembered_key(self.app_id, conversation))
+            event = parse_event(raw) if raw else None
+            if isinstance(event, TurnCompleted) and event.event_id == event_id:
+                await self.emit(event)
+        except (TalkbridgeError, ValueError) as exc:
+            log.error("could not queue %s of message %s again: %s", TURN_COMPLETED, message_id, exc)
+
+    def _turn_completed(self, session: Any, status: str, message_id: str | None) -> TurnCompleted:
+        ref = TurnRef(
+            session_id=session.session_id,
+            turn_id=session.turn_id,
+            agent_name=session.agent_name,
+            connection_id=session.connection_id,
+            thread_id=session.thread_id,
+        )
+        event_id = (
+            new_event_id()
+            if message_id is None
+            else turn_event_id(self.app_id, session.connection_id, message_id)
+        )
+        return TurnCompleted(event_id=event_id, app_id=self.app_id, turn=ref, status=status)
 
     # -- dead letters ---------------------------------------------------------------------------
 

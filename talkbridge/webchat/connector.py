@@ -586,6 +586,9 @@ class WebchatConnector(BaseConnector):
             self._streams.published(delta["thread_id"], delta["stream_id"], delta["text"])
         elif text.startswith('{"type":"message"') and '"stream_id"' in text:
             self._streams.ended(json.loads(text)["thread_id"])  # a streamed reply's end
+        elif text.startswith('{"type":"stream_end"'):
+            end = json.loads(text)
+            self._streams.forget(end["thread_id"], end["stream_id"])
         self.broadcast_local(session_id, text)
 
     async def _publish(
@@ -655,7 +658,7 @@ class WebchatConnector(BaseConnector):
         )
         await self._publish(parts[0], message_frame(message.thread_id, entry))
         if isinstance(stream_id, str):  # the end of a streamed reply, and of any cut off before
-            self._streams.ended(message.thread_id)
+            self._streams.ended(message.thread_id, stream_id)
         return SendResult(message_ids=(message_id,))
 
     async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
@@ -666,6 +669,18 @@ class WebchatConnector(BaseConnector):
         """
         if text and split_thread(thread_id) is not None:
             await self._streams.add(thread_id, stream_id, text)
+
+    async def end(self, thread_id: str, stream_id: str) -> None:
+        """Streaming: the turn that streamed `stream_id` is over. When its pieces went out
+        and its final message did not (its reply had gone out already, from an earlier run
+        of the turn or another node; its send failed; the turn was cut off), the pages are
+        told to drop them (`stream_end`): else that half reply stays until the next one."""
+        if not await self._streams.cut(stream_id):
+            return
+        parts = split_thread(thread_id)
+        if parts is not None:
+            frame = {"type": "stream_end", "thread_id": thread_id, "stream_id": stream_id}
+            await self._publish(parts[0], frame)
 
     async def _publish_delta(self, thread_id: str, stream_id: str, text: str) -> None:
         parts = split_thread(thread_id)

@@ -18,8 +18,9 @@ DELTA_WINDOW = 0.05
 
 Publish = Callable[[str, str, str], Awaitable[None]]
 MAX_OPEN_STREAMS = 1024
-"""Streams whose text so far is kept for late joiners; past this the oldest is forgotten (a
-turn that failed before its final message never says it is over)."""
+"""Streams whose text so far is kept for late joiners (and, apart, streams of this node not
+ended yet); past this the oldest is forgotten (an app streaming pieces through the feature
+may never end them)."""
 
 
 class DeltaCoalescer:
@@ -33,6 +34,9 @@ class DeltaCoalescer:
         self._published: dict[str, tuple[str, list[str]]] = {}
         """Per thread, its reply under way: (stream id, the pieces sent so far), for a tab that
         joins late. One per thread: a thread runs one turn at a time."""
+        self._shown: dict[str, str] = {}
+        """This node's streams with pieces sent and neither their final message nor their
+        end yet: stream id -> thread id (`cut`)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def add(self, thread_id: str, stream_id: str, text: str) -> None:
@@ -51,6 +55,9 @@ class DeltaCoalescer:
         thread_id, pieces = buffered
         text = "".join(pieces)
         self.published(thread_id, stream_id, text)
+        if stream_id not in self._shown and len(self._shown) >= MAX_OPEN_STREAMS:
+            del self._shown[next(iter(self._shown))]
+        self._shown[stream_id] = thread_id
         task = asyncio.ensure_future(self._publish(thread_id, stream_id, text))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -67,9 +74,29 @@ class DeltaCoalescer:
             del self._published[next(iter(self._published))]
         self._published[thread_id] = (stream_id, [text])
 
-    def ended(self, thread_id: str) -> None:
-        """The thread's reply is complete (or cut off): nothing of it to catch up on."""
+    def ended(self, thread_id: str, stream_id: str | None = None) -> None:
+        """The thread's reply is complete (or cut off): nothing of it to catch up on.
+        `stream_id`: the reply's own stream, whose final message this node sent."""
         self._published.pop(thread_id, None)
+        if stream_id is not None:
+            self._shown.pop(stream_id, None)
+
+    def forget(self, thread_id: str, stream_id: str) -> None:
+        """A stream ended without its final message: a tab joining later is not shown it."""
+        current = self._published.get(thread_id)
+        if current is not None and current[0] == stream_id:
+            del self._published[thread_id]
+
+    async def cut(self, stream_id: str) -> bool:
+        """The turn that streamed `stream_id` is over, and its final message did not go out
+        from here: drop what is buffered of it, wait for its pieces on their way, and say
+        whether any went out (the pages show them: they must be told it ended)."""
+        await self.finish(stream_id)
+        thread_id = self._shown.pop(stream_id, None)
+        if thread_id is None:
+            return False
+        self.forget(thread_id, stream_id)
+        return True
 
     async def finish(self, stream_id: str) -> None:
         """The final message is about to go out: it carries the whole text, so what is still

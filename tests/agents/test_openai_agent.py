@@ -79,6 +79,9 @@ async def test_the_reply_streams_and_the_model_sees_the_conversation(
         async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
             deltas.append(text)
 
+        async def end(self, thread_id: str, stream_id: str) -> None:
+            pass
+
     conn.features["streaming"] = Streaming()
     await conn.inject(make_message("first question", connection_id="chat"))
     await conn.wait_sent(1)

@@ -15,17 +15,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from websockets.asyncio.client import connect
 
-from talkbridge.agents.base import Result, TurnContext
+from talkbridge.agents.base import Result, TextDelta, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.inbound import GROUP
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.config import ConnectionConfig
 from talkbridge.hooks import TurnFinishedEvent
-from talkbridge.message import SendResult
+from talkbridge.message import NormalizedMessage, SendResult
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
 from tests.support.talk_connector import TalkConnector, make_message
+from tests.webchat.conftest import Client
 
 
 class GatedAgent:
@@ -200,3 +202,191 @@ async def test_a_send_whose_sender_died_mid_call_goes_out_once_its_claim_runs_ou
         assert await client.exists(claim) == 0  # the record replaced the claim
     finally:
         await client.aclose()
+
+
+class Storyteller:
+    """The default agent on every node: streams its first words, finishes once `go` is set."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.go = asyncio.Event()
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        self.runs += 1
+        yield TextDelta(text="Once upon ")
+        await self.go.wait()
+        yield Result(text="Once upon a time.")
+
+
+WEBCHAT_TOKEN = "cluster-token-0123456789"
+
+
+async def page_on(bridge: Bridge, session_id: str | None = None) -> Client:
+    """A webchat client of `bridge` (the same session on another node: `session_id`)."""
+    await bridge.webchat_url()
+    ws = await connect(f"ws://127.0.0.1:{bridge.webchat.port}/ws", max_size=None)
+    client = Client(ws)
+    client.ready = await client.auth(WEBCHAT_TOKEN, session_id)
+    return client
+
+
+async def until_answered(client: aioredis.Redis, bridge: Bridge) -> None:
+    """Until no accepted message waits for an answer (Redis state: nothing to await)."""
+    assert bridge.cluster is not None
+    keys = bridge.cluster.keys
+    async with asyncio.timeout(10):
+        while (  # noqa: ASYNC110 - another node's progress shows only in Redis
+            await client.zcard(keys.pending())
+            or (await client.xpending(keys.bus_in(0), GROUP))["pending"]
+        ):
+            await asyncio.sleep(0.01)
+
+
+async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_new_holder(
+    cluster: Cluster,
+) -> None:
+    # Node a answered (the reply is on record) but lost the thread's shard before it marked
+    # the message done: b, the new holder, handles it again. It ran the agent again (paid
+    # twice) and streamed it to the pages, under a final message that was never sent.
+    story = Storyteller()
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
+    assert a.cluster is not None
+    await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
+    never = asyncio.Event()
+
+    async def done_only_after_the_shard_moved(message: NormalizedMessage) -> None:
+        await never.wait()  # after the bridge's own handler: the reply is out
+
+    a.router.subscribe_all(done_only_after_the_shard_moved)
+    b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    page = await page_on(a)
+    lease = a.cluster.keys.lease("shard", "0")
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        send = {"type": "send", "thread_id": page.thread_id, "client_id": "c1", "text": "tell"}
+        await page.send(send)
+        delta = await page.expect("delta")
+        story.go.set()
+        answer = await page.expect("message", role="assistant")
+        assert answer["stream_id"] == delta["stream_id"]
+
+        await client.set(lease, "b", px=60_000)  # a's ran out; b holds it now
+        await until_answered(client, b)
+        shown = await page.drain_until_pong()
+        other_page = await page_on(b, page.session_id)
+        await other_page.send({"type": "history", "thread_id": page.thread_id, "after_seq": 0})
+        history = await other_page.expect("history")
+        shown_there = await other_page.drain_until_pong()
+    finally:
+        never.set()
+        await client.delete(lease)
+        await client.aclose()
+        await page.close()
+    assert story.runs == 1
+    replies = [
+        f for f in shown + shown_there if f["type"] == "delta" or f.get("role") == "assistant"
+    ]
+    assert replies == []  # nothing streamed, nor answered, a second time
+    assert [m["role"] for m in history["messages"]] == ["user", "assistant"]
+
+
+async def test_a_stream_cut_off_with_its_shard_is_ended_on_the_page_and_answered_once(
+    cluster: Cluster,
+) -> None:
+    # The page showed the first words of a reply whose turn was cancelled as its node lost
+    # the shard: they stayed on the page, frozen, until the turn ran again elsewhere.
+    story = Storyteller()
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
+    assert a.cluster is not None
+    await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
+    page = await page_on(a)
+    lease = a.cluster.keys.lease("shard", "0")
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        send = {"type": "send", "thread_id": page.thread_id, "client_id": "c1", "text": "tell"}
+        await page.send(send)
+        cut = await page.expect("delta")
+        await client.set(lease, "elsewhere", px=60_000)  # a's ran out, and was taken meanwhile
+        await wait_until(lambda: a.router.turns_running == 0)  # its turn was cancelled
+        shown = await page.drain_until_pong()
+        await client.delete(lease)  # the holder (a again, alone here) runs the turn again
+        again = await page.expect("delta")
+        story.go.set()
+        answer = await page.expect("message", role="assistant")
+        await until_answered(client, a)
+        rest = await page.drain_until_pong()
+    finally:
+        story.go.set()
+        await client.delete(lease)
+        await client.aclose()
+        await page.close()
+    assert {"type": "stream_end", "thread_id": page.thread_id, "stream_id": cut["stream_id"]} in (
+        shown
+    )
+    assert again["stream_id"] != cut["stream_id"] and answer["stream_id"] == again["stream_id"]
+    assert answer["text"] == "Once upon a time."
+    assert [f for f in rest if f["type"] in ("delta", "stream_end", "message")] == []
+
+
+async def test_a_turn_run_again_while_the_old_holder_sends_its_reply_ends_its_stream(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Node b runs a turn again while the node that lost the shard still sends its reply (its
+    # claim on the reply's key is held: the test plays that node). b streams the turn to the
+    # page, then finds the reply sent and sends nothing: its streamed pieces stayed on the
+    # page, a second, half copy of the answer with no final message to replace it.
+    caplog.set_level(logging.INFO, logger="talkbridge")
+    story = Storyteller()
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    assert b.cluster is not None
+    page = await page_on(b)
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    old_holder = SendClaims(client, b.cluster.keys, TTL)
+    calling, sent = asyncio.Event(), asyncio.Event()
+
+    async def old_holders_call() -> SendResult:
+        calling.set()
+        await sent.wait()
+        return SendResult(message_ids=(f"{page.thread_id}:r-old-holder",))
+
+    reply_key = f"reply:{page.thread_id}:c1"
+    old_send = asyncio.create_task(old_holder.send_once("webchat", reply_key, old_holders_call))
+    try:
+        await calling.wait()
+        send = {"type": "send", "thread_id": page.thread_id, "client_id": "c1", "text": "tell"}
+        await page.send(send)
+        delta = await page.expect("delta")
+        story.go.set()
+        await wait_until(lambda: "being sent by another send" in caplog.text)
+        sent.set()
+        await old_send
+        await until_answered(client, b)
+        await wait_until(lambda: b.router.turns_running == 0)
+        shown = await page.drain_until_pong()
+    finally:
+        sent.set()
+        story.go.set()
+        await asyncio.gather(old_send, return_exceptions=True)
+        await client.aclose()
+        await page.close()
+    assert story.runs == 1
+    assert [f for f in shown if f.get("role") == "assistant"] == []  # its reply went out before
+    end = {"type": "stream_end", "thread_id": page.thread_id, "stream_id": delta["stream_id"]}
+    assert end in shown

@@ -456,35 +456,43 @@ async def test_an_edit_answered_again_emits_its_own_turn_completed(tmp_path: Pat
     assert re_answered.event_id != answered.event_id
 
 
-async def test_a_turn_run_again_after_a_crash_emits_the_same_event_id(tmp_path: Path) -> None:
-    """The bridge dies after it queued a turn's event, before the message was marked done: the
-    next start runs that turn again (its reply is not sent twice) and queues the event again.
-    The handler, which dedupes on `event_id` as the docs say, must be able to tell; the second
-    event had a new random id, so a CRM or a bill counted the turn twice."""
+async def _crash_test_bridge(
+    tmp_path: Path, got: list[TurnCompleted], arrived: asyncio.Event
+) -> tuple[Any, Any]:
+    """A bridge on `tmp_path`'s SQLite file whose durable hook `audit` collects the events."""
     from talkbridge.bridge import Bridge
     from talkbridge.config import BridgeConfig, ConnectionConfig
-    from talkbridge.message import NormalizedMessage
-    from tests.support.talk_connector import TalkConnector, make_message
+    from tests.support.talk_connector import TalkConnector
 
     config = BridgeConfig.model_validate({"store": f"sqlite:///{tmp_path / 'b.db'}"})
-    got: list[str] = []
-    arrived = asyncio.Event()
 
     async def audit(event: TurnCompleted | JobCompleted) -> None:
-        got.append(event.event_id)
+        assert isinstance(event, TurnCompleted)
+        got.append(event)
         arrived.set()
 
-    async def start() -> tuple[Bridge, TalkConnector]:
-        bridge = Bridge(config, with_webchat=False, app_id="app")
-        conn = TalkConnector("test")
-        bridge.registry.add(
-            conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"])
-        )
-        bridge.durable.register("audit", audit)
-        await bridge.start()
-        return bridge, conn
+    bridge = Bridge(config, with_webchat=False, app_id="app")
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"]))
+    bridge.durable.register("audit", audit)
+    await bridge.start()
+    return bridge, conn
 
-    bridge, conn = await start()
+
+async def test_a_turn_answered_before_a_crash_has_its_event_queued_again_not_its_turn(
+    tmp_path: Path,
+) -> None:
+    """The bridge dies after it queued a turn's event, before the message was marked done: the
+    next start finds the reply sent and does not run the turn again, but queues its event
+    again, for all it knows, with the same `event_id`: a handler deduping on it, as the docs
+    say, counts the turn once. (The second event had a new random id, so a CRM or a bill
+    counted the turn twice.)"""
+    from talkbridge.message import NormalizedMessage
+    from tests.support.talk_connector import make_message
+
+    got: list[TurnCompleted] = []
+    arrived = asyncio.Event()
+    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
     never = asyncio.Event()
 
     async def stuck(message: NormalizedMessage) -> None:
@@ -495,10 +503,10 @@ async def test_a_turn_run_again_after_a_crash_emits_the_same_event_id(tmp_path: 
     async with asyncio.timeout(WAIT):
         await arrived.wait()
     await bridge.stop(drain_timeout=0.01)
-    assert len(conn.sent) == 1
+    (reply,) = conn.sent
 
     arrived.clear()
-    bridge, conn = await start()
+    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
     try:
         async with asyncio.timeout(WAIT):
             await arrived.wait()
@@ -507,7 +515,47 @@ async def test_a_turn_run_again_after_a_crash_emits_the_same_event_id(tmp_path: 
         await bridge.stop()
     assert conn.sent == []  # the reply went out once
     first, again = got
-    assert again == first
+    assert again.event_id == first.event_id
+    assert again.turn == first.turn and again.turn.turn_id == reply.message.meta["stream_id"]
+
+
+async def test_a_turn_answered_just_before_a_crash_still_has_its_event_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge dies after the reply went out, before the turn's event was queued. The next
+    start does not run the turn again (its reply is on record), and must not lose the event:
+    it queues the one that turn would have queued, naming that turn."""
+    from tests.support.talk_connector import make_message
+
+    got: list[TurnCompleted] = []
+    arrived = asyncio.Event()
+    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
+    queueing = asyncio.Event()
+
+    async def crash_while_queueing(*_: object, **__: object) -> int:
+        queueing.set()
+        await asyncio.Event().wait()  # the process dies here
+        return 0
+
+    monkeypatch.setattr(bridge.store, "enqueue_hook_event", crash_while_queueing)
+    await conn.inject(make_message("bill me", message_id="n1"))
+    async with asyncio.timeout(WAIT):
+        await queueing.wait()
+    await bridge.stop(drain_timeout=0.01)
+    (reply,) = conn.sent
+    assert got == []
+
+    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
+    try:
+        async with asyncio.timeout(WAIT):
+            await arrived.wait()
+        await bridge.router.join()
+    finally:
+        await bridge.stop()
+    assert conn.sent == []
+    (event,) = got
+    assert event.status == "completed"
+    assert event.turn.turn_id == reply.message.meta["stream_id"]  # the turn that answered
 
 
 async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:

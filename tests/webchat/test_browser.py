@@ -105,6 +105,26 @@ async def test_send_see_the_reply_stream_then_reload_keeps_history(
     assert len(webchat.echo.turns) == 1  # the reload resent nothing
 
 
+async def test_a_reply_that_ends_without_its_final_message_leaves_no_half_copy(
+    webchat: Webchat, context: Any
+) -> None:
+    """Its turn was cut off, or its reply had gone out before (from the turn's earlier run):
+    the bridge ends the stream, and the page drops what it showed of it."""
+    page = await open_chat(context, webchat)
+    webchat.echo.gate = asyncio.Event()
+    await say(page, "hello")
+    await asyncio.wait_for(webchat.echo.streaming.wait(), TIMEOUT)
+    streaming = page.locator(".msg.streaming .bubble")
+    await expect(streaming).to_have_text("echo:")
+    (turn,) = webchat.echo.turns
+    await webchat.connector.end(turn.thread_id, "s1")
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+    await expect(page.locator(".msg .bubble")).to_have_text(["hello"])
+    webchat.echo.gate.set()  # (the harness's turn goes on to its end)
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: hello"])
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+
+
 async def test_a_second_tab_sees_new_messages(webchat: Webchat, context: Any) -> None:
     first = await open_chat(context, webchat)
     second = await open_chat(context, webchat)  # same browser profile: same session

@@ -468,6 +468,47 @@ async def test_a_tab_joining_mid_stream_gets_the_reply_so_far(webchat: Webchat) 
     assert (await late.recv())["type"] == "pong"  # not a delta of the finished stream
 
 
+async def test_a_stream_ended_without_its_final_message_is_ended_on_every_tab(
+    webchat: Webchat,
+) -> None:
+    """A turn that streamed but whose final message does not go out from it (the reply went
+    out before, from the turn's earlier run; its send failed; the turn was cut off): each tab
+    is told (`stream_end`), and one that joins later is not caught up on it."""
+    client = await webchat.authed()
+    other_tab = await webchat.authed(session_id=client.session_id)
+    thread, connector = client.thread_id, webchat.connector
+    await connector.delta(thread, "t-2", "Once upon ")
+    for tab in (client, other_tab):
+        assert (await tab.expect("delta"))["stream_id"] == "t-2"
+    await connector.end(thread, "t-2")
+    for tab in (client, other_tab):
+        assert await tab.expect("stream_end") == {
+            "type": "stream_end",
+            "thread_id": thread,
+            "stream_id": "t-2",
+        }
+    late = await webchat.authed(session_id=client.session_id)
+    await late.send({"type": "history", "thread_id": thread})
+    await late.expect("history")
+    assert await late.drain_until_pong() == []  # no delta of the stream that ended
+
+
+async def test_a_stream_whose_final_message_went_out_or_that_showed_nothing_ends_silently(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.authed()
+    thread, connector = client.thread_id, webchat.connector
+    await connector.delta(thread, "t-3", "Once upon ")
+    await client.expect("delta")
+    final = {"stream_id": "t-3"}
+    await connector.send(OutboundMessage(thread_id=thread, text="Once upon a time", meta=final))
+    await client.expect("message", role="assistant")
+    await connector.end(thread, "t-3")  # the page replaced the stream with the message already
+    await connector.delta(thread, "t-4", "Quick")  # within the first window: not shown yet
+    await connector.end(thread, "t-4")
+    assert await client.drain_until_pong() == []
+
+
 async def test_a_message_is_answered_even_if_its_tab_closed_right_after_sending(
     webchat: Webchat,
 ) -> None:
@@ -598,6 +639,23 @@ async def test_a_tab_joining_here_is_caught_up_on_a_reply_streaming_on_another_n
     assert [f for f in client.inbox if f.get("from_start")] == []
     await client.expect("pong", ref="p")
     assert [f for f in client.inbox if f.get("from_start")] == []
+
+
+async def test_a_stream_another_node_ended_is_not_caught_up_on_here(webchat: Webchat) -> None:
+    others = _OtherNodes()
+    webchat.connector.use_fanout(others)  # type: ignore[arg-type]
+    client = await webchat.authed()
+    thread, session = client.thread_id, client.session_id
+
+    def from_other_node(frame: dict[str, Any]) -> None:
+        others.receiver(session, json.dumps(frame, separators=(",", ":")))
+
+    from_other_node({"type": "delta", "thread_id": thread, "stream_id": "t-9", "text": "Once"})
+    from_other_node({"type": "stream_end", "thread_id": thread, "stream_id": "t-9"})
+    assert (await client.expect("stream_end"))["stream_id"] == "t-9"  # passed on to the tab
+    await client.send({"type": "history", "thread_id": thread, "ref": "h"})
+    await client.expect("history", ref="h")
+    assert [f for f in await client.drain_until_pong() if f.get("from_start")] == []
 
 
 @pytest.mark.parametrize("authed", [False, True])

@@ -16,8 +16,10 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from talkbridge.agents.base import Result, TextDelta, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig
+from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
 from tests.webchat.conftest import TIMEOUT
 
@@ -54,11 +56,13 @@ def _answer(frame: dict[str, Any]) -> bool:
 
 
 @asynccontextmanager
-async def _page(bridge: Bridge) -> AsyncIterator[tuple[ClientConnection, dict[str, Any]]]:
-    """A socket authenticated as the page does, and its `ready` frame."""
+async def _page(
+    bridge: Bridge, session_id: str | None = None
+) -> AsyncIterator[tuple[ClientConnection, dict[str, Any]]]:
+    """A socket authenticated as the page does (resuming `session_id`), and its `ready`."""
     url = (await bridge.webchat_url()).split("?")[0].replace("http://", "ws://").rstrip("/")
     async with connect(f"{url}/ws") as ws:
-        await ws.send(json.dumps({"type": "auth", "token": TOKEN}))
+        await ws.send(json.dumps({"type": "auth", "token": TOKEN, "session_id": session_id}))
         yield ws, await _recv(ws)
 
 
@@ -232,8 +236,6 @@ async def test_words_sent_before_the_pairing_was_approved_never_reach_the_agent_
     """A webchat whose users must be approved (`trusted: []`): the first message meets the
     sentinel; once approved, the default agent answers, and the history it is handed holds
     neither that first message nor the sentinel's answer with its pairing code."""
-    from talkbridge.agents import Result, TurnContext
-
     seen: list[list[tuple[str, str]]] = []
 
     class Historian:
@@ -267,3 +269,72 @@ async def test_words_sent_before_the_pairing_was_approved_never_reach_the_agent_
     finally:
         await bridge.stop()
     assert seen == [[], [("user", "hello"), ("assistant", "answered hello")]]
+
+
+class Storyteller:
+    """The default agent: streams its first words, finishes once `go` is set; counts its runs."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.go = asyncio.Event()
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        self.runs += 1
+        yield TextDelta(text="Once upon ")
+        await self.go.wait()
+        yield Result(text="Once upon a time.")
+
+
+async def test_a_turn_answered_before_a_crash_is_neither_run_nor_streamed_again(
+    tmp_path: Path,
+) -> None:
+    """The bridge dies after a streamed reply went out, before its message was marked done.
+    The next start handles the message again: its reply was not sent twice (it is on record),
+    but the agent ran again (paid twice), and what it streamed reached the page as a second,
+    half copy of the answer whose final message never came."""
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    story = Storyteller()
+    bridge = Bridge(config, agents={"echo": story})
+    await bridge.start()
+    never = asyncio.Event()
+
+    async def crash_after_the_reply(message: NormalizedMessage) -> None:
+        await never.wait()  # runs after the bridge's own handler: the reply is out
+
+    bridge.router.subscribe_all(crash_after_the_reply)
+    try:
+        async with _page(bridge) as (ws, ready):
+            session, thread = ready["session_id"], ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "a story"}
+            await ws.send(json.dumps(send))
+            streamed = await _until(ws, lambda f: f["type"] == "delta")
+            story.go.set()
+            answered = await _until(ws, _answer)
+    finally:
+        await bridge.stop(drain_timeout=0.01)
+    assert streamed[-1]["text"] == "Once upon "
+    assert answered[-1]["stream_id"] == streamed[-1]["stream_id"]
+
+    again = Bridge(config, agents={"echo": story})
+    await again.start()  # handles the message again
+    try:
+        await again.router.join()
+        async with _page(again, session) as (ws, _):
+            await ws.send(json.dumps({"type": "history", "thread_id": thread, "after_seq": 0}))
+            await ws.send(json.dumps({"type": "ping", "ref": "end"}))
+            shown = await _until(ws, lambda f: f["type"] == "pong")
+    finally:
+        await again.stop()
+    assert story.runs == 1
+    history, _pong = shown  # no delta: no half reply under way
+    assert [(m["role"], m["text"]) for m in history["messages"]] == [
+        ("user", "a story"),
+        ("assistant", "Once upon a time."),
+    ]

@@ -365,6 +365,8 @@ function handle(frame) {
       return onMessage(frame);
     case "delta":
       return onDelta(frame);
+    case "stream_end":
+      return onStreamEnd(frame);
     case "typing":
       return onTyping(frame);
     case "history":
@@ -465,6 +467,13 @@ function onDelta(frame) {
     hideTyping();
     renderThread();
   }
+}
+
+function onStreamEnd(frame) {
+  // The reply streamed there ends without its final message (it went out before, or the turn
+  // was cut off and runs again): what was shown of it goes.
+  const t = thread(frame.thread_id);
+  if (t.streams.delete(frame.stream_id) && frame.thread_id === state.active) renderThread();
 }
 
 function onTyping(frame) {
