@@ -648,14 +648,17 @@ class WebchatConnector(BaseConnector):
         sender = message.meta.get("agent")
         if isinstance(stream_id, str):
             await self._streams.finish(stream_id)  # every piece before the final message
-        entry = await self.context.store.append_history(
-            _thread_key(message.thread_id),
-            "assistant",
-            message_id,
-            sender if isinstance(sender, str) else "assistant",
-            text,
-            data=data,
-        )
+        try:
+            entry = await self.context.store.append_history(
+                _thread_key(message.thread_id),
+                "assistant",
+                message_id,
+                sender if isinstance(sender, str) else "assistant",
+                text,
+                data=data,
+            )
+        except StoreError as exc:  # the webchat's "platform" is its store: an outage passes
+            raise TransientError(f"the reply could not be kept: {exc}") from exc
         await self._publish(parts[0], message_frame(message.thread_id, entry))
         if isinstance(stream_id, str):  # the end of a streamed reply, and of any cut off before
             self._streams.ended(message.thread_id, stream_id)

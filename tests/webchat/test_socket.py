@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from talkbridge.errors import NotFoundError, StoreError
+from talkbridge.errors import NotFoundError, StoreError, TransientError
 from talkbridge.message import Attachment, OutboundMessage
+from talkbridge.store.base import HistoryEntry
 from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, StartWebchat, Webchat
 
 
@@ -770,3 +771,28 @@ async def test_a_file_sent_with_a_caption_is_named_after_it_not_dropped(
     )
     texts = [(await client.expect("message"))["text"] for _ in range(2)]
     assert texts == ["Holiday\n\n[attachment: beach.jpg]", "[attachment: document]"]
+
+
+async def test_a_store_failure_while_a_reply_is_kept_is_a_passing_one(
+    webchat: Webchat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The webchat's send is its store write: an outage of the store (Redis down, the SQLite
+    writer restarting) is retried by the send queue like a platform's 503, not failed at once
+    as a connector bug (the reply was lost)."""
+    client = await webchat.authed()
+    keep = webchat.store.append_history
+    calls = 0
+
+    async def outage_once(*args: Any, **kwargs: Any) -> HistoryEntry:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise StoreError("redis 127.0.0.1:6390 is unreachable")
+        return await keep(*args, **kwargs)
+
+    monkeypatch.setattr(webchat.store, "append_history", outage_once)
+    reply = OutboundMessage(thread_id=client.thread_id, text="hello")
+    with pytest.raises(TransientError, match=r"could not be kept: redis 127\.0\.0\.1:6390"):
+        await webchat.connector.send(reply)
+    await webchat.connector.send(reply)  # the queue's next try
+    assert (await client.expect("message"))["text"] == "hello"
