@@ -299,15 +299,16 @@ class DurableHooks:
 
     async def remember_turn_completed(self, session: Any, status: str, *, message_id: str) -> None:
         """For the Bridge before a turn's reply is sent: keep the event that turn will queue
-        (the latest one per conversation). A message answered before a crash is not run
-        again at the next start (`emit_remembered_turn_completed`): had the bridge died after
-        the reply, before queueing the event, only this keeps it from being lost."""
+        (the latest one per conversation). A message answered before a crash is not run again
+        at the next start (`emit_remembered_turn_completed`): had the bridge died after the
+        reply, before queueing the event, only this keeps it from being lost. Kept as long as
+        queued events are (`retention`), not for good: one entry per conversation ever."""
         if not self.wants_turn_completed:
             return
         try:
             event = self._turn_completed(session, status, message_id)
             key = _remembered_key(self.app_id, event.conversation)
-            await self.store.set_state(key, event.model_dump_json())
+            await self.store.set_state(key, event.model_dump_json(), keep_for=self.retention)
         except (TalkbridgeError, ValueError) as exc:
             log.error("could not keep %s of turn %s: %s", TURN_COMPLETED, session.turn_id, exc)
 

@@ -198,6 +198,11 @@ class OutboundQueue:
             if not job.future.done():
                 job.future.set_exception(exc)
             return
+        except Exception as exc:  # the store's: its caller gets it, as one sent from its task
+            self._jobs.discard(job)
+            if not job.future.done():
+                job.future.set_exception(exc)
+            return
         self._jobs.discard(job)
         self.sent += 1
         if not job.future.done():

@@ -558,6 +558,33 @@ async def test_a_turn_answered_just_before_a_crash_still_has_its_event_queued(
     assert event.turn.turn_id == reply.message.meta["stream_id"]  # the turn that answered
 
 
+async def test_a_turns_remembered_event_is_kept_as_long_as_events_are_not_for_ever(
+    store: Store,
+) -> None:
+    """The event a turn keeps before its reply goes out (for a message handled again after a
+    crash) lasts the events' `retention`, in both stores. It was kept for good: one entry per
+    conversation the bridge ever answered, never freed."""
+    from types import SimpleNamespace
+
+    durable = hooks(store)
+    durable.register("audit", Recorder())
+    session = SimpleNamespace(
+        session_id="web\x1ft1",
+        turn_id="turn-1",
+        agent_name="echo",
+        connection_id="web",
+        thread_id="t1",
+    )
+    now = store.wall_clock
+    store.wall_clock = lambda: now() - durable.retention.total_seconds() - 1  # kept that long ago
+    try:
+        await durable.remember_turn_completed(session, "completed", message_id="m1")
+    finally:
+        store.wall_clock = now
+    await durable.emit_remembered_turn_completed("web", "web\x1ft1", "m1")
+    assert list(await store.hook_backlog(app_id="app")) == []  # it had run out: nothing queued
+
+
 async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:
     from talkbridge.store import SqliteStore
     from tests.test_cli import finish, talkbridge

@@ -352,6 +352,48 @@ async def test_sends_still_queued_when_the_router_closes_fail_on_record_and_neve
     assert sorted(f.text for f in failures) == ["three", "two"]  # "four" was never taken
 
 
+class _UnrecordingStore:
+    """A SqliteStore that cannot record a send's idempotency key (a full disk)."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def record_sent(self, *args: Any) -> None:
+        raise StoreError("database or disk is full")
+
+
+async def test_a_queued_send_the_store_fails_fails_to_its_caller_instead_of_hanging(
+    sqlite_store: SqliteStore,
+) -> None:
+    """A send queued behind another whose store step raises (recording its key) fails to its
+    caller with that error, as one sent from its caller's task does. Its caller (a turn, and
+    its thread behind it) waited for ever: the queue's worker logged the error, the future
+    was never resolved."""
+    router = TalkRouter(_UnrecordingStore(sqlite_store), FAST)  # type: ignore[arg-type]
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release_first = asyncio.Event()
+    conn.script.append(release_first.wait)
+
+    def send(text: str) -> asyncio.Task[SendResult]:
+        message = OutboundMessage(thread_id="t", text=text, idempotency_key=text)
+        return asyncio.create_task(router.send("alpha", message))
+
+    first = send("one")  # sent from its caller's task, held up at the platform
+    await asyncio.wait_for(conn.attempted.wait(), 10)
+    second = send("two")  # queued behind it (its task runs before "one" is woken)
+    release_first.set()
+    await router.join()  # the queue's worker is done with "two"
+    for task in (first, second):
+        assert task.done(), "the caller of a queued send still waits"
+        with pytest.raises(StoreError, match="disk is full"):
+            task.result()
+    assert conn.texts() == ["one", "two"]
+
+
 async def test_a_send_retried_in_its_callers_task_stops_when_the_router_closes(
     router: TalkRouter, sqlite_store: SqliteStore
 ) -> None:
