@@ -223,6 +223,59 @@ def _write(opened: Sequence[Atom], body: Sequence[Atom], still_open: Sequence[At
     return Piece(text, "".join(atom.visible for atom in body))
 
 
+# ---- quoted lines ----------------------------------------------------------------------------
+
+QUOTE = "> "
+
+
+def quoted_lines(atoms: Sequence[Atom], measure: Callable[[str], int]) -> list[Atom]:
+    """`atoms` with each line that starts with `> ` made a span (Slack's and Discord's quote of
+    one line): a cut inside it starts the next piece with `> ` again, where the rest of the
+    line showed unquoted, as if the bot said it. A line that a span crosses (bold over two
+    lines, a code block) stays as it is: spans must nest."""
+    out: list[Atom] = []
+    for line, quoted in _lines(atoms):
+        if quoted:
+            mark = Atom(QUOTE, measure(QUOTE), "open", reopen=QUOTE, inline=False)
+            body, newline = (line[2:-1], line[-1:]) if _is_newline(line[-1]) else (line[2:], [])
+            out.extend([mark, *body, Atom("", 0, "close"), *newline])
+        else:
+            out.extend(line)
+    return out
+
+
+def _lines(atoms: Sequence[Atom]) -> list[tuple[list[Atom], bool]]:
+    """The atoms line by line, each with its newline (a newline inside a span ends no line),
+    and whether the line is a quote that no span crosses."""
+    lines: list[tuple[list[Atom], bool]] = []
+    line: list[Atom] = []
+    depth, crossed = 0, False
+    for atom in atoms:
+        line.append(atom)
+        depth += {"open": 1, "close": -1}.get(atom.kind, 0)
+        if _is_newline(atom):
+            if depth == 0:
+                lines.append((line, _quote_at(line) and not crossed))
+                line, crossed = [], False
+            else:
+                crossed = True
+    if line:
+        lines.append((line, _quote_at(line) and not crossed and depth == 0))
+    return lines
+
+
+def _is_newline(atom: Atom) -> bool:
+    return atom.kind == "text" and atom.text == "\n"
+
+
+def _quote_at(line: Sequence[Atom]) -> bool:
+    return (
+        len(line) > 2
+        and "".join(atom.text for atom in line[:2]) == QUOTE
+        and all(atom.kind == "text" for atom in line[:2])
+    )
+
+
 # ---- graphemes -------------------------------------------------------------------------------
 
 _ZWJ = 0x200D
