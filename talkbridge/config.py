@@ -400,12 +400,17 @@ class RetentionConfig(_Model):
     """Seconds between sweeps; an entry lives up to this much longer than its retention."""
 
 
+CODE_TTL_MAX = 365 * 86_400
+"""The longest `pairing.code_ttl`, in seconds: a year."""
+
+
 class PairingConfig(_Model):
     """The sentinel's pairing codes."""
 
-    code_ttl: float = Field(default=3600.0, gt=0)
+    code_ttl: float = Field(default=3600.0, gt=0, le=CODE_TTL_MAX, allow_inf_nan=False)
     """Seconds a pending pairing code can be approved: after that the operator's approval is
-    refused and the sender's next message gets a fresh code."""
+    refused and the sender's next message gets a fresh code. At most a year: a code's expiry
+    is a date (`.inf` crashed the start, `1e11` every sender's first message)."""
 
 
 class ClusterConfig(_Model):
