@@ -409,3 +409,17 @@ def test_a_pairing_code_lifetime_a_date_cannot_hold_is_a_config_error(
         parse_config({"pairing": {"code_ttl": ttl}})
     config, _ = parse_config({"pairing": {"code_ttl": 31_536_000}})
     assert config.pairing.code_ttl == 31_536_000
+
+
+@pytest.mark.parametrize("key", ["dedupe_days", "sent_days", "failed_sends_days"])
+def test_a_retention_a_date_cannot_hold_is_a_config_error(key: str) -> None:
+    """`dedupe_days: .inf` ("keep them for good") or `1e9` ended `check` and `run` in a
+    traceback (a timedelta cannot hold them)."""
+    with pytest.raises(ConfigError, match=rf"retention\.{key}: must be a finite number"):
+        parse_config({"retention": {key: float("inf")}})
+    with pytest.raises(
+        ConfigError, match=rf"retention\.{key}: must be less than or equal to 36500"
+    ):
+        parse_config({"retention": {key: 1e9}})
+    config, _ = parse_config({"retention": {key: 36_500}})
+    assert getattr(config.retention, key) == 36_500
