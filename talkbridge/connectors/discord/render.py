@@ -49,7 +49,7 @@ def split_message(text: str, limit: int = DISCORD_TEXT_LIMIT) -> list[str]:
     closed and reopened the same way."""
     if length(text) <= limit:
         return [text] if text.strip() else []
-    pieces = split(quoted_lines(_atoms(text), length), limit, length)
+    pieces = split(quoted_lines(_atoms(text), length, rest=">>> "), limit, length)
     return [p.text.strip("\n") for p in pieces if p.visible.strip()]
 
 

@@ -95,6 +95,17 @@ def test_a_quoted_line_cut_by_a_split_is_quoted_again_in_the_next_chunk() -> Non
     assert "".join(map(words, chunks)) == words(text)
 
 
+def test_a_block_quote_cut_by_a_split_is_quoted_again_in_the_next_chunk() -> None:
+    """`>>> ` quotes the rest of a Discord message: the chunks after a split showed unquoted."""
+    text = "intro\n>>> " + "quoted **bold words** and more\n" * 20
+    chunks = render_chunks(text, "markdown", limit=150)
+    assert len(chunks) > 3 and all(length(c) <= 150 for c in chunks)
+    assert chunks[0].startswith("intro\n>>> ")
+    for chunk in chunks[1:]:
+        assert chunk.startswith(">>> ") and chunk.count("**") % 2 == 0, chunk
+        assert ">>> " not in chunk[4:], chunk
+
+
 def test_links_and_mentions_are_never_cut() -> None:
     link = "[the docs](https://example.com/" + "p" * 60 + ")"
     tokens = [link, "<@80351110224678912>", "<https://example.com/a>", "https://e.com/" + "b" * 40]
