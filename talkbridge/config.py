@@ -385,27 +385,37 @@ class RouterConfig(_Model):
     """First retry of a failed send waits about this long; later ones back off exponentially."""
 
 
+RETENTION_DAYS_MAX = 36_500
+"""The longest retention, in days (a century, "for good"): a retention is a date's distance,
+and `.inf` or a billion days crashed `check` and `run`."""
+
+
 class RetentionConfig(_Model):
     """How long the store remembers what only guards against repeats (see `Store.prune`).
 
     Conversation history and the id map are not affected: they are the conversation itself.
     """
 
-    dedupe_days: float = Field(default=7.0, gt=0)
+    dedupe_days: float = Field(default=7.0, gt=0, le=RETENTION_DAYS_MAX, allow_inf_nan=False)
     """Ids of handled inbound messages; a platform redelivering later is taken for new."""
-    sent_days: float = Field(default=7.0, gt=0)
+    sent_days: float = Field(default=7.0, gt=0, le=RETENTION_DAYS_MAX, allow_inf_nan=False)
     """Idempotency records of sends."""
-    failed_sends_days: float = Field(default=30.0, gt=0)
+    failed_sends_days: float = Field(default=30.0, gt=0, le=RETENTION_DAYS_MAX, allow_inf_nan=False)
     sweep_every: float = Field(default=3600.0, gt=0)
     """Seconds between sweeps; an entry lives up to this much longer than its retention."""
+
+
+CODE_TTL_MAX = 365 * 86_400
+"""The longest `pairing.code_ttl`, in seconds: a year."""
 
 
 class PairingConfig(_Model):
     """The sentinel's pairing codes."""
 
-    code_ttl: float = Field(default=3600.0, gt=0)
+    code_ttl: float = Field(default=3600.0, gt=0, le=CODE_TTL_MAX, allow_inf_nan=False)
     """Seconds a pending pairing code can be approved: after that the operator's approval is
-    refused and the sender's next message gets a fresh code."""
+    refused and the sender's next message gets a fresh code. At most a year: a code's expiry
+    is a date (`.inf` crashed the start, `1e11` every sender's first message)."""
 
 
 class ClusterConfig(_Model):

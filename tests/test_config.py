@@ -390,3 +390,36 @@ def test_an_agent_history_longer_than_the_screening_covers_is_refused() -> None:
         bot={"kind": "openai", "base_url": "http://127.0.0.1:1/v1", "model": "m", "history": 5000}
     )
     assert problem.startswith("agents.definitions.bot.history: ") and "1000" in problem
+
+
+@pytest.mark.parametrize(
+    ("ttl", "says"),
+    [
+        (float("inf"), "must be a finite number"),
+        (float("nan"), "must be a finite number"),
+        (1e11, "must be less than or equal to 31536000"),
+    ],
+)
+def test_a_pairing_code_lifetime_a_date_cannot_hold_is_a_config_error(
+    ttl: float, says: str
+) -> None:
+    """`code_ttl: .inf` (codes that never expire) ended `check` and `run` in a traceback, and
+    `1e11` passed them, to fail every sender's first message: its expiry is past year 9999."""
+    with pytest.raises(ConfigError, match=rf"pairing\.code_ttl: {says}"):
+        parse_config({"pairing": {"code_ttl": ttl}})
+    config, _ = parse_config({"pairing": {"code_ttl": 31_536_000}})
+    assert config.pairing.code_ttl == 31_536_000
+
+
+@pytest.mark.parametrize("key", ["dedupe_days", "sent_days", "failed_sends_days"])
+def test_a_retention_a_date_cannot_hold_is_a_config_error(key: str) -> None:
+    """`dedupe_days: .inf` ("keep them for good") or `1e9` ended `check` and `run` in a
+    traceback (a timedelta cannot hold them)."""
+    with pytest.raises(ConfigError, match=rf"retention\.{key}: must be a finite number"):
+        parse_config({"retention": {key: float("inf")}})
+    with pytest.raises(
+        ConfigError, match=rf"retention\.{key}: must be less than or equal to 36500"
+    ):
+        parse_config({"retention": {key: 1e9}})
+    config, _ = parse_config({"retention": {key: 36_500}})
+    assert getattr(config.retention, key) == 36_500

@@ -223,6 +223,77 @@ def _write(opened: Sequence[Atom], body: Sequence[Atom], still_open: Sequence[At
     return Piece(text, "".join(atom.visible for atom in body))
 
 
+# ---- quoted lines ----------------------------------------------------------------------------
+
+QUOTE = "> "
+
+
+def quoted_lines(
+    atoms: Sequence[Atom], measure: Callable[[str], int], *, rest: str | None = None
+) -> list[Atom]:
+    """`atoms` with each line that starts with `> ` made a span (Slack's and Discord's quote of
+    one line): a cut inside it starts the next piece with `> ` again, where the rest of the
+    line showed unquoted, as if the bot said it. A line that a span crosses (bold over two
+    lines, a code block) stays as it is: spans must nest. `rest`: a mark that quotes all that
+    follows it (Discord's `>>> `), made a span to the end the same way."""
+    out: list[Atom] = []
+    lines = _lines(atoms)
+    for index, (line, quoted) in enumerate(lines):
+        if rest is not None and _starts(line, rest):
+            after = [atom for later, _ in lines[index + 1 :] for atom in later]
+            out.extend([_quote_mark(rest, measure), *line[len(rest) :], *after, _QUOTE_END])
+            break
+        if quoted:
+            body, newline = (line[2:-1], line[-1:]) if _is_newline(line[-1]) else (line[2:], [])
+            out.extend([_quote_mark(QUOTE, measure), *body, _QUOTE_END, *newline])
+        else:
+            out.extend(line)
+    return out
+
+
+def _quote_mark(mark: str, measure: Callable[[str], int]) -> Atom:
+    return Atom(mark, measure(mark), "open", reopen=mark, inline=False)
+
+
+_QUOTE_END = Atom("", 0, "close")
+
+
+def _lines(atoms: Sequence[Atom]) -> list[tuple[list[Atom], bool]]:
+    """The atoms line by line, each with its newline (a newline inside a span ends no line),
+    and whether the line is a quote that no span crosses."""
+    lines: list[tuple[list[Atom], bool]] = []
+    line: list[Atom] = []
+    depth, crossed = 0, False
+    for atom in atoms:
+        line.append(atom)
+        depth += {"open": 1, "close": -1}.get(atom.kind, 0)
+        if _is_newline(atom):
+            if depth == 0:
+                lines.append((line, _quote_at(line) and not crossed))
+                line, crossed = [], False
+            else:
+                crossed = True
+    if line:
+        lines.append((line, _quote_at(line) and not crossed and depth == 0))
+    return lines
+
+
+def _is_newline(atom: Atom) -> bool:
+    return atom.kind == "text" and atom.text == "\n"
+
+
+def _quote_at(line: Sequence[Atom]) -> bool:
+    return len(line) > 2 and _starts(line, QUOTE)
+
+
+def _starts(line: Sequence[Atom], mark: str) -> bool:
+    """Whether the line starts with `mark`, written as text (a character an atom)."""
+    return len(line) > len(mark) and all(
+        atom.kind == "text" and atom.text == char
+        for atom, char in zip(line[: len(mark)], mark, strict=True)
+    )
+
+
 # ---- graphemes -------------------------------------------------------------------------------
 
 _ZWJ = 0x200D

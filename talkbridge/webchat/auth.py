@@ -74,16 +74,37 @@ class TokenAuth:
 
 
 def _signed_refusal(token: str, issuer: WebchatIssuer) -> str | None:
-    """Why a token this issuer did sign is refused: its times (None: not one it signed)."""
+    """Why a token this issuer did sign is refused: a claim missing, or its times (None: not
+    one it signed)."""
     claims = _claims(token, issuer, verify_times=False)
     if claims is None:
         return None
-    problem = _time_claim_problem(claims)
+    problem = _missing_claim(claims) or _time_claim_problem(claims)
     if problem is not None:
         return problem
-    expires = claims.get("exp")
-    if expires is not None and expires + issuer.leeway < time.time():
+    now = time.time()
+    if claims["exp"] + issuer.leeway < now:
         return "the access token has expired; sign in again to get a new link"
+    return _not_yet(claims, now, issuer.leeway)
+
+
+def _missing_claim(claims: dict[str, Any]) -> str | None:
+    for name in ("sub", "exp"):
+        if name not in claims:
+            return f"the access token has no '{name}' claim: it is required"
+    return None
+
+
+def _not_yet(claims: dict[str, Any], now: float, leeway: float) -> str | None:
+    """A token signed ahead of this server's clock (the signing app's runs fast): PyJWT
+    refuses an `nbf` or `iat` past now plus the leeway."""
+    for name in ("nbf", "iat"):
+        if name in claims and claims[name] > now + leeway:
+            return (
+                f"the access token is not valid yet: its '{name}' is "
+                f"{math.ceil(claims[name] - now)} s ahead of this server's clock (check the "
+                "clocks of the signing app and of this server)"
+            )
     return None
 
 

@@ -42,6 +42,8 @@ class HeadReader:
         self._head = bytearray()
         self.done = False
         """The head was read (or refused): nothing more to look at."""
+        self.beyond = 0
+        """Once the head was read: how many bytes of the last `feed` came after it."""
 
     def feed(self, data: bytes) -> Response | None:
         """The answer to give instead of websockets when the head so far cannot be read."""
@@ -54,6 +56,7 @@ class HeadReader:
             next(self._parser)
         except StopIteration:  # a head websockets reads: it carries on from here
             self.done = True
+            self.beyond = len(self._reader.buffer)
         except Exception as exc:
             self.done = True
             return refusal(bytes(self._head), exc)
@@ -123,10 +126,15 @@ class AnsweringConnection(ServerConnection):
         self._answered = False
         self._peer_done = False
         """The client ended its sending side after its request (a half-close)."""
+        self._held: bytearray | None = None
+        """What came after a readable head, until its answer is decided (`answering`)."""
 
     def data_received(self, data: bytes) -> None:
         if self._answered:
             return  # the rest of a body it refused: read and dropped, so no reset loses the answer
+        if self._held is not None:
+            self._held += data
+            return
         head = self._head_reader
         if head is not None:
             answer = head.feed(data)
@@ -135,7 +143,17 @@ class AnsweringConnection(ServerConnection):
             if answer is not None:
                 self._answer(answer)
                 return
+            if head.done:
+                data = self._hold_beyond(data, head.beyond)
         super().data_received(data)
+
+    def _hold_beyond(self, data: bytes, beyond: int) -> bytes:
+        """The head alone goes to websockets: it reads whatever follows as WebSocket frames,
+        and a pipelined second request (`GET` right behind the first) failed the connection
+        with no answer to either. It is kept until the answer: frames for a socket, dropped
+        otherwise (every answer closes the connection)."""
+        self._held = bytearray(data[len(data) - beyond :])
+        return data[: len(data) - beyond]
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio allows True
         """A client may end its sending side once its request is out (`socat`, `nc -N`, a
@@ -156,10 +174,16 @@ class AnsweringConnection(ServerConnection):
         )
 
     def answering(self, response: Response) -> None:
-        """websockets is about to write `response`: to a client that half-closed, the
-        connection is closed once it is out. Else websockets waits `close_timeout` (10 s) for
-        a close that cannot come, since the transport reads no more after the EOF."""
-        if self._peer_done and response.status_code != 101:
+        """websockets is about to write `response`: the bytes held behind the head go to it
+        for a socket. To a client that half-closed, the connection is closed once the answer is
+        out. Else websockets waits `close_timeout` (10 s) for a close that cannot come, since
+        the transport reads no more after the EOF."""
+        held, self._held = self._held, None
+        if response.status_code == 101:
+            if held:
+                super().data_received(bytes(held))  # frames sent right behind the handshake
+            return
+        if self._peer_done:
             self.loop.call_soon(self._close_if_answered)
 
     def _close_if_answered(self) -> None:

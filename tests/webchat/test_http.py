@@ -326,6 +326,21 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     assert status == 426
 
 
+async def test_pipelined_requests_get_the_first_ones_answer(webchat: Webchat) -> None:
+    """An HTTP/1.1 client may send its next request before the first is answered (pipelining):
+    websockets read the bytes after the head as WebSocket frames, failed on them and closed the
+    connection without a word. The first request is answered and the connection closed (every
+    answer closes it); the next one is read as nothing."""
+    request = b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n"
+    status, _, body = await _raw(webchat, request + request)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, body = await _raw(webchat, request + b"HEAD / HTTP/1.1\r\n\r\n", half_close=True)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    client = await webchat.authed()  # a socket still opens, with its frames right behind
+    frames = await client.turn("after", "c1")
+    assert frames[-1]["text"] == "echo: after"
+
+
 async def test_a_request_in_small_pieces_still_opens_the_socket(webchat: Webchat) -> None:
     """The head is read ahead of websockets on a copy: what it can read reaches it intact."""
     status, _, _ = await _raw(webchat, *(bytes([b]) for b in b"GET /healthz HTTP/1.1\r\n\r\n"))

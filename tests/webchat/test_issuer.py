@@ -116,6 +116,26 @@ async def test_a_renewed_token_keeps_the_session_and_another_user_cannot_take_it
     assert other["session_id"] != first["session_id"] and other["new_session"] is True
 
 
+def test_a_signed_token_refused_for_its_claims_says_which() -> None:
+    """A token the issuer did sign, refused for a claim missing or a time ahead of this
+    server's clock (the signing app's clock runs fast), was "wrong or no longer accepted":
+    nothing its app's developer could act on."""
+    auth = TokenAuth([], ISSUER)
+    now = int(time.time())
+    no_exp = jwt.encode({"sub": "ada", "aud": "talkbridge"}, SECRET, algorithm="HS256")
+    no_sub = jwt.encode({"exp": now + 300, "aud": "talkbridge"}, SECRET, algorithm="HS256")
+    assert auth.refusal(no_exp) == "the access token has no 'exp' claim: it is required"
+    assert auth.refusal(no_sub) == "the access token has no 'sub' claim: it is required"
+    for claim in ("nbf", "iat"):
+        token = signed("ada", **{claim: now + 600})
+        assert auth.identify(token) is None
+        refusal = auth.refusal(token)
+        assert refusal.startswith(f"the access token is not valid yet: its '{claim}' is "), refusal
+        assert "ahead of this server's clock" in refusal
+    forged = jwt.encode({"sub": "ada", "aud": "talkbridge"}, "x" * 40, algorithm="HS256")
+    assert auth.refusal(forged) == "the access token is wrong or no longer accepted"
+
+
 async def test_an_expired_signed_token_says_so_and_asks_to_sign_in_again(
     start_webchat: StartWebchat,
 ) -> None:

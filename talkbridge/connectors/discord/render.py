@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from talkbridge.connectors.splitting import Atom, graphemes, split, text_atoms
+from talkbridge.connectors.splitting import Atom, graphemes, quoted_lines, split, text_atoms
 
 DISCORD_TEXT_LIMIT = 2000
 
@@ -49,7 +49,7 @@ def split_message(text: str, limit: int = DISCORD_TEXT_LIMIT) -> list[str]:
     closed and reopened the same way."""
     if length(text) <= limit:
         return [text] if text.strip() else []
-    pieces = split(_atoms(text), limit, length)
+    pieces = split(quoted_lines(_atoms(text), length, rest=">>> "), limit, length)
     return [p.text.strip("\n") for p in pieces if p.visible.strip()]
 
 

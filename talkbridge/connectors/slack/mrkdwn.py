@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.markdown import Dialect
-from talkbridge.connectors.splitting import Atom, split, text_atoms
+from talkbridge.connectors.splitting import Atom, quoted_lines, split, text_atoms
 
 SLACK_TEXT_LIMIT = 4000
 """Slack truncates message text beyond 40,000 characters and advises at most 4,000."""
@@ -111,7 +111,8 @@ def split_mrkdwn(rendered: str, limit: int = SLACK_TEXT_LIMIT) -> list[str]:
 
 
 def _atoms(rendered: str) -> list[Atom]:
-    """Code blocks (between ```), and around them text with its inline spans."""
+    """Code blocks (between ```), and around them text with its inline spans and quoted
+    lines."""
     atoms: list[Atom] = []
     position, in_code = 0, False
     for fence in _CODE.finditer(rendered):
@@ -124,7 +125,7 @@ def _atoms(rendered: str) -> list[Atom]:
         position, in_code = fence.end(), not in_code
     rest = rendered[position:]
     atoms.extend(_literal(rest) if in_code else _text(rest))
-    return atoms
+    return quoted_lines(atoms, _length)
 
 
 def _open(mark: str, *, closer: str = "", reopen: str = "", code: bool = False) -> Atom:

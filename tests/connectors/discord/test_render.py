@@ -77,6 +77,35 @@ def test_a_split_never_cuts_inside_a_user_visible_character() -> None:
         assert "".join(chunks) == text
 
 
+def test_a_quoted_line_cut_by_a_split_is_quoted_again_in_the_next_chunk() -> None:
+    """`> ` quotes one line on Discord: the rest of a long quoted paragraph cut off by a split
+    showed unquoted, as if the bot said it; a bold span in it is closed and reopened inside."""
+    text = "intro\n> " + "quoted **bold words** " * 30 + "\nafter"
+    chunks = render_chunks(text, "markdown", limit=150)
+    assert len(chunks) > 4 and all(length(c) <= 150 for c in chunks)
+    assert chunks[0].startswith("intro\n> ")
+    for chunk in chunks[1:-1]:
+        assert chunk.startswith("> ") and "\n" not in chunk, chunk
+        assert chunk.count("**") % 2 == 0, chunk
+    assert chunks[-1].startswith("> ") and chunks[-1].endswith("\nafter"), chunks[-1]
+
+    def words(text: str) -> str:
+        return "".join(text.replace("> ", "").replace("**", "").split())
+
+    assert "".join(map(words, chunks)) == words(text)
+
+
+def test_a_block_quote_cut_by_a_split_is_quoted_again_in_the_next_chunk() -> None:
+    """`>>> ` quotes the rest of a Discord message: the chunks after a split showed unquoted."""
+    text = "intro\n>>> " + "quoted **bold words** and more\n" * 20
+    chunks = render_chunks(text, "markdown", limit=150)
+    assert len(chunks) > 3 and all(length(c) <= 150 for c in chunks)
+    assert chunks[0].startswith("intro\n>>> ")
+    for chunk in chunks[1:]:
+        assert chunk.startswith(">>> ") and chunk.count("**") % 2 == 0, chunk
+        assert ">>> " not in chunk[4:], chunk
+
+
 def test_links_and_mentions_are_never_cut() -> None:
     link = "[the docs](https://example.com/" + "p" * 60 + ")"
     tokens = [link, "<@80351110224678912>", "<https://example.com/a>", "https://e.com/" + "b" * 40]

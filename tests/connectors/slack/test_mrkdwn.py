@@ -93,6 +93,19 @@ def test_emphasis_and_code_cut_by_a_split_are_closed_and_reopened() -> None:
     assert shown(chunks) == shown([render_markdown(text)])
 
 
+def test_a_quoted_line_cut_by_a_split_is_quoted_again_in_the_next_chunk() -> None:
+    """`> ` quotes one line in Slack: the rest of a long quoted paragraph cut off by a split
+    showed unquoted, as if the bot said it."""
+    text = "> " + "quoted *words* " * 40 + "\n\nafter"
+    chunks = render_chunks(text, "markdown", limit=200)
+    assert len(chunks) > 3 and all(len(c) <= 200 for c in chunks)
+    for chunk in chunks[:-1]:
+        assert chunk.startswith("> "), chunk
+        assert "\n" not in chunk and not set(plain_text(chunk[2:])) & set("*>"), chunk
+    assert chunks[-1].endswith("\n\nafter")
+    assert shown(chunks).replace(">", "") == shown([render_markdown(text)]).replace(">", "")
+
+
 def test_a_split_prefers_the_space_before_an_emphasis_to_cutting_it() -> None:
     text = "word " * 30 + "**a bold phrase that will not fit**"
     chunks = render_chunks(text, "markdown", limit=170)
