@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
-from talkbridge.agents.base import Result, TextDelta, TurnContext
+from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.inbound import GROUP
@@ -26,6 +26,7 @@ from talkbridge.config import ConnectionConfig
 from talkbridge.hooks import TurnFinishedEvent
 from talkbridge.message import NormalizedMessage, SendResult
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.support.agents import Storyteller
 from tests.support.talk_connector import TalkConnector, make_message
 from tests.webchat.conftest import Client
 
@@ -202,22 +203,6 @@ async def test_a_send_whose_sender_died_mid_call_goes_out_once_its_claim_runs_ou
         assert await client.exists(claim) == 0  # the record replaced the claim
     finally:
         await client.aclose()
-
-
-class Storyteller:
-    """The default agent on every node: streams its first words, finishes once `go` is set."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self.go = asyncio.Event()
-
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
-        self.runs += 1
-        yield TextDelta(text="Once upon ")
-        await self.go.wait()
-        yield Result(text="Once upon a time.")
 
 
 WEBCHAT_TOKEN = "cluster-token-0123456789"

@@ -16,11 +16,12 @@ import aiohttp
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from talkbridge.agents.base import Result, TextDelta, TurnContext
+from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig
 from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
+from tests.support.agents import Storyteller
 from tests.webchat.conftest import TIMEOUT
 
 TOKEN = "bridge-token-0123456789abcdef"
@@ -269,22 +270,6 @@ async def test_words_sent_before_the_pairing_was_approved_never_reach_the_agent_
     finally:
         await bridge.stop()
     assert seen == [[], [("user", "hello"), ("assistant", "answered hello")]]
-
-
-class Storyteller:
-    """The default agent: streams its first words, finishes once `go` is set; counts its runs."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.runs = 0
-        self.go = asyncio.Event()
-
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
-        self.runs += 1
-        yield TextDelta(text="Once upon ")
-        await self.go.wait()
-        yield Result(text="Once upon a time.")
 
 
 async def test_a_turn_answered_before_a_crash_is_neither_run_nor_streamed_again(
