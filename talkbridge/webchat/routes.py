@@ -13,6 +13,7 @@ import hmac
 import html
 import http
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -42,6 +43,8 @@ _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
+
+log = logging.getLogger("talkbridge.webchat")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +235,8 @@ class HttpRoutes:
             if self._node_info is not None:
                 node = self._node_info()
             status = health_status(connections, node.get("store"), bool(node.get("stopping")))
-        except Exception:
+        except Exception:  # a bug of ours: the answer says it cannot tell, the log says why
+            log.exception("/healthz: the health check failed, answered with status unknown")
             connections, status = {}, "unknown"
         body = json.dumps({"status": status, **node, "connections": connections}, default=str)
         # 503 while stopping: a load balancer's health check takes the node out at once.

@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 import pytest
 import websockets
+from websockets.datastructures import Headers
+from websockets.http11 import Request
 
 from talkbridge.webchat.routes import HttpRoutes, health_status, load_assets, tokens_match
 from tests.webchat.conftest import TIMEOUT, TOKEN_A, TOKEN_B, Webchat
@@ -414,8 +418,6 @@ def test_token_comparison_and_health_rules() -> None:
 
 
 def test_healthz_is_503_while_the_bridge_is_stopping() -> None:
-    from websockets.datastructures import Headers
-    from websockets.http11 import Request
 
     stopping = {"stopping": False}
     routes = HttpRoutes(
@@ -428,3 +430,21 @@ def test_healthz_is_503_while_the_bridge_is_stopping() -> None:
     response = routes(None, ask)  # type: ignore[arg-type]
     assert response is not None and response.status_code == 503  # load balancers move on
     assert json.loads(response.body)["status"] == "stopping"
+
+
+def test_a_health_check_that_fails_says_unknown_and_logs_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in the health check must not pass in silence: the answer cannot tell, the
+    operator's log says why."""
+
+    def broken() -> dict[str, Any]:
+        raise KeyError("webchat")
+
+    routes = HttpRoutes(["t0ken"], broken)
+    with caplog.at_level(logging.ERROR, logger="talkbridge.webchat"):
+        response = routes(None, Request("/healthz", Headers()))  # type: ignore[arg-type]
+    assert response is not None and response.status_code == 200
+    assert json.loads(response.body) == {"status": "unknown", "connections": {}}
+    [record] = [r for r in caplog.records if "/healthz" in r.getMessage()]
+    assert "health check failed" in record.getMessage() and record.exc_info is not None
