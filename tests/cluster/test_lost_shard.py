@@ -217,16 +217,23 @@ async def page_on(bridge: Bridge, session_id: str | None = None) -> Client:
     return client
 
 
-async def until_answered(client: aioredis.Redis, bridge: Bridge) -> None:
-    """Until no accepted message waits for an answer (Redis state: nothing to await)."""
-    assert bridge.cluster is not None
-    keys = bridge.cluster.keys
-    async with asyncio.timeout(10):
-        while (  # noqa: ASYNC110 - another node's progress shows only in Redis
-            await client.zcard(keys.pending())
-            or (await client.xpending(keys.bus_in(0), GROUP))["pending"]
-        ):
-            await asyncio.sleep(0.01)
+def handled_on(bridge: Bridge) -> asyncio.Event:
+    """Set once `bridge` has handled a message: subscribed after the bridge's own handler, it
+    runs once the answer is done."""
+    handled = asyncio.Event()
+
+    async def note(message: NormalizedMessage) -> None:
+        handled.set()
+
+    bridge.router.subscribe_all(note)
+    return handled
+
+
+async def until_answered(bridge: Bridge, handled: asyncio.Event) -> None:
+    """Until `bridge` handled a message and acknowledged it on the bus (the acknowledgement
+    is part of the dispatch `join` waits for)."""
+    await asyncio.wait_for(handled.wait(), 10)
+    await bridge.router.join()
 
 
 async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_new_holder(
@@ -251,6 +258,7 @@ async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_ne
 
     a.router.subscribe_all(done_only_after_the_shard_moved)
     b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    handled = handled_on(b)
     page = await page_on(a)
     lease = a.cluster.keys.lease("shard", "0")
     client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
@@ -263,7 +271,7 @@ async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_ne
         assert answer["stream_id"] == delta["stream_id"]
 
         await client.set(lease, "b", px=60_000)  # a's ran out; b holds it now
-        await until_answered(client, b)
+        await until_answered(b, handled)
         shown = await page.drain_until_pong()
         other_page = await page_on(b, page.session_id)
         await other_page.send({"type": "history", "thread_id": page.thread_id, "after_seq": 0})
@@ -296,6 +304,7 @@ async def test_a_stream_cut_off_with_its_shard_is_ended_on_the_page_and_answered
     a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
     assert a.cluster is not None
     await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
+    handled = handled_on(a)
     page = await page_on(a)
     lease = a.cluster.keys.lease("shard", "0")
     client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
@@ -310,7 +319,7 @@ async def test_a_stream_cut_off_with_its_shard_is_ended_on_the_page_and_answered
         again = await page.expect("delta")
         story.go.set()
         answer = await page.expect("message", role="assistant")
-        await until_answered(client, a)
+        await until_answered(a, handled)
         rest = await page.drain_until_pong()
     finally:
         story.go.set()
@@ -341,6 +350,7 @@ async def test_a_turn_run_again_while_the_old_holder_sends_its_reply_ends_its_st
 
     b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
     assert b.cluster is not None
+    handled = handled_on(b)
     page = await page_on(b)
     client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
     old_holder = SendClaims(client, b.cluster.keys, TTL)
@@ -362,7 +372,7 @@ async def test_a_turn_run_again_while_the_old_holder_sends_its_reply_ends_its_st
         await wait_until(lambda: "being sent by another send" in caplog.text)
         sent.set()
         await old_send
-        await until_answered(client, b)
+        await until_answered(b, handled)
         await wait_until(lambda: b.router.turns_running == 0)
         shown = await page.drain_until_pong()
     finally:
