@@ -217,6 +217,16 @@ async def page_on(bridge: Bridge, session_id: str | None = None) -> Client:
     return client
 
 
+async def story_node(cluster: Cluster, name: str, story: Storyteller) -> Bridge:
+    """A node of a one-shard cluster, with a webchat, whose default agent is `story`."""
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(story, "echo")
+
+    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
+    return await cluster.node(name, prepare=prepare, config=config, with_webchat=True)
+
+
 def handled_on(bridge: Bridge) -> asyncio.Event:
     """Set once `bridge` has handled a message: subscribed after the bridge's own handler, it
     runs once the answer is done."""
@@ -243,12 +253,7 @@ async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_ne
     # the message done: b, the new holder, handles it again. It ran the agent again (paid
     # twice) and streamed it to the pages, under a final message that was never sent.
     story = Storyteller()
-    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
-
-    def prepare(bridge: Bridge) -> None:
-        bridge.runner.add_agent(story, "echo")
-
-    a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
+    a = await story_node(cluster, "a", story)
     assert a.cluster is not None
     await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
     never = asyncio.Event()
@@ -257,7 +262,7 @@ async def test_a_turn_answered_before_its_shard_moved_is_not_run_again_by_the_ne
         await never.wait()  # after the bridge's own handler: the reply is out
 
     a.router.subscribe_all(done_only_after_the_shard_moved)
-    b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    b = await story_node(cluster, "b", story)
     handled = handled_on(b)
     page = await page_on(a)
     lease = a.cluster.keys.lease("shard", "0")
@@ -296,12 +301,7 @@ async def test_a_stream_cut_off_with_its_shard_is_ended_on_the_page_and_answered
     # The page showed the first words of a reply whose turn was cancelled as its node lost
     # the shard: they stayed on the page, frozen, until the turn ran again elsewhere.
     story = Storyteller()
-    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
-
-    def prepare(bridge: Bridge) -> None:
-        bridge.runner.add_agent(story, "echo")
-
-    a = await cluster.node("a", prepare=prepare, config=config, with_webchat=True)
+    a = await story_node(cluster, "a", story)
     assert a.cluster is not None
     await wait_until(lambda: a.cluster is not None and a.cluster.inbound.held == [0])
     handled = handled_on(a)
@@ -343,12 +343,7 @@ async def test_a_turn_run_again_while_the_old_holder_sends_its_reply_ends_its_st
     # page, a second, half copy of the answer with no final message to replace it.
     caplog.set_level(logging.INFO, logger="talkbridge")
     story = Storyteller()
-    config = {"cluster": {"shards": 1}, "webchat": {"port": 0, "tokens": [WEBCHAT_TOKEN]}}
-
-    def prepare(bridge: Bridge) -> None:
-        bridge.runner.add_agent(story, "echo")
-
-    b = await cluster.node("b", prepare=prepare, config=config, with_webchat=True)
+    b = await story_node(cluster, "b", story)
     assert b.cluster is not None
     handled = handled_on(b)
     page = await page_on(b)
