@@ -479,6 +479,21 @@ async def _crash_test_bridge(
     return bridge, conn
 
 
+async def _restarted_until_an_event(
+    tmp_path: Path, got: list[TurnCompleted], arrived: asyncio.Event
+) -> Any:
+    """The next start after a crash, run until its first event arrived and its messages were
+    handled; returns its connection."""
+    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
+    try:
+        async with asyncio.timeout(WAIT):
+            await arrived.wait()
+        await bridge.router.join()
+    finally:
+        await bridge.stop()
+    return conn
+
+
 async def test_a_turn_answered_before_a_crash_has_its_event_queued_again_not_its_turn(
     tmp_path: Path,
 ) -> None:
@@ -506,13 +521,7 @@ async def test_a_turn_answered_before_a_crash_has_its_event_queued_again_not_its
     (reply,) = conn.sent
 
     arrived.clear()
-    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
-    try:
-        async with asyncio.timeout(WAIT):
-            await arrived.wait()
-        await bridge.router.join()
-    finally:
-        await bridge.stop()
+    conn = await _restarted_until_an_event(tmp_path, got, arrived)
     assert conn.sent == []  # the reply went out once
     first, again = got
     assert again.event_id == first.event_id
@@ -545,13 +554,7 @@ async def test_a_turn_answered_just_before_a_crash_still_has_its_event_queued(
     (reply,) = conn.sent
     assert got == []
 
-    bridge, conn = await _crash_test_bridge(tmp_path, got, arrived)
-    try:
-        async with asyncio.timeout(WAIT):
-            await arrived.wait()
-        await bridge.router.join()
-    finally:
-        await bridge.stop()
+    conn = await _restarted_until_an_event(tmp_path, got, arrived)
     assert conn.sent == []
     (event,) = got
     assert event.status == "completed"
