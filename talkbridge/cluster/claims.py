@@ -58,10 +58,18 @@ class SendClaims:
     ) -> SendResult:
         """`call()` (the platform call of a send with idempotency key `key`) unless the key was
         sent already, by any node: then its recorded result. Records it when it goes out."""
+        result, _ = await self.claimed_send(connection_id, key, call)
+        return result
+
+    async def claimed_send(
+        self, connection_id: str, key: str, call: Callable[[], Awaitable[SendResult]]
+    ) -> tuple[SendResult, bool]:
+        """`send_once`, and whether the send is on record (sent before, or recorded now; False
+        when recording it failed, which the caller then does)."""
         token = uuid.uuid4().hex
         earlier = await self._take(connection_id, key, token)
         if earlier is not None:
-            return SendResult(message_ids=tuple(earlier))
+            return SendResult(message_ids=tuple(earlier)), True
         claim = Lease(self._client, self._keys.send_claim(connection_id, key), token, self._ttl)
         keeper = asyncio.create_task(claim.keep(), name=f"claim:{connection_id}")
         try:
@@ -72,8 +80,7 @@ class SendClaims:
                 await claim.release()
             raise
         await cancel_and_wait(keeper)
-        await self._record(connection_id, key, token, result.message_ids)
-        return result
+        return result, await self._record(connection_id, key, token, result.message_ids)
 
     async def _take(self, connection_id: str, key: str, token: str) -> list[str] | None:
         """Claim `key` for `token` (None), or the ids it was sent as; waits while another
@@ -107,7 +114,7 @@ class SendClaims:
 
     async def _record(
         self, connection_id: str, key: str, token: str, message_ids: Sequence[str]
-    ) -> None:
+    ) -> bool:
         k = self._keys
         keys = [
             k.sent(connection_id),
@@ -120,3 +127,5 @@ class SendClaims:
         except (RedisError, OSError) as exc:  # the queue's own record follows (retried)
             raise_if_cancelling()
             log.warning("%s: recording the send of %s failed: %s", connection_id, key, exc)
+            return False
+        return True

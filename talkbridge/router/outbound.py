@@ -49,9 +49,11 @@ class SendClaims(Protocol):
     """Distributed mode: one platform call per idempotency key across nodes
     (`talkbridge.cluster.claims`)."""
 
-    async def send_once(
+    async def claimed_send(
         self, connection_id: str, key: str, call: Callable[[], Awaitable[SendResult]]
-    ) -> SendResult: ...
+    ) -> tuple[SendResult, bool]:
+        """The send, or its earlier result; and whether it is on record already."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -210,7 +212,7 @@ class OutboundQueue:
 
     async def _attempt(self, message: OutboundMessage, check_sent: bool) -> SendResult:
         key = message.idempotency_key
-        if key is not None and check_sent:
+        if key is not None and check_sent and self.claims is None:  # (a claim looks itself)
             earlier = await self._store.sent_result(self.connection_id, key)
             if earlier:
                 return SendResult(message_ids=tuple(earlier))
@@ -224,7 +226,7 @@ class OutboundQueue:
             if self._gate.closed:
                 await self._gate.wait()
             try:
-                result = await self._call(message)
+                result, recorded = await self._call(message)
             except RateLimitedError as exc:
                 waits += 1
                 if waits > MAX_RATE_LIMIT_WAITS:
@@ -267,16 +269,17 @@ class OutboundQueue:
                 await self._fail(message, f"unexpected connector error: {reason}")
             if self._troubled:
                 self._trouble(None)
-            if key is not None:  # (a claim recorded it already; this one, retried, if it could not)
+            if key is not None and not recorded:  # (retried, unlike a claim's own record)
                 await self._store.record_sent(self.connection_id, key, result.message_ids)
             return result
 
-    async def _call(self, message: OutboundMessage) -> SendResult:
-        """The platform call; in distributed mode under the claim of its idempotency key."""
+    async def _call(self, message: OutboundMessage) -> tuple[SendResult, bool]:
+        """The platform call, and whether its result is on record already: in distributed
+        mode it is made under the claim of its idempotency key, which records it."""
         key = message.idempotency_key
         if self.claims is None or key is None:
-            return await self._send(message)
-        return await self.claims.send_once(
+            return await self._send(message), False
+        return await self.claims.claimed_send(
             self.connection_id, key, functools.partial(self._send, message)
         )
 
