@@ -515,6 +515,27 @@ async def test_earlier_messages_load_when_asked(start_webchat: Any, context: Any
     await expect(page.get_by_role("button", name="Show earlier messages")).to_have_count(0)
 
 
+async def test_a_page_back_on_an_empty_conversation_offers_what_came_before_the_latest(
+    start_webchat: Any, context: Any
+) -> None:
+    """It held nothing of the thread, so its resume asked from the start (`after_seq: 0`): that
+    is the latest page, and the messages before it were missing with no way to show them."""
+    webchat = await start_webchat(history_limit=4)
+    page = await open_chat(context, webchat)
+    await context.set_offline(True)
+    await expect(page.locator("#status")).to_have_attribute("data-state", "offline")
+    session_id = await page.evaluate("localStorage.getItem('talkbridge.session')")
+    phone = await webchat.authed(session_id=session_id)  # the same user on another device
+    for n in range(3):
+        await phone.turn(f"m{n}", f"m{n}")
+    await context.set_offline(False)
+    await expect(page.locator(".msg .bubble")).to_have_text(["m1", "echo: m1", "m2", "echo: m2"])
+    await page.get_by_role("button", name="Show earlier messages").click()
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["m0", "echo: m0", "m1", "echo: m1", "m2", "echo: m2"]
+    )
+
+
 async def test_phone_sized_layout_opens_the_conversation_list(
     webchat: Webchat, browser: Any
 ) -> None:

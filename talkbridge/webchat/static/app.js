@@ -493,7 +493,9 @@ function onHistory(frame) {
   const t = thread(frame.thread_id);
   const messages = frame.messages || [];
   const back = frame.before_seq !== undefined;
-  if (back || (!t.loaded && frame.after_seq === 0)) {
+  // `after_seq: 0` is answered with the latest page, on a first load and on the resume of a
+  // thread this page held nothing of alike: what came before that page is `earlier`.
+  if (back || frame.after_seq === 0) {
     t.floor = messages.length ? messages[0].seq - 1 : 0;
     t.earlier = Boolean(frame.earlier);
     t.loadingEarlier = false;
