@@ -54,13 +54,18 @@ class DeltaCoalescer:
     def _send(self, stream_id: str, buffered: tuple[str, list[str]]) -> None:
         thread_id, pieces = buffered
         text = "".join(pieces)
-        self.published(thread_id, stream_id, text)
         if stream_id not in self._shown and len(self._shown) >= MAX_OPEN_STREAMS:
             del self._shown[next(iter(self._shown))]
         self._shown[stream_id] = thread_id
-        task = asyncio.ensure_future(self._publish(thread_id, stream_id, text))
+        task = asyncio.ensure_future(self._send_now(thread_id, stream_id, text))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _send_now(self, thread_id: str, stream_id: str, text: str) -> None:
+        """Counted in the text so far in the step that writes it to this node's sockets: a
+        history answer in between would carry it in its `from_start` text, and the delta after."""
+        self.published(thread_id, stream_id, text)
+        await self._publish(thread_id, stream_id, text)
 
     def published(self, thread_id: str, stream_id: str, text: str) -> None:
         """`text` of a stream went out (from this node, or from another one through the
