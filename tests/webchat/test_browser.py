@@ -261,6 +261,26 @@ async def test_html_and_script_in_messages_show_as_text(webchat: Webchat, contex
     await expect(reply).to_contain_text("[click](javascript:window.__pwned=1)")
 
 
+async def test_the_send_button_leaves_the_message_box_ready_for_the_next_one(
+    webchat: Webchat, context: Any
+) -> None:
+    """A tap on Send left the focus on the button: on a phone the keyboard closed after each
+    message, and on a computer the next one needed a click in the box first."""
+    page = await open_chat(context, webchat)
+    box = page.get_by_role("textbox", name="Message")
+    await box.fill("sent with the button")
+    await page.get_by_role("button", name="Send message").click()
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+        ["echo: sent with the button"]
+    )
+    await expect(box).to_be_focused()
+    await page.keyboard.type("and the next one")
+    await page.keyboard.press("Enter")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+        ["echo: sent with the button", "echo: and the next one"]
+    )
+
+
 async def test_new_conversation_and_switching(webchat: Webchat, context: Any) -> None:
     page = await open_chat(context, webchat)
     await say(page, "first topic")

@@ -823,6 +823,8 @@ function closeSidebar({ restoreFocus = false } = {}) {
 ui.composer.addEventListener("submit", (event) => {
   event.preventDefault();
   submit();
+  // Sent with the button: back to the box, so a phone's keyboard stays up for the next one.
+  ui.input.focus();
 });
 ui.input.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
