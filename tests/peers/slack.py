@@ -17,7 +17,8 @@ What it does like Slack:
   notify (`pings`), with Slack's automatic parsing of block text that is not `verbatim`;
 - Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
-  `disconnect` messages, redelivers envelopes, and can be dropped without a close frame;
+  `disconnect` messages (with `link_disabled` on every new socket once Socket Mode is switched
+  off), redelivers envelopes, and can be dropped without a close frame;
 - Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
 
 Every call is recorded; `wait_for` awaits a condition without sleeping.
@@ -108,6 +109,8 @@ class SlackPeer(Waitable):
         self._tickets: dict[str, str] = {}
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.socket_mode_off = False
+        """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
@@ -310,6 +313,12 @@ class SlackPeer(Waitable):
             json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "peer"}})
         )
 
+    async def switch_socket_mode_off(self) -> None:
+        """An admin turns Socket Mode off: the open socket gets `disconnect` with reason
+        `link_disabled`, and so does every socket opened afterwards, right after its hello."""
+        self.socket_mode_off = True
+        await self.send_disconnect("link_disabled")
+
     def drop_socket(self, *, app_token: str | None = None) -> None:
         """Cut the socket without a close frame (a network failure)."""
         sock = self._current(app_token)
@@ -341,6 +350,8 @@ class SlackPeer(Waitable):
                 }
             )
         )
+        if self.socket_mode_off:
+            await ws.send_str(json.dumps({"type": "disconnect", "reason": "link_disabled"}))
         self._notify()
         try:
             async for message in ws:
