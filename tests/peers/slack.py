@@ -107,6 +107,9 @@ class SlackPeer(Waitable):
         self.acks: list[str] = []
         self.envelopes: dict[str, dict[str, Any]] = {}
         self._tickets: dict[str, str] = {}
+        self.tickets_issued: list[str] = []
+        self._refuse_handshakes = 0
+        self._refused_status = 503
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
         self.socket_mode_off = False
@@ -313,6 +316,12 @@ class SlackPeer(Waitable):
             json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "peer"}})
         )
 
+    def refuse_handshakes(self, times: int = 1, status: int = 503) -> None:
+        """The next `times` websocket handshakes are answered `status` (a busy load balancer in
+        front of Slack's socket hosts); the ticket stays unused, so the same URL works later."""
+        self._refuse_handshakes = times
+        self._refused_status = status
+
     async def switch_socket_mode_off(self) -> None:
         """An admin turns Socket Mode off: the open socket gets `disconnect` with reason
         `link_disabled`, and so does every socket opened afterwards, right after its hello."""
@@ -332,6 +341,10 @@ class SlackPeer(Waitable):
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
+        if self._refuse_handshakes > 0 and ticket in self._tickets:
+            self._refuse_handshakes -= 1
+            self._notify()
+            return web.Response(status=self._refused_status, text="try again later")
         app_token = self._tickets.pop(ticket, None)
         if app_token is None:
             return web.Response(status=401, text="invalid or used ticket")
@@ -520,6 +533,7 @@ class SlackPeer(Waitable):
             return "not_allowed_token_type"  # a bot token cannot open sockets
         ticket = uuid.uuid4().hex
         self._tickets[ticket] = token
+        self.tickets_issued.append(ticket)
         return {"url": f"ws://127.0.0.1:{self.port}/link/?ticket={ticket}"}
 
     def _bot(self, token: str) -> Workspace | str:
