@@ -788,3 +788,59 @@ def message_event(
     if thread_ts:
         event["thread_ts"] = thread_ts
     return event
+
+
+def tombstone_event(
+    channel: str, ts: str, *, user: str, text: str, reply_ts: str
+) -> dict[str, Any]:
+    """What Slack sends when `user` deletes a message that has thread replies: no
+    `message_deleted`, but a `message_changed` leaving a placeholder (subtype `tombstone`) where
+    the message was, so its thread stays readable. Once its last reply goes too, a
+    `message_deleted` of the placeholder (`placeholder_deleted_event`) follows."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "hidden": True,
+        "channel": channel,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+        "ts": f"{int(time.time())}.{next(_numbers):06d}",
+        "message": _placeholder(ts, reply_ts),
+        "previous_message": {
+            "type": "message",
+            "user": user,
+            "text": text,
+            "ts": ts,
+            "thread_ts": ts,
+            "reply_count": 1,
+            "latest_reply": reply_ts,
+        },
+    }
+
+
+def placeholder_deleted_event(channel: str, ts: str, *, reply_ts: str) -> dict[str, Any]:
+    """The `message_deleted` of a deleted message's placeholder, once its replies are gone."""
+    return {
+        "type": "message",
+        "subtype": "message_deleted",
+        "hidden": True,
+        "channel": channel,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+        "ts": f"{int(time.time())}.{next(_numbers):06d}",
+        "deleted_ts": ts,
+        "previous_message": _placeholder(ts, reply_ts),
+    }
+
+
+def _placeholder(ts: str, reply_ts: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "subtype": "tombstone",
+        "text": "This message was deleted.",
+        "user": "USLACKBOT",
+        "hidden": True,
+        "ts": ts,
+        "thread_ts": ts,
+        "parent_user_id": "USLACKBOT",
+        "reply_count": 1,
+        "latest_reply": reply_ts,
+    }
