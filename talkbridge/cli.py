@@ -114,10 +114,9 @@ class _RedactingFilter(logging.Filter):
         redacted = _TOKEN_FIELD.sub(r"\1***", self._secrets.redact(message))
         redacted = _TERMINAL_CONTROL.sub(_visible, redacted)
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = _TERMINAL_CONTROL.sub(
-                _visible,
-                self._secrets.redact(logging.Formatter().formatException(record.exc_info)),
-            )
+            # A traceback quotes what the message does (slack-sdk's handshake error: the URL).
+            trace = self._secrets.redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = _TERMINAL_CONTROL.sub(_visible, _TOKEN_FIELD.sub(r"\1***", trace))
         if redacted != message:
             record.msg, record.args = redacted, None
         return True

@@ -17,7 +17,8 @@ What it does like Slack:
   notify (`pings`), with Slack's automatic parsing of block text that is not `verbatim`;
 - Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
-  `disconnect` messages, redelivers envelopes, and can be dropped without a close frame;
+  `disconnect` messages (with `link_disabled` on every new socket once Socket Mode is switched
+  off), redelivers envelopes, and can be dropped without a close frame;
 - Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
 
 Every call is recorded; `wait_for` awaits a condition without sleeping.
@@ -106,8 +107,13 @@ class SlackPeer(Waitable):
         self.acks: list[str] = []
         self.envelopes: dict[str, dict[str, Any]] = {}
         self._tickets: dict[str, str] = {}
+        self.tickets_issued: list[str] = []
+        self._refuse_handshakes = 0
+        self._refused_status = 503
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.socket_mode_off = False
+        """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
@@ -310,6 +316,18 @@ class SlackPeer(Waitable):
             json.dumps({"type": "disconnect", "reason": reason, "debug_info": {"host": "peer"}})
         )
 
+    def refuse_handshakes(self, times: int = 1, status: int = 503) -> None:
+        """The next `times` websocket handshakes are answered `status` (a busy load balancer in
+        front of Slack's socket hosts); the ticket stays unused, so the same URL works later."""
+        self._refuse_handshakes = times
+        self._refused_status = status
+
+    async def switch_socket_mode_off(self) -> None:
+        """An admin turns Socket Mode off: the open socket gets `disconnect` with reason
+        `link_disabled`, and so does every socket opened afterwards, right after its hello."""
+        self.socket_mode_off = True
+        await self.send_disconnect("link_disabled")
+
     def drop_socket(self, *, app_token: str | None = None) -> None:
         """Cut the socket without a close frame (a network failure)."""
         sock = self._current(app_token)
@@ -323,6 +341,10 @@ class SlackPeer(Waitable):
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
+        if self._refuse_handshakes > 0 and ticket in self._tickets:
+            self._refuse_handshakes -= 1
+            self._notify()
+            return web.Response(status=self._refused_status, text="try again later")
         app_token = self._tickets.pop(ticket, None)
         if app_token is None:
             return web.Response(status=401, text="invalid or used ticket")
@@ -341,6 +363,8 @@ class SlackPeer(Waitable):
                 }
             )
         )
+        if self.socket_mode_off:
+            await ws.send_str(json.dumps({"type": "disconnect", "reason": "link_disabled"}))
         self._notify()
         try:
             async for message in ws:
@@ -509,6 +533,7 @@ class SlackPeer(Waitable):
             return "not_allowed_token_type"  # a bot token cannot open sockets
         ticket = uuid.uuid4().hex
         self._tickets[ticket] = token
+        self.tickets_issued.append(ticket)
         return {"url": f"ws://127.0.0.1:{self.port}/link/?ticket={ticket}"}
 
     def _bot(self, token: str) -> Workspace | str:
@@ -763,3 +788,59 @@ def message_event(
     if thread_ts:
         event["thread_ts"] = thread_ts
     return event
+
+
+def tombstone_event(
+    channel: str, ts: str, *, user: str, text: str, reply_ts: str
+) -> dict[str, Any]:
+    """What Slack sends when `user` deletes a message that has thread replies: no
+    `message_deleted`, but a `message_changed` leaving a placeholder (subtype `tombstone`) where
+    the message was, so its thread stays readable. Once its last reply goes too, a
+    `message_deleted` of the placeholder (`placeholder_deleted_event`) follows."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "hidden": True,
+        "channel": channel,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+        "ts": f"{int(time.time())}.{next(_numbers):06d}",
+        "message": _placeholder(ts, reply_ts),
+        "previous_message": {
+            "type": "message",
+            "user": user,
+            "text": text,
+            "ts": ts,
+            "thread_ts": ts,
+            "reply_count": 1,
+            "latest_reply": reply_ts,
+        },
+    }
+
+
+def placeholder_deleted_event(channel: str, ts: str, *, reply_ts: str) -> dict[str, Any]:
+    """The `message_deleted` of a deleted message's placeholder, once its replies are gone."""
+    return {
+        "type": "message",
+        "subtype": "message_deleted",
+        "hidden": True,
+        "channel": channel,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+        "ts": f"{int(time.time())}.{next(_numbers):06d}",
+        "deleted_ts": ts,
+        "previous_message": _placeholder(ts, reply_ts),
+    }
+
+
+def _placeholder(ts: str, reply_ts: str) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "subtype": "tombstone",
+        "text": "This message was deleted.",
+        "user": "USLACKBOT",
+        "hidden": True,
+        "ts": ts,
+        "thread_ts": ts,
+        "parent_user_id": "USLACKBOT",
+        "reply_count": 1,
+        "latest_reply": reply_ts,
+    }

@@ -51,6 +51,8 @@ _TS = re.compile(r"[0-9]+\.[0-9]+")
 # Message subtypes that carry something a person said; everything else (joins, topic
 # changes, pins, bot_message, …) is not a turn.
 _SPOKEN = {None, "file_share", "thread_broadcast", "me_message"}
+_TOMBSTONE = "tombstone"
+"""The placeholder ("This message was deleted.") left where a message with replies was."""
 BUTTON_ACTION_PREFIX = "talkbridge_button_"
 
 
@@ -252,6 +254,10 @@ def _decode_event(
         inner = event.get("message")
         if not isinstance(inner, Mapping):
             return None
+        if inner.get("subtype") == _TOMBSTONE:
+            # A message with thread replies (the bot's answer under it, with reply_in_thread)
+            # is deleted this way: Slack leaves a placeholder and sends no message_deleted.
+            return _deletion(event, inner, connection_id=connection_id, raw=raw)
         previous = event.get("previous_message") or {}
         if previous.get("text") == inner.get("text") and previous.get("files") == inner.get(
             "files"
@@ -269,16 +275,10 @@ def _decode_event(
             raw=raw,
         )
     if subtype == "message_deleted":
-        deleted = event.get("deleted_ts")
-        if not isinstance(deleted, str):
-            return None
         previous = event.get("previous_message") or {}
-        return Deletion(
-            connection_id=connection_id,
-            thread_id=thread_id(channel, previous.get("thread_ts")),
-            message_id=native_id(channel, deleted),
-            raw_event=raw,
-        )
+        if not isinstance(previous, Mapping) or previous.get("subtype") == _TOMBSTONE:
+            return None  # the placeholder goes (its last reply went): reported when it came
+        return _deletion(event, {**previous, "ts": event.get("deleted_ts")}, connection_id, raw)
     return decode_message(
         event,
         channel=channel,
@@ -288,6 +288,21 @@ def _decode_event(
         channels=channels,
         private=private,
         raw=raw,
+    )
+
+
+def _deletion(
+    event: Mapping[str, Any], message: Mapping[str, Any], connection_id: str, raw: Any
+) -> Deletion | None:
+    """The deletion of `message` (its `ts` and `thread_ts`) in the event's channel."""
+    channel, ts = str(event.get("channel")), message.get("ts")
+    if not isinstance(ts, str):
+        return None
+    return Deletion(
+        connection_id=connection_id,
+        thread_id=thread_id(channel, message.get("thread_ts")),
+        message_id=native_id(channel, ts),
+        raw_event=raw,
     )
 
 

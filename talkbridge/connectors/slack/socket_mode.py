@@ -4,8 +4,11 @@ The SDK client moves frames, pings, and parses envelopes. When it notices a sock
 close frame, a failed ping) or Slack sends a `disconnect` message, it asks for a new endpoint;
 `_Client` turns that request into a signal instead, and `SocketSession.run` reconnects: the old
 socket is closed before a new URL is opened (never two sockets for one connection), a planned
-`disconnect` reconnects at once, and lost sockets back off exponentially. A rejected app token
-raises `UnauthorizedError`, so the registry marks the connection down instead of retrying.
+`disconnect` (`warning`, `refresh_requested`) reconnects at once, and lost sockets back off
+exponentially. `link_disabled` means Socket Mode was switched off for the app: every new socket
+would be told the same at once, so it ends the run with a `TransientError` saying so, and the
+registry retries with its own (growing) backoff. A rejected app token raises
+`UnauthorizedError`, so the registry marks the connection down instead of retrying.
 
 Envelopes are taken in arrival order, and each is acknowledged once the bridge has it (stored
 by the router), before its turn runs: an envelope acknowledged earlier would be lost if the
@@ -31,6 +34,9 @@ from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import ConnectionStatus
 from talkbridge.errors import ConnectorError, RateLimitedError, TransientError
 
+LINK_DISABLED = "link_disabled"
+"""The `disconnect` reason Slack gives when Socket Mode is switched off in the app's settings."""
+
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -49,17 +55,28 @@ def _count(value: object) -> int:
         return 0
 
 
+Lost = Callable[[object, str | None], None]
+"""Told which socket is gone, and the reason of Slack's `disconnect` (None: it was lost)."""
+
+
 class _Client(SocketModeClient):
     """The SDK client, except that reconnecting is `SocketSession`'s decision."""
 
-    def __init__(self, *args: Any, on_lost: Callable[[object, bool], None], **kwargs: Any):
+    def __init__(self, *args: Any, on_lost: Lost, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._on_lost = on_lost
 
     async def connect_to_new_endpoint(self, force: bool = False) -> None:
-        # Called by the SDK's monitor (dead socket), receiver (close frame) and for a
-        # `disconnect` message (force=True): report which socket it was about.
-        self._on_lost(self.current_session, force)
+        # Called by the SDK's monitor (dead socket) and receiver (close frame): report which
+        # socket it was about.
+        self._on_lost(self.current_session, "disconnect" if force else None)
+
+    async def run_message_listeners(self, message: dict[str, Any], raw_message: str) -> None:
+        # The SDK answers every `disconnect` alike (force a new endpoint); its reason matters.
+        if message.get("type") == "disconnect":
+            self._on_lost(self.current_session, str(message.get("reason") or "unknown"))
+            return
+        await super().run_message_listeners(message, raw_message)
 
 
 OpenUrl = Callable[[], Awaitable[str]]
@@ -89,14 +106,14 @@ class SocketSession:
         self._retry_base = retry_base
         self._log = logger
         self._connect_timeout = connect_timeout
-        self._lost: asyncio.Queue[tuple[object, bool]] = asyncio.Queue()
+        self._lost: asyncio.Queue[tuple[object, str | None]] = asyncio.Queue()
         self._queue: asyncio.Queue[Envelope] = asyncio.Queue()
         self._hello = asyncio.Event()
         self.client: _Client | None = None
         self.sockets_opened = 0
 
-    def _signal_lost(self, session: object, planned: bool) -> None:
-        self._lost.put_nowait((session, planned))
+    def _signal_lost(self, session: object, reason: str | None) -> None:
+        self._lost.put_nowait((session, reason))
 
     async def _on_message(
         self, client: AsyncBaseSocketModeClient, message: dict[str, Any], raw: str | None
@@ -168,10 +185,16 @@ class SocketSession:
                 if session is None:
                     delay = backoff.next()
                     continue
-                planned = await self._wait_lost(session)
-                if planned:
+                reason = await self._wait_lost(session)
+                if reason == LINK_DISABLED:
+                    raise TransientError(
+                        "Slack switched Socket Mode off for this app (disconnect: link_disabled): "
+                        "switch it on under Socket Mode in the app's settings, or receive events "
+                        "over HTTP (signing_secret)"
+                    )
+                if reason is not None:
                     delay = 0.0
-                    self._log.info("Slack asked for a new socket; reconnecting")
+                    self._log.info("Slack asked for a new socket (%s); reconnecting", reason)
                 else:
                     delay = backoff.next()
                     status.degraded(
@@ -213,10 +236,10 @@ class SocketSession:
         status.up()
         return client.current_session
 
-    async def _wait_lost(self, session: object) -> bool:
-        """Wait until this socket is reported gone; True if Slack asked for it (planned)."""
+    async def _wait_lost(self, session: object) -> str | None:
+        """Wait until this socket is reported gone; the reason Slack gave, None if it was lost."""
         while True:
-            lost, planned = await self._lost.get()
+            lost, reason = await self._lost.get()
             if lost is session:
-                return planned
+                return reason
             # a report about an older socket, raised while we were replacing it: not news

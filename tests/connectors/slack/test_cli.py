@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 
 from tests.peers.slack import SlackPeer, Workspace
-from tests.support.cli import talkbridge
+from tests.support.cli import finish, talkbridge
 
 GOOD = Workspace("xoxb-good-bot", app_token="xapp-good-app", team="Acme", team_id="T0ACME001")
 BAD = Workspace("xoxb-bad-bot", app_token="xapp-bad-app", team="Initech", team_id="T0INITECH")
@@ -48,3 +49,32 @@ connections:
         assert secret is not None and secret not in text
     # api_base without its trailing slash still reached the peer's /api/ (auth.test was called)
     assert [c.token for c in peer.calls_of("auth.test", ok=None)].count(BAD.bot_token) == 1
+
+
+async def test_run_never_logs_the_socket_mode_ticket_not_even_in_a_traceback(
+    tmp_path: Path,
+) -> None:
+    async with SlackPeer(GOOD) as peer:
+        peer.refuse_handshakes(1)  # slack-sdk logs the refusal with its traceback, URL included
+        config = tmp_path / "talkbridge.yaml"
+        config.write_text(
+            f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: team
+    channel: slack
+    bot_token: {GOOD.bot_token}
+    app_token: {GOOD.app_token}
+    api_base: {peer.api_base}
+    ping_interval: 0.2
+""",
+            encoding="utf-8",
+        )
+        process = await talkbridge("run", "--config", str(config), "--port", "0")
+        await peer.wait_for(lambda: bool(peer.open_sockets), timeout=60)
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+    assert code == 0, err
+    assert "Failed to connect" in err and "ticket=***" in err  # the refusal is logged, masked
+    for ticket in peer.tickets_issued:
+        assert ticket not in err

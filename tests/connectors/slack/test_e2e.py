@@ -8,8 +8,16 @@ from typing import Any
 
 import pytest
 
+from talkbridge.connectors.slack.codec import Deletion
+from talkbridge.connectors.slack.transport import SlackConnector
 from talkbridge.registry import ConnectionState
-from tests.peers.slack import SlackPeer, Workspace, message_event
+from tests.peers.slack import (
+    SlackPeer,
+    Workspace,
+    message_event,
+    placeholder_deleted_event,
+    tombstone_event,
+)
 from tests.support.bridge import StartBridge, bridges
 
 ACME = Workspace("xoxb-acme-bot", app_token="xapp-acme-app", team_id="T0ACME001", team="Acme")
@@ -188,3 +196,38 @@ async def test_a_deleted_message_takes_its_answer_along(
     [call] = peer.calls_of("chat.delete")
     assert call.params["channel"] == "D0DM00001"
     assert call.params["ts"] != "1700000005.000100"  # our reply, not the user's message
+
+
+async def test_a_deleted_message_answered_in_its_thread_takes_its_answer_along_once(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    deletions: list[Deletion] = []
+
+    async def record(deletion: Deletion) -> None:
+        deletions.append(deletion)
+
+    started = await bridge(connection("acme", ACME, trusted=["U0ADA0001"], reply_in_thread=True))
+    connector = started.registry.get("acme")
+    assert isinstance(connector, SlackConnector)
+    connector.on_delete(record)
+    question = message_event("U0ADA0001", "oops", channel="C0GENERAL1", ts="1700000007.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    [reply] = peer.messages["C0GENERAL1"]
+    assert reply["thread_ts"] == "1700000007.000100"
+    reply_ts = reply["ts"]
+    # The question has a reply (ours), so Slack leaves a placeholder instead of deleting it.
+    gone = tombstone_event(
+        "C0GENERAL1", "1700000007.000100", user="U0ADA0001", text="oops", reply_ts=reply_ts
+    )
+    await peer.send_event(gone, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.delete")) == 1)
+    [call] = peer.calls_of("chat.delete")
+    assert (call.params["channel"], call.params["ts"]) == ("C0GENERAL1", reply_ts)
+    # With its last reply gone, Slack deletes the placeholder: the same deletion, not news.
+    last = placeholder_deleted_event("C0GENERAL1", "1700000007.000100", reply_ts=reply_ts)
+    envelope = await peer.send_event(last, app_token=ACME.app_token)
+    await peer.wait_ack(envelope)
+    assert [d.message_id for d in deletions] == ["C0GENERAL1:1700000007.000100"]
+    assert len(peer.calls_of("chat.delete", ok=None)) == 1
+    assert len(peer.posted(ACME.bot_token)) == 1  # neither event was a turn

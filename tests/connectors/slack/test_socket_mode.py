@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from talkbridge.errors import UnauthorizedError
+from talkbridge.errors import TransientError, UnauthorizedError
 from talkbridge.message import NormalizedMessage
 from tests.connectors.slack.conftest import APP_TOKEN, BOT_TOKEN
 from tests.peers.slack import SlackPeer, message_event
@@ -127,7 +127,7 @@ async def test_an_envelope_redelivered_after_a_reconnect_is_processed_once(
     run = await start()
     envelope = await peer.send_event(message_event("U0ADA0001", "before"))
     await run.inbox.wait_count(1)
-    await peer.send_disconnect("link_disabled")
+    await peer.send_disconnect("warning")
     await peer.wait_socket(2)
     await run.status.wait_up(2)
     await peer.redeliver(envelope)
@@ -135,6 +135,20 @@ async def test_an_envelope_redelivered_after_a_reconnect_is_processed_once(
     await peer.send_event(message_event("U0ADA0001", "after"))
     await run.inbox.wait_count(2)
     assert run.inbox.texts == ["before", "after"]
+
+
+async def test_socket_mode_switched_off_ends_the_run_saying_so_instead_of_reconnecting(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    await peer.wait_socket(1)
+    await peer.switch_socket_mode_off()
+    await asyncio.wait({run.task}, timeout=peer.wait_timeout)
+    assert run.task.done(), f"still reconnecting: {len(peer.sockets)} sockets opened"
+    with pytest.raises(TransientError, match=r"switched Socket Mode off.*link_disabled"):
+        run.task.result()
+    # the registry retries with its backoff; the socket is not reopened at once, again and again
+    assert len(peer.sockets) == 1 and len(peer.calls_of("apps.connections.open")) == 1
 
 
 async def test_a_dropped_socket_is_replaced_and_traffic_resumes(
