@@ -465,7 +465,7 @@ class SmtpPeer(Waitable):
     """False: logins only over TLS, so no AUTH in a plain connection's EHLO answer."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
-    _rcpt_failures: list[str] = field(default_factory=list)
+    _rcpt_failures: list[tuple[str, str | None]] = field(default_factory=list)
     tls: ssl.SSLContext | None = None
     """With TLS: STARTTLS required on `port`, and TLS from the first byte on `tls_port`."""
     tls_port: int = 0
@@ -536,9 +536,10 @@ class SmtpPeer(Waitable):
         """Answer the next `times` DATA commands (of `login`, or anyone's) with `code`."""
         self._failures.append(_Failure(code, times, login))
 
-    def refuse_next_recipient(self, code: str) -> None:
-        """Answer the next RCPT TO with `code` (a 4xx defers it, a 5xx refuses it)."""
-        self._rcpt_failures.append(code)
+    def refuse_next_recipient(self, code: str, address: str | None = None) -> None:
+        """Answer the next RCPT TO (of `address`, or anyone's) with `code` (a 4xx defers it,
+        a 5xx refuses it)."""
+        self._rcpt_failures.append((code, address))
 
     async def handle_RCPT(
         self,
@@ -548,8 +549,11 @@ class SmtpPeer(Waitable):
         address: str,
         rcpt_options: list[str],
     ) -> str:
-        if self._rcpt_failures:
-            return self._rcpt_failures.pop(0)
+        for failure in self._rcpt_failures:
+            code, whose = failure
+            if whose is None or whose == address.lower():
+                self._rcpt_failures.remove(failure)
+                return code
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

@@ -404,11 +404,16 @@ class EmailConnector(BaseConnector):
                 date=datetime.now(UTC),
             )
             recipients = recipients_of(mail)
-        async with self._smtp() as smtp:
-            with smtp_errors(self._smtp_where, *self._secrets):
-                refused, _ = await smtp.send_message(
-                    mail, sender=self.config.address, recipients=recipients
-                )
+        try:
+            async with self._smtp() as smtp:
+                with smtp_errors(self._smtp_where, *self._secrets):
+                    refused, _ = await smtp.send_message(
+                        mail, sender=self.config.address, recipients=recipients
+                    )
+        except ConnectorError as exc:
+            if resumed is not None and key and exc.retryable:  # still theirs alone to get
+                keep_latest(self._deferred, key, resumed, _DEFERRED_LIMIT)
+            raise
         self._some_refused(message_id, key, mail, refused)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id

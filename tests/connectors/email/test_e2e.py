@@ -216,3 +216,17 @@ async def test_a_recipient_deferred_while_the_others_took_the_reply_gets_it_alon
     assert [m.rcpt_tos for m in smtp.received] == [["bob@example.org"], ["ada@example.org"]]
     first, again = (m.message for m in smtp.received)
     assert first["Message-ID"] == again["Message-ID"]  # one reply: Bob gets no second copy
+
+
+async def test_a_recipient_deferred_again_on_the_retry_does_not_resend_to_the_others(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    instance = await bridge({})
+    for _ in range(2):  # the reply, then its retry to Bob alone
+        smtp.refuse_next_recipient("452 4.3.1 insufficient system storage", "bob@example.org")
+    dovecot.deliver("help", mail(sender="Bob <bob@example.org>", Cc="Ada <ada@example.org>"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@example.org")) == 1)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert [m.rcpt_tos for m in smtp.received] == [["ada@example.org"], ["bob@example.org"]]
+    first, again = (m.message for m in smtp.received)
+    assert first["Message-ID"] == again["Message-ID"]
