@@ -463,6 +463,9 @@ class SmtpPeer(Waitable):
     authentication backend is down for now), whatever the password."""
     offers_auth: bool = True
     """False: logins only over TLS, so no AUTH in a plain connection's EHLO answer."""
+    answer_delay: float = 0.0
+    """Seconds the server takes to answer the end of a mail's data once it has taken the mail
+    (a content scanner at work): a slow server, not a lost one."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
     _rcpt_failures: list[tuple[str, str | None]] = field(default_factory=list)
@@ -575,4 +578,6 @@ class SmtpPeer(Waitable):
             if target is not None:
                 target(data)
         self._notify()
+        if self.answer_delay:
+            await asyncio.sleep(self.answer_delay)
         return "250 OK"

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 
 import aiosmtplib
+from aiosmtplib.typing import Default
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent
@@ -54,6 +55,9 @@ from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, S
 
 _DEFERRED_LIMIT = 1024
 """Replies waiting to be sent again to recipients the server deferred (the oldest go first)."""
+DATA_TIMEOUT = 600.0
+"""Seconds the server may take to confirm a mail's data (RFC 5321, 4.5.3.2.6: 10 minutes). It
+has the mail by then, so giving up sooner, and retrying, sends it a second time."""
 
 
 def create(config: EmailConfig, context: ConnectorContext) -> EmailConnector:
@@ -500,7 +504,7 @@ class _SmtpSession:
         self._config = smtp
         self._secrets = secrets
         self.where = f"{smtp.host}:{smtp.effective_port}"
-        self.client = aiosmtplib.SMTP(
+        self.client = _Client(
             hostname=smtp.host,
             port=smtp.effective_port,
             use_tls=smtp.security == "ssl",
@@ -545,3 +549,14 @@ class _SmtpSession:
                 await self.client.quit()
         except (aiosmtplib.SMTPException, OSError, TimeoutError):
             self.client.close()
+
+
+class _Client(aiosmtplib.SMTP):
+    """aiosmtplib's client, waiting for the end of a mail's data as RFC 5321 says, at least."""
+
+    async def data(
+        self, message: str | bytes, /, *, timeout: float | Default | None = Default.token
+    ) -> aiosmtplib.SMTPResponse:
+        if timeout is Default.token:
+            timeout = max(DATA_TIMEOUT, self.timeout or 0.0)
+        return await super().data(message, timeout=timeout)

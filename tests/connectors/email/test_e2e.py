@@ -230,3 +230,16 @@ async def test_a_recipient_deferred_again_on_the_retry_does_not_resend_to_the_ot
     assert [m.rcpt_tos for m in smtp.received] == [["ada@example.org"], ["bob@example.org"]]
     first, again = (m.message for m in smtp.received)
     assert first["Message-ID"] == again["Message-ID"]
+
+
+async def test_a_server_slow_to_confirm_a_reply_it_took_gets_it_once(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # RFC 5321, 4.5.3.2.6: the answer to the end of the data may take minutes (a scanner at
+    # work); giving up on it sooner sends the mail the server already took once more.
+    instance = await bridge({"timeout": 0.5})
+    smtp.answer_delay = 1.5
+    dovecot.deliver("help", mail(body="slow"))
+    await smtp.wait_for(lambda: len(smtp.received) == 1)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert len(smtp.received) == 1
