@@ -463,6 +463,9 @@ class SmtpPeer(Waitable):
     authentication backend is down for now), whatever the password."""
     offers_auth: bool = True
     """False: logins only over TLS, so no AUTH in a plain connection's EHLO answer."""
+    hang_up_after_data: int = 0
+    """The next this many mails are taken, and the connection closed before the server's
+    answer (a link lost at the worst moment: the client cannot tell the mail was taken)."""
     answer_delay: float = 0.0
     """Seconds the server takes to answer the end of a mail's data once it has taken the mail
     (a content scanner at work): a slow server, not a lost one."""
@@ -578,6 +581,9 @@ class SmtpPeer(Waitable):
             if target is not None:
                 target(data)
         self._notify()
+        if self.hang_up_after_data:
+            self.hang_up_after_data -= 1
+            server.transport.close()
         if self.answer_delay:
             await asyncio.sleep(self.answer_delay)
         return "250 OK"

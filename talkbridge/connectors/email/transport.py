@@ -17,6 +17,7 @@ records) replies beyond `max_replies_per_thread` in `reply_window` seconds.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -397,7 +398,7 @@ class EmailConnector(BaseConnector):
                     to = (message.thread_id.lower(),)  # a new conversation with an address
                 else:
                     raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
-            message_id = new_message_id(self.config.address)
+            message_id = new_message_id(self.config.address, self._unique(key))
             mail = permanent(
                 render_reply,
                 message,
@@ -423,6 +424,14 @@ class EmailConnector(BaseConnector):
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
         return SendResult(message_ids=(message_id,))
+
+    def _unique(self, key: str | None) -> str | None:
+        """The Message-ID's unique part for a send with an idempotency key: the same on every
+        try, so a copy the server took before a lost answer is the same mail, which the
+        recipient's server or client can tell (a new Message-ID made it a second mail)."""
+        if not key:
+            return None
+        return hashlib.sha256(f"{self.connection_id}\x1f{key}".encode()).hexdigest()[:32]
 
     def _some_refused(
         self,
