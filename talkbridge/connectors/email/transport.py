@@ -11,7 +11,8 @@ stays unread, and the cursor moves past it.
 
 `send` opens one SMTP session per mail and never sleeps or retries: it raises the translated
 error and the router's per-connection queue decides. A per-thread reply limit refuses (and so
-records) replies beyond `max_replies_per_thread` in `reply_window` seconds.
+records) replies beyond `max_replies_per_thread` in `reply_window` seconds, and a per-address
+limit those to one address across threads (a responder may answer each reply in a new thread).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class EmailConnector(BaseConnector):
         self._prefix = f"email:{config.id}:"
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
+        self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
         self._deferred: OrderedDict[str, tuple[EmailMessage, str, list[str]]] = OrderedDict()
         """Replies some recipients deferred, by idempotency key: a retry sends to them alone."""
         self._secrets = [
@@ -389,10 +391,10 @@ class EmailConnector(BaseConnector):
         context = await self._context_for(message)
         key = message.idempotency_key
         resumed = self._deferred.pop(key, None) if key else None
+        to: tuple[str, ...] = ()
         if resumed is not None:  # a retry: only the recipients the server deferred
             mail, message_id, recipients = resumed
         else:
-            to: tuple[str, ...] = ()
             if context is None:
                 if "@" in message.thread_id and "<" not in message.thread_id:
                     to = (message.thread_id.lower(),)  # a new conversation with an address
@@ -409,6 +411,9 @@ class EmailConnector(BaseConnector):
                 date=datetime.now(UTC),
             )
             recipients = recipients_of(mail)
+        answered = context.reply_to if context is not None else to
+        if resumed is None:  # (a retry to deferred recipients is the same reply)
+            self._check_per_address(answered, now)
         try:
             async with self._smtp() as smtp:
                 with smtp_errors(self._smtp_where, *self._secrets):
@@ -419,11 +424,22 @@ class EmailConnector(BaseConnector):
             if resumed is not None and key and exc.retryable:  # still theirs alone to get
                 keep_latest(self._deferred, key, resumed, _DEFERRED_LIMIT)
             raise
+        if resumed is None:  # it went out: counted, even should some recipients defer it
+            for address in answered:
+                self._per_address.record(address, now)
         self._some_refused(message_id, key, mail, refused)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
         return SendResult(message_ids=(message_id,))
+
+    def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
+        for address in answered:
+            if not self._per_address.allowed(address, now):
+                raise PermanentError(
+                    f"not sending: {address} already had {self.config.max_replies_per_address} "
+                    f"replies in {self.config.reply_window:g} s (reply limit against mail loops)"
+                )
 
     def _unique(self, key: str | None) -> str | None:
         """The Message-ID's unique part for a send with an idempotency key: the same on every

@@ -167,6 +167,30 @@ async def test_the_per_thread_reply_limit_stops_a_responder_that_marks_nothing(
     assert "reply limit" in failure.reason
 
 
+async def test_a_responder_answering_each_reply_in_a_new_thread_cannot_loop(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # A ticket system that acknowledges every mail with a new one (no In-Reply-To, no
+    # Auto-Submitted): each acknowledgement is a new thread, so the per-thread limit never
+    # counts past one.
+    count = iter(range(1, 1000))
+
+    def acknowledge(raw: bytes) -> None:
+        ack = mail(sender="Tickets <bot@example.org>", subject=f"Ticket #{next(count)} received")
+        dovecot.deliver("help", ack)
+
+    smtp.route["bot@example.org"] = acknowledge
+    instance = await bridge({"max_replies_per_address": 3})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", mail(sender="Tickets <bot@example.org>", subject="Ticket #0"))
+    await connector.wait_for(lambda: connector.handled == 4, timeout=15)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert len(to(smtp, "bot@example.org")) == 3
+    [failure] = await instance.store.failed_sends()
+    assert "reply limit" in failure.reason and "bot@example.org" in failure.reason
+
+
 async def test_a_deferral_delays_only_its_own_connection(
     dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
 ) -> None:
