@@ -463,9 +463,15 @@ class SmtpPeer(Waitable):
     authentication backend is down for now), whatever the password."""
     offers_auth: bool = True
     """False: logins only over TLS, so no AUTH in a plain connection's EHLO answer."""
+    hang_up_after_data: int = 0
+    """The next this many mails are taken, and the connection closed before the server's
+    answer (a link lost at the worst moment: the client cannot tell the mail was taken)."""
+    answer_delay: float = 0.0
+    """Seconds the server takes to answer the end of a mail's data once it has taken the mail
+    (a content scanner at work): a slow server, not a lost one."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
     _failures: list[_Failure] = field(default_factory=list)
-    _rcpt_failures: list[str] = field(default_factory=list)
+    _rcpt_failures: list[tuple[str, str | None]] = field(default_factory=list)
     tls: ssl.SSLContext | None = None
     """With TLS: STARTTLS required on `port`, and TLS from the first byte on `tls_port`."""
     tls_port: int = 0
@@ -536,9 +542,10 @@ class SmtpPeer(Waitable):
         """Answer the next `times` DATA commands (of `login`, or anyone's) with `code`."""
         self._failures.append(_Failure(code, times, login))
 
-    def refuse_next_recipient(self, code: str) -> None:
-        """Answer the next RCPT TO with `code` (a 4xx defers it, a 5xx refuses it)."""
-        self._rcpt_failures.append(code)
+    def refuse_next_recipient(self, code: str, address: str | None = None) -> None:
+        """Answer the next RCPT TO (of `address`, or anyone's) with `code` (a 4xx defers it,
+        a 5xx refuses it)."""
+        self._rcpt_failures.append((code, address))
 
     async def handle_RCPT(
         self,
@@ -548,8 +555,11 @@ class SmtpPeer(Waitable):
         address: str,
         rcpt_options: list[str],
     ) -> str:
-        if self._rcpt_failures:
-            return self._rcpt_failures.pop(0)
+        for failure in self._rcpt_failures:
+            code, whose = failure
+            if whose is None or whose == address.lower():
+                self._rcpt_failures.remove(failure)
+                return code
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -571,4 +581,9 @@ class SmtpPeer(Waitable):
             if target is not None:
                 target(data)
         self._notify()
+        if self.hang_up_after_data:
+            self.hang_up_after_data -= 1
+            server.transport.close()
+        if self.answer_delay:
+            await asyncio.sleep(self.answer_delay)
         return "250 OK"

@@ -44,9 +44,33 @@ _MAX_REFERENCES = 20
 
 def parse_mail(raw: bytes) -> EmailMessage:
     """Parse bytes with the modern policy; never raises (defects are recorded, not fatal)."""
-    parsed = message_from_bytes(raw, policy=policy.default)
+    parsed = message_from_bytes(_legacy_headers_as_utf8(raw), policy=policy.default)
     assert isinstance(parsed, EmailMessage)
     return parsed
+
+
+_HEADER_END = re.compile(rb"\r?\n\r?\n")
+
+
+def _legacy_headers_as_utf8(raw: bytes) -> bytes:
+    """The mail with its top-level header lines that are raw 8-bit but not UTF-8 re-encoded
+    from Windows-1252 to UTF-8, which the parser reads (RFC 6532).
+
+    RFC 5322 headers are ASCII, but old mailers (PHP's `mail()`, web forms) write Latin-1
+    names and subjects as raw bytes; the parser would make each such letter U+FFFD, and the
+    reply's subject would carry it back. Mail clients read them as Windows-1252; so do we.
+    """
+    end = _HEADER_END.search(raw)
+    head = raw[: end.start()] if end else raw
+    if head.isascii():
+        return raw
+    lines = head.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            lines[index] = windows_1252(line.decode("latin-1")).encode("utf-8")
+    return b"".join(lines) + raw[len(head) :]
 
 
 def header(msg: Message, name: str) -> str:

@@ -70,8 +70,12 @@ class EmailConfig(ConnectionConfig):
     poll_interval: float = Field(default=60.0, gt=0)
     """Seconds between checks when the server has no IDLE."""
     max_replies_per_thread: int = Field(default=10, ge=1)
+    max_replies_per_address: int = Field(default=20, ge=1)
+    """Replies to one address (the one answered: Reply-To or From) across all its threads: a
+    responder that answers each reply with a new mail starts a new thread every time."""
     reply_window: float = Field(default=3600.0, gt=0)
-    """At most `max_replies_per_thread` replies per thread in this many seconds (stops loops)."""
+    """At most `max_replies_per_thread` replies per thread, and `max_replies_per_address` to
+    one address, in this many seconds (stops loops)."""
     timeout: float = Field(default=30.0, gt=0)
     """Seconds one IMAP command or SMTP exchange may take."""
     backlog_days: float | Literal["all"] = 1

@@ -11,12 +11,14 @@ stays unread, and the cursor moves past it.
 
 `send` opens one SMTP session per mail and never sleeps or retries: it raises the translated
 error and the router's per-connection queue decides. A per-thread reply limit refuses (and so
-records) replies beyond `max_replies_per_thread` in `reply_window` seconds.
+records) replies beyond `max_replies_per_thread` in `reply_window` seconds, and a per-address
+limit those to one address across threads (a responder may answer each reply in a new thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 
 import aiosmtplib
+from aiosmtplib.typing import Default
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent
@@ -54,6 +57,9 @@ from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, S
 
 _DEFERRED_LIMIT = 1024
 """Replies waiting to be sent again to recipients the server deferred (the oldest go first)."""
+DATA_TIMEOUT = 600.0
+"""Seconds the server may take to confirm a mail's data (RFC 5321, 4.5.3.2.6: 10 minutes). It
+has the mail by then, so giving up sooner, and retrying, sends it a second time."""
 
 
 def create(config: EmailConfig, context: ConnectorContext) -> EmailConnector:
@@ -72,6 +78,7 @@ class EmailConnector(BaseConnector):
         self._prefix = f"email:{config.id}:"
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
+        self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
         self._deferred: OrderedDict[str, tuple[EmailMessage, str, list[str]]] = OrderedDict()
         """Replies some recipients deferred, by idempotency key: a retry sends to them alone."""
         self._secrets = [
@@ -384,16 +391,16 @@ class EmailConnector(BaseConnector):
         context = await self._context_for(message)
         key = message.idempotency_key
         resumed = self._deferred.pop(key, None) if key else None
+        to: tuple[str, ...] = ()
         if resumed is not None:  # a retry: only the recipients the server deferred
             mail, message_id, recipients = resumed
         else:
-            to: tuple[str, ...] = ()
             if context is None:
                 if "@" in message.thread_id and "<" not in message.thread_id:
                     to = (message.thread_id.lower(),)  # a new conversation with an address
                 else:
                     raise NotFoundError(f"no mail of thread {message.thread_id} is known to answer")
-            message_id = new_message_id(self.config.address)
+            message_id = new_message_id(self.config.address, self._unique(key))
             mail = permanent(
                 render_reply,
                 message,
@@ -404,16 +411,43 @@ class EmailConnector(BaseConnector):
                 date=datetime.now(UTC),
             )
             recipients = recipients_of(mail)
-        async with self._smtp() as smtp:
-            with smtp_errors(self._smtp_where, *self._secrets):
-                refused, _ = await smtp.send_message(
-                    mail, sender=self.config.address, recipients=recipients
-                )
+        answered = context.reply_to if context is not None else to
+        if resumed is None:  # (a retry to deferred recipients is the same reply)
+            self._check_per_address(answered, now)
+        try:
+            async with self._smtp() as smtp:
+                with smtp_errors(self._smtp_where, *self._secrets):
+                    refused, _ = await smtp.send_message(
+                        mail, sender=self.config.address, recipients=recipients
+                    )
+        except ConnectorError as exc:
+            if resumed is not None and key and exc.retryable:  # still theirs alone to get
+                keep_latest(self._deferred, key, resumed, _DEFERRED_LIMIT)
+            raise
+        if resumed is None:  # it went out: counted, even should some recipients defer it
+            for address in answered:
+                self._per_address.record(address, now)
         self._some_refused(message_id, key, mail, refused)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
         return SendResult(message_ids=(message_id,))
+
+    def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
+        for address in answered:
+            if not self._per_address.allowed(address, now):
+                raise PermanentError(
+                    f"not sending: {address} already had {self.config.max_replies_per_address} "
+                    f"replies in {self.config.reply_window:g} s (reply limit against mail loops)"
+                )
+
+    def _unique(self, key: str | None) -> str | None:
+        """The Message-ID's unique part for a send with an idempotency key: the same on every
+        try, so a copy the server took before a lost answer is the same mail, which the
+        recipient's server or client can tell (a new Message-ID made it a second mail)."""
+        if not key:
+            return None
+        return hashlib.sha256(f"{self.connection_id}\x1f{key}".encode()).hexdigest()[:32]
 
     def _some_refused(
         self,
@@ -495,7 +529,7 @@ class _SmtpSession:
         self._config = smtp
         self._secrets = secrets
         self.where = f"{smtp.host}:{smtp.effective_port}"
-        self.client = aiosmtplib.SMTP(
+        self.client = _Client(
             hostname=smtp.host,
             port=smtp.effective_port,
             use_tls=smtp.security == "ssl",
@@ -540,3 +574,14 @@ class _SmtpSession:
                 await self.client.quit()
         except (aiosmtplib.SMTPException, OSError, TimeoutError):
             self.client.close()
+
+
+class _Client(aiosmtplib.SMTP):
+    """aiosmtplib's client, waiting for the end of a mail's data as RFC 5321 says, at least."""
+
+    async def data(
+        self, message: str | bytes, /, *, timeout: float | Default | None = Default.token
+    ) -> aiosmtplib.SMTPResponse:
+        if timeout is Default.token:
+            timeout = max(DATA_TIMEOUT, self.timeout or 0.0)
+        return await super().data(message, timeout=timeout)

@@ -167,6 +167,30 @@ async def test_the_per_thread_reply_limit_stops_a_responder_that_marks_nothing(
     assert "reply limit" in failure.reason
 
 
+async def test_a_responder_answering_each_reply_in_a_new_thread_cannot_loop(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # A ticket system that acknowledges every mail with a new one (no In-Reply-To, no
+    # Auto-Submitted): each acknowledgement is a new thread, so the per-thread limit never
+    # counts past one.
+    count = iter(range(1, 1000))
+
+    def acknowledge(raw: bytes) -> None:
+        ack = mail(sender="Tickets <bot@example.org>", subject=f"Ticket #{next(count)} received")
+        dovecot.deliver("help", ack)
+
+    smtp.route["bot@example.org"] = acknowledge
+    instance = await bridge({"max_replies_per_address": 3})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", mail(sender="Tickets <bot@example.org>", subject="Ticket #0"))
+    await connector.wait_for(lambda: connector.handled == 4, timeout=15)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert len(to(smtp, "bot@example.org")) == 3
+    [failure] = await instance.store.failed_sends()
+    assert "reply limit" in failure.reason and "bot@example.org" in failure.reason
+
+
 async def test_a_deferral_delays_only_its_own_connection(
     dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
 ) -> None:
@@ -216,3 +240,30 @@ async def test_a_recipient_deferred_while_the_others_took_the_reply_gets_it_alon
     assert [m.rcpt_tos for m in smtp.received] == [["bob@example.org"], ["ada@example.org"]]
     first, again = (m.message for m in smtp.received)
     assert first["Message-ID"] == again["Message-ID"]  # one reply: Bob gets no second copy
+
+
+async def test_a_recipient_deferred_again_on_the_retry_does_not_resend_to_the_others(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    instance = await bridge({})
+    for _ in range(2):  # the reply, then its retry to Bob alone
+        smtp.refuse_next_recipient("452 4.3.1 insufficient system storage", "bob@example.org")
+    dovecot.deliver("help", mail(sender="Bob <bob@example.org>", Cc="Ada <ada@example.org>"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@example.org")) == 1)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert [m.rcpt_tos for m in smtp.received] == [["ada@example.org"], ["bob@example.org"]]
+    first, again = (m.message for m in smtp.received)
+    assert first["Message-ID"] == again["Message-ID"]
+
+
+async def test_a_server_slow_to_confirm_a_reply_it_took_gets_it_once(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # RFC 5321, 4.5.3.2.6: the answer to the end of the data may take minutes (a scanner at
+    # work); giving up on it sooner sends the mail the server already took once more.
+    instance = await bridge({"timeout": 0.5})
+    smtp.answer_delay = 1.5
+    dovecot.deliver("help", mail(body="slow"))
+    await smtp.wait_for(lambda: len(smtp.received) == 1)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert len(smtp.received) == 1

@@ -189,6 +189,23 @@ async def test_send_translates_smtp_failures(
     await smtp.wait_for(lambda: smtp.open_connections == 0)
 
 
+async def test_a_reply_sent_again_after_a_lost_answer_keeps_its_message_id(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    # The server took the mail, then the link went: the retry is the same mail, so the
+    # recipient's server or client can tell the copy (a new Message-ID made it a new mail).
+    connector = make_connector()
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", idempotency_key="reply:1")
+    smtp.hang_up_after_data = 1
+    with pytest.raises(TransientError):
+        await connector.send(out)
+    result = await connector.send(out)
+    first, again = (m.message for m in smtp.received)
+    assert first["Message-ID"] == again["Message-ID"] == result.message_id
+    other = await connector.send(out.model_copy(update={"idempotency_key": "reply:2"}))
+    assert other.message_id != result.message_id
+
+
 async def test_the_reply_limit_stops_a_thread_after_n_replies(
     dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
 ) -> None:
