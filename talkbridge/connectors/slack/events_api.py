@@ -52,7 +52,10 @@ class RequestCheck:
         except UnicodeDecodeError:
             return "body is not UTF-8, so it cannot be a signed Slack request"
         expected = self._verifier.generate_signature(timestamp=timestamp, body=text)
-        if expected is None or not hmac.compare_digest(expected, signature):
+        # As bytes: `compare_digest` raises on a str with a non-ASCII character, and a header
+        # byte that is not UTF-8 arrives as a lone surrogate (a 500 and a traceback for anyone).
+        given = signature.encode("utf-8", "surrogateescape")
+        if expected is None or not hmac.compare_digest(expected.encode(), given):
             return "bad signature"
         while self._seen and next(iter(self._seen.values())) < now - WINDOW:
             self._seen.popitem(last=False)

@@ -173,3 +173,15 @@ def test_the_request_check_on_its_own_with_a_fixed_clock() -> None:
     assert "replayed" in (check.refuse(body, str(int(now)), signature) or "")
     stale = str(int(now) - 301)
     assert "stale" in (check.refuse(body, stale, SlackPeer.sign(SIGNING_SECRET, stale, body)) or "")
+
+
+@pytest.mark.parametrize("signature", ["v0=\u00e9", "v0=" + "\u00ff" * 64])
+async def test_a_signature_that_is_not_ascii_is_refused_as_bad(
+    peer: SlackPeer, events: Running, signature: str
+) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "forged"))
+    status, body = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, signature=signature
+    )
+    assert (status, body) == (401, "bad signature")
+    assert events.inbox.messages == []
