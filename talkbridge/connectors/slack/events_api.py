@@ -36,6 +36,7 @@ class RequestCheck:
         self._clock = clock
         self._verifier = SignatureVerifier(signing_secret)
         self._seen: OrderedDict[str, float] = OrderedDict()
+        """Signatures accepted, each with the time its timestamp leaves the window."""
 
     def refuse(self, body: bytes, timestamp: str | None, signature: str | None) -> str | None:
         if not timestamp or not signature:
@@ -57,11 +58,13 @@ class RequestCheck:
         given = signature.encode("utf-8", "surrogateescape")
         if expected is None or not hmac.compare_digest(expected.encode(), given):
             return "bad signature"
-        while self._seen and next(iter(self._seen.values())) < now - WINDOW:
+        while self._seen and next(iter(self._seen.values())) < now:
             self._seen.popitem(last=False)
         if signature in self._seen:
             return "replayed request: this signature was already used"
-        self._seen[signature] = now
+        # Kept until its own timestamp leaves the window, not five minutes after it came: one
+        # signed by a clock ahead of ours stays valid that much longer, and was replayable then.
+        self._seen[signature] = sent + WINDOW
         return None
 
     def forget(self, signature: str | None) -> None:

@@ -175,6 +175,19 @@ def test_the_request_check_on_its_own_with_a_fixed_clock() -> None:
     assert "stale" in (check.refuse(body, stale, SlackPeer.sign(SIGNING_SECRET, stale, body)) or "")
 
 
+def test_a_request_signed_ahead_of_our_clock_cannot_be_replayed_while_it_is_fresh() -> None:
+    # Slack's clock four minutes ahead of ours: its request stays fresh until our clock is
+    # nine minutes on, so it must be remembered as used until then, not for five minutes.
+    now = [1_700_000_000.0]
+    check = RequestCheck(SIGNING_SECRET, clock=lambda: now[0])
+    body = b'{"type":"event_callback"}'
+    stamp = str(int(now[0]) + 240)
+    signature = SlackPeer.sign(SIGNING_SECRET, stamp, body)
+    assert check.refuse(body, stamp, signature) is None
+    now[0] += 400  # past five minutes since it came, still within the window of its timestamp
+    assert "replayed" in (check.refuse(body, stamp, signature) or "")
+
+
 @pytest.mark.parametrize("signature", ["v0=\u00e9", "v0=" + "\u00ff" * 64])
 async def test_a_signature_that_is_not_ascii_is_refused_as_bad(
     peer: SlackPeer, events: Running, signature: str
