@@ -330,10 +330,10 @@ class TelegramConnector(BaseConnector):
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         secret = self.config.webhook_secret
-        given = request.headers.get(SECRET_HEADER, "")
-        if secret is None or not hmac.compare_digest(
-            given.encode(), secret.get_secret_value().encode()
-        ):
+        # aiohttp hands a header byte that is not UTF-8 over as a lone surrogate: encoded back
+        # as it came, or `encode` raises (a 500 and a traceback for anyone who sends one).
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+        if secret is None or not hmac.compare_digest(given, secret.get_secret_value().encode()):
             self._log.warning(
                 "webhook request without the right secret token from %s", request.remote
             )

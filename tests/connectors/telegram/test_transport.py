@@ -257,6 +257,31 @@ async def test_webhook_accepts_only_the_right_secret(
     assert peer.calls_of("getUpdates", answered=None) == []
 
 
+@pytest.mark.parametrize("secret", [b"\xff", "s3cret-Token_\u00e9".encode()])
+async def test_webhook_refuses_a_secret_header_that_is_not_ascii(
+    peer: TelegramBotAPIPeer, start: Start, secret: bytes
+) -> None:
+    # Anyone can send a header byte that is not UTF-8: it was a 500 with a traceback logged.
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="s3cret-Token_1",
+        webhook_port=port,
+    )
+    body = b'{"update_id": 1}'
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /telegram/webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"X-Telegram-Bot-Api-Secret-Token: " + secret + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 401 ") and answer.endswith(b"wrong or missing secret token")
+    assert running.inbox.messages == []
+
+
 async def test_webhook_asks_for_a_retry_when_the_update_is_not_accepted(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
