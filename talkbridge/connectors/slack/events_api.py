@@ -23,6 +23,8 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
+from talkbridge.connectors.inbound_http import READ_TIMEOUT, app_runner, read_body, too_slow
+
 WINDOW = 5 * 60
 """Seconds a signed request stays valid (Slack's rule)."""
 
@@ -86,8 +88,10 @@ class EventsServer:
         port: int,
         path: str,
         logger: logging.Logger,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self._check = check
+        self._read_timeout = read_timeout
         self._handle = handle
         self._host = host
         self._port = port
@@ -99,7 +103,7 @@ class EventsServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post(self._path, self._on_request)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = app_runner(app, self._read_timeout)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
@@ -114,7 +118,10 @@ class EventsServer:
             self._runner = None
 
     async def _on_request(self, request: web.Request) -> web.Response:
-        body = await request.read()
+        body = await read_body(request, self._read_timeout)
+        if body is None:
+            self._log.warning("refused a request from %s: its body came too slowly", request.remote)
+            return too_slow()
         signature = request.headers.get("X-Slack-Signature")
         refused = self._check.refuse(
             body, request.headers.get("X-Slack-Request-Timestamp"), signature

@@ -10,7 +10,9 @@ import pytest
 
 from talkbridge.connectors.slack.events_api import RequestCheck
 from tests.connectors.slack.conftest import SIGNING_SECRET, Running
+from tests.peers.http import send_and_stall
 from tests.peers.slack import SlackPeer, message_event
+from tests.support import running
 
 
 @pytest.fixture
@@ -197,4 +199,30 @@ async def test_a_signature_that_is_not_ascii_is_refused_as_bad(
         events.events_url, payload, secret=SIGNING_SECRET, signature=signature
     )
     assert (status, body) == (401, "bad signature")
+    assert events.inbox.messages == []
+
+
+@pytest.mark.parametrize(
+    ("start", "answer"),
+    [
+        (b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slack", b""),
+        (b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99\r\n\r\n{", b"408"),
+    ],
+)
+async def test_a_client_that_sends_slowly_is_cut_off(
+    start: bytes,
+    answer: bytes,
+    make_connector: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A head or a body trickling in (slowloris) held a connection for an hour, or for good.
+    monkeypatch.setattr("talkbridge.connectors.slack.transport.READ_TIMEOUT", 0.2)
+    starter = running.Starter(make_connector, running=Running)
+    try:
+        events = await starter(app_token=None, signing_secret=SIGNING_SECRET, events_port=0)
+        assert events.connector.events is not None and events.connector.events.port
+        got = await send_and_stall(events.connector.events.port, start)
+    finally:
+        await starter.stop_all()
+    assert got.split(b" ")[1:2] == ([answer] if answer else [])
     assert events.inbox.messages == []
