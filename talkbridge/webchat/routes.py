@@ -119,6 +119,21 @@ def foreign_origin(headers: Headers) -> str | None:
     return origin[:200]
 
 
+def came_over_https(headers: Headers) -> bool:
+    """Whether the reverse proxy in front says the browser came over HTTPS: its
+    `X-Forwarded-Proto` (Caddy and Traefik set it, nginx with `proxy_set_header`), else RFC 7239
+    `Forwarded: proto=https`. The first value is the one the proxy nearest the browser set.
+    A client that claims it falsely only gets a cookie its own browser keeps for HTTPS."""
+    proto = header(headers, "X-Forwarded-Proto").split(",")[0].strip().lower()
+    if proto:
+        return proto == "https"
+    for pair in header(headers, "Forwarded").split(",")[0].split(";"):
+        key, _, value = pair.partition("=")
+        if key.strip().lower() == "proto":
+            return value.strip().strip('"').lower() == "https"
+    return False
+
+
 def tokens_match(presented: str, tokens: Sequence[str]) -> bool:
     """Constant-time check against every accepted token (no early exit on a match)."""
     given = presented.encode("utf-8")
@@ -222,9 +237,12 @@ class HttpRoutes:
             )
         page = _response(200, self._assets["index.html"].body, "text/html; charset=utf-8")
         if from_link:
+            # `Secure` behind HTTPS: else a browser sends the token along with any plain
+            # http:// request to this host, which whoever is on the network can make it send.
+            secure = "; Secure" if came_over_https(headers) else ""
             page.headers["Set-Cookie"] = (
                 f"{token_cookie_name(headers)}={quote(token, safe='')}; Path=/; "
-                f"Max-Age={TOKEN_COOKIE_AGE}; HttpOnly; SameSite=Strict"
+                f"Max-Age={TOKEN_COOKIE_AGE}; HttpOnly; SameSite=Strict{secure}"
             )
         return page
 

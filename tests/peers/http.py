@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 from aiohttp import web
@@ -23,3 +24,15 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def send_and_stall(port: int, start: bytes, wait: float = 10.0) -> bytes:
+    """Send the start of a request and nothing more, as a slow client (slowloris) does; return
+    what the server answers before it closes the connection (TimeoutError if it never does)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(start)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), wait)
+    finally:
+        writer.close()

@@ -86,6 +86,28 @@ async def test_unknown_paths_are_404(webchat: Webchat) -> None:
     assert status == 404 and "<title>talkbridge</title>" not in body
 
 
+@pytest.mark.parametrize(
+    ("proxy_headers", "secure"),
+    [
+        ({}, False),  # plain http://127.0.0.1: a Secure cookie would not be kept
+        ({"X-Forwarded-Proto": "https"}, True),
+        ({"X-Forwarded-Proto": "https, http"}, True),  # the proxy nearest the browser first
+        ({"X-Forwarded-Proto": "http"}, False),
+        ({"Forwarded": 'for=192.0.2.60;proto="https";by=203.0.113.43'}, True),
+    ],
+)
+async def test_the_token_cookie_is_secure_behind_an_https_proxy(
+    webchat: Webchat, proxy_headers: dict[str, str], secure: bool
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{webchat.http}/?token={quote(TOKEN_A)}", headers=proxy_headers) as resp,
+    ):
+        assert resp.status == 200
+        flags = [part.strip() for part in resp.headers["Set-Cookie"].split(";")]
+        assert ("Secure" in flags) is secure and "HttpOnly" in flags
+
+
 async def test_the_link_leaves_a_cookie_so_the_plain_address_opens_the_page(
     webchat: Webchat,
 ) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import fnmatch
+import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -14,6 +16,10 @@ if TYPE_CHECKING:
 
 DEFAULT_API_BASE = "https://discord.com/api/v10"
 DEFAULT_GATEWAY = "wss://gateway.discord.gg/"
+_USER_ENTRY = re.compile(r"[0-9*?\[\]!]+")
+"""A user id, or a pattern of them (`*`): every other `trusted` entry names a role."""
+_ROLE_ENTRY = re.compile(r"([0-9]+)/(.+)")
+"""`<server id>/<role name>`: a role name alone is anyone's to make, in a server of their own."""
 
 
 class DiscordIntents(BaseModel):
@@ -69,16 +75,33 @@ class DiscordConfig(ConnectionConfig):
             raise ValueError("must start with ws:// or wss://")
         return value
 
-    def trusted_roles(self) -> tuple[str, ...]:
-        """Entries of `trusted` that are not user ids (snowflakes) are role names."""
-        return tuple(t for t in self.trusted if not t.isdigit() and t != "*")
+    @field_validator("trusted")
+    @classmethod
+    def _roles_name_their_server(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Anyone can add a public bot to a server of their own and give themselves a role of
+        any name there: a role trusts only in the server the entry names."""
+        bare = [t for t in value if not _USER_ENTRY.fullmatch(t) and not _ROLE_ENTRY.fullmatch(t)]
+        if bare:
+            shown = ", ".join(repr(t) for t in bare)
+            raise ValueError(
+                f"a role must name its server as '<server id>/<role name>' ({shown}: anyone "
+                "can add the bot to a server of their own and make a role of that name there)"
+            )
+        return value
+
+    def trusted_roles(self) -> tuple[tuple[str, str], ...]:
+        """The `(server id, role name)` of each role entry of `trusted`."""
+        found = (_ROLE_ENTRY.fullmatch(t) for t in self.trusted if not _USER_ENTRY.fullmatch(t))
+        return tuple((m[1], m[2]) for m in found if m is not None)
 
     def trusts_sender(self, message: NormalizedMessage) -> bool:
-        """A sender is trusted by id, or by holding a trusted role in the guild it wrote in."""
+        """A sender is trusted by id, or by holding a trusted role in the server it names."""
         if self.trusts(message.channel_user_id):
             return True
         roles = getattr(message.raw_event, "role_names", ())
-        wanted = [r.casefold() for r in self.trusted_roles()]
+        payload = getattr(message.raw_event, "payload", None)
+        guild = str(payload.get("guild_id") or "") if isinstance(payload, Mapping) else ""
+        wanted = [r.casefold() for server, r in self.trusted_roles() if guild and server == guild]
         return any(
             fnmatch.fnmatchcase(role.casefold(), pattern) for role in roles for pattern in wanted
         )

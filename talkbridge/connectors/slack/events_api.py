@@ -23,6 +23,8 @@ from urllib.parse import parse_qs
 from aiohttp import web
 from slack_sdk.signature import SignatureVerifier
 
+from talkbridge.connectors.inbound_http import READ_TIMEOUT, app_runner, read_body, too_slow
+
 WINDOW = 5 * 60
 """Seconds a signed request stays valid (Slack's rule)."""
 
@@ -36,6 +38,7 @@ class RequestCheck:
         self._clock = clock
         self._verifier = SignatureVerifier(signing_secret)
         self._seen: OrderedDict[str, float] = OrderedDict()
+        """Signatures accepted, each with the time its timestamp leaves the window."""
 
     def refuse(self, body: bytes, timestamp: str | None, signature: str | None) -> str | None:
         if not timestamp or not signature:
@@ -52,13 +55,18 @@ class RequestCheck:
         except UnicodeDecodeError:
             return "body is not UTF-8, so it cannot be a signed Slack request"
         expected = self._verifier.generate_signature(timestamp=timestamp, body=text)
-        if expected is None or not hmac.compare_digest(expected, signature):
+        # As bytes: `compare_digest` raises on a str with a non-ASCII character, and a header
+        # byte that is not UTF-8 arrives as a lone surrogate (a 500 and a traceback for anyone).
+        given = signature.encode("utf-8", "surrogateescape")
+        if expected is None or not hmac.compare_digest(expected.encode(), given):
             return "bad signature"
-        while self._seen and next(iter(self._seen.values())) < now - WINDOW:
+        while self._seen and next(iter(self._seen.values())) < now:
             self._seen.popitem(last=False)
         if signature in self._seen:
             return "replayed request: this signature was already used"
-        self._seen[signature] = now
+        # Kept until its own timestamp leaves the window, not five minutes after it came: one
+        # signed by a clock ahead of ours stays valid that much longer, and was replayable then.
+        self._seen[signature] = sent + WINDOW
         return None
 
     def forget(self, signature: str | None) -> None:
@@ -80,8 +88,10 @@ class EventsServer:
         port: int,
         path: str,
         logger: logging.Logger,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self._check = check
+        self._read_timeout = read_timeout
         self._handle = handle
         self._host = host
         self._port = port
@@ -93,7 +103,7 @@ class EventsServer:
     async def start(self) -> None:
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post(self._path, self._on_request)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = app_runner(app, self._read_timeout)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
@@ -108,7 +118,10 @@ class EventsServer:
             self._runner = None
 
     async def _on_request(self, request: web.Request) -> web.Response:
-        body = await request.read()
+        body = await read_body(request, self._read_timeout)
+        if body is None:
+            self._log.warning("refused a request from %s: its body came too slowly", request.remote)
+            return too_slow()
         signature = request.headers.get("X-Slack-Signature")
         refused = self._check.refuse(
             body, request.headers.get("X-Slack-Request-Timestamp"), signature

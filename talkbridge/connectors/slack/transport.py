@@ -27,6 +27,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, readable
+from talkbridge.connectors.inbound_http import READ_TIMEOUT
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
     SECTION_TEXT_LIMIT,
@@ -126,6 +127,8 @@ class SlackConnector(BaseConnector):
         self.events: EventsServer | None = None
         self.retry_base = 0.5
         """First delay (seconds) before reconnecting a lost socket; then doubles, up to 30 s."""
+        self.read_timeout = READ_TIMEOUT
+        """Events API: seconds a request's head, then its body, may take to arrive."""
         for name in (
             "history",
             "directory",
@@ -234,6 +237,7 @@ class SlackConnector(BaseConnector):
             port=self.config.events_port,
             path=self.config.events_path,
             logger=self._log,
+            read_timeout=self.read_timeout,
         )
         try:
             try:

@@ -45,6 +45,7 @@ from aiohttp import web
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, readable
+from talkbridge.connectors.inbound_http import READ_TIMEOUT, app_runner, read_body, too_slow
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.telegram.albums import Albums
 from talkbridge.connectors.telegram.codec import (
@@ -116,6 +117,8 @@ class TelegramConnector(BaseConnector):
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
+        self.read_timeout = READ_TIMEOUT
+        """Webhook: seconds a request's head, then its body, may take to arrive."""
         self._albums = Albums(
             context.store,
             config.id,
@@ -291,7 +294,7 @@ class TelegramConnector(BaseConnector):
         app = web.Application()
         app.router.add_post(self.config.webhook_path, self._on_webhook)
         app.router.add_route("*", "/{anything:.*}", self._elsewhere)
-        runner = web.AppRunner(app, access_log=None)
+        runner = app_runner(app, self.read_timeout)
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.config.webhook_host, self.config.webhook_port)
@@ -330,16 +333,20 @@ class TelegramConnector(BaseConnector):
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         secret = self.config.webhook_secret
-        given = request.headers.get(SECRET_HEADER, "")
-        if secret is None or not hmac.compare_digest(
-            given.encode(), secret.get_secret_value().encode()
-        ):
+        # aiohttp hands a header byte that is not UTF-8 over as a lone surrogate: encoded back
+        # as it came, or `encode` raises (a 500 and a traceback for anyone who sends one).
+        given = request.headers.get(SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+        if secret is None or not hmac.compare_digest(given, secret.get_secret_value().encode()):
             self._log.warning(
                 "webhook request without the right secret token from %s", request.remote
             )
             return web.Response(status=401, text="wrong or missing secret token")
+        body = await read_body(request, self.read_timeout)
+        if body is None:
+            self._log.warning("webhook request from %s: its body came too slowly", request.remote)
+            return too_slow()
         try:
-            data = await request.json()
+            data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
             return web.Response(status=400, text="body is not JSON")
         if not isinstance(data, dict) or not isinstance(data.get("update_id"), int):

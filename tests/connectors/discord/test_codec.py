@@ -154,14 +154,27 @@ def test_addressed_to_bot_and_deletes() -> None:
     assert decode_delete({"id": "2", "channel_id": "1", "guild_id": "3"}) == ("1", "1:2")
 
 
-def test_role_names_trust_only_in_the_guild_they_were_seen_in() -> None:
-    config = DiscordConfig(id="d", token="abc.def", trusted=("123", "moderators"))
-    payload = load("message_example.json")
-    moderator = decode_message(payload, connection_id="d", role_names=("Moderators",))
-    plain = decode_message(payload, connection_id="d")
-    assert moderator is not None and plain is not None
+def test_role_names_trust_only_in_the_server_the_entry_names() -> None:
+    config = DiscordConfig(id="d", token="abc.def", trusted=("123", "4001/moderators"))
+    ours = {**load("message_example.json"), "guild_id": "4001"}
+    moderator = decode_message(ours, connection_id="d", role_names=("Moderators",))
+    plain = decode_message(ours, connection_id="d")
+    # Anyone can add the bot to a server of their own and give themselves a role of that name.
+    theirs = {**ours, "guild_id": "6660"}
+    impostor = decode_message(theirs, connection_id="d", role_names=("Moderators",))
+    direct = decode_message(load("message_example.json"), connection_id="d", role_names=("x",))
+    assert moderator is not None and plain is not None and impostor is not None
     assert config.trusts_message(moderator) and not config.trusts_message(plain)
-    assert config.trusted_roles() == ("moderators",)
+    assert not config.trusts_message(impostor)
+    assert direct is not None and not config.trusts_message(direct)
+    assert config.trusted_roles() == (("4001", "moderators"),)
+
+
+@pytest.mark.parametrize("entry", ["Moderators", "Mod*", "*/Moderators", "4001/"])
+def test_a_role_that_names_no_server_is_a_config_error(entry: str) -> None:
+    with pytest.raises(ValidationError, match="must name its server"):
+        DiscordConfig(id="d", token="abc.def", trusted=("123", entry))
+    assert DiscordConfig(id="d", token="abc.def", trusted=("12*", "*")).trusted_roles() == ()
 
 
 def test_config_refuses_a_token_with_the_bot_prefix_without_quoting_it() -> None:

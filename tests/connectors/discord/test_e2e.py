@@ -10,7 +10,7 @@ import pytest
 
 from talkbridge.registry import ConnectionState
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B, connection
-from tests.peers.discord import GENERAL, MODERATORS_ROLE, THREAD, DiscordPeer
+from tests.peers.discord import GENERAL, GUILD_ID, MODERATORS_ROLE, THREAD, DiscordPeer
 from tests.support.bridge import StartBridge, bridges
 
 ROUTE = "/channels/{channel_id}/messages"
@@ -38,7 +38,7 @@ async def test_a_trusted_dm_is_answered_by_the_echo_agent(
 async def test_guild_mention_rules_threads_and_role_trust(
     peer: DiscordPeer, bridge: Callable[..., Any]
 ) -> None:
-    await bridge({"id": "community", "trusted": ["Moderators"]})
+    await bridge({"id": "community", "trusted": [f"{GUILD_ID}/Moderators"]})
     bot = peer.bots[TOKEN].user
     mod = peer.person("Mod")
     peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(mod, "no mention", roles=[MODERATORS_ROLE]))
@@ -55,7 +55,7 @@ async def test_guild_mention_rules_threads_and_role_trust(
 async def test_an_untrusted_sender_meets_the_sentinel_and_everyone_is_not_pinged(
     peer: DiscordPeer, bridge: Callable[..., Any]
 ) -> None:
-    await bridge({"id": "community", "trusted": ["Moderators"]})
+    await bridge({"id": "community", "trusted": [f"{GUILD_ID}/Moderators"]})
     bot = peer.bots[TOKEN].user
     stranger = peer.person("Stranger")
     peer.dispatch(

@@ -10,7 +10,9 @@ import pytest
 
 from talkbridge.connectors.slack.events_api import RequestCheck
 from tests.connectors.slack.conftest import SIGNING_SECRET, Running
+from tests.peers.http import send_and_stall
 from tests.peers.slack import SlackPeer, message_event
+from tests.support import running
 
 
 @pytest.fixture
@@ -173,3 +175,54 @@ def test_the_request_check_on_its_own_with_a_fixed_clock() -> None:
     assert "replayed" in (check.refuse(body, str(int(now)), signature) or "")
     stale = str(int(now) - 301)
     assert "stale" in (check.refuse(body, stale, SlackPeer.sign(SIGNING_SECRET, stale, body)) or "")
+
+
+def test_a_request_signed_ahead_of_our_clock_cannot_be_replayed_while_it_is_fresh() -> None:
+    # Slack's clock four minutes ahead of ours: its request stays fresh until our clock is
+    # nine minutes on, so it must be remembered as used until then, not for five minutes.
+    now = [1_700_000_000.0]
+    check = RequestCheck(SIGNING_SECRET, clock=lambda: now[0])
+    body = b'{"type":"event_callback"}'
+    stamp = str(int(now[0]) + 240)
+    signature = SlackPeer.sign(SIGNING_SECRET, stamp, body)
+    assert check.refuse(body, stamp, signature) is None
+    now[0] += 400  # past five minutes since it came, still within the window of its timestamp
+    assert "replayed" in (check.refuse(body, stamp, signature) or "")
+
+
+@pytest.mark.parametrize("signature", ["v0=\u00e9", "v0=" + "\u00ff" * 64])
+async def test_a_signature_that_is_not_ascii_is_refused_as_bad(
+    peer: SlackPeer, events: Running, signature: str
+) -> None:
+    payload = peer.event_callback(message_event("U0ADA0001", "forged"))
+    status, body = await peer.post_event(
+        events.events_url, payload, secret=SIGNING_SECRET, signature=signature
+    )
+    assert (status, body) == (401, "bad signature")
+    assert events.inbox.messages == []
+
+
+@pytest.mark.parametrize(
+    ("start", "answer"),
+    [
+        (b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slack", b""),
+        (b"POST /slack/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99\r\n\r\n{", b"408"),
+    ],
+)
+async def test_a_client_that_sends_slowly_is_cut_off(
+    start: bytes,
+    answer: bytes,
+    make_connector: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A head or a body trickling in (slowloris) held a connection for an hour, or for good.
+    monkeypatch.setattr("talkbridge.connectors.slack.transport.READ_TIMEOUT", 0.2)
+    starter = running.Starter(make_connector, running=Running)
+    try:
+        events = await starter(app_token=None, signing_secret=SIGNING_SECRET, events_port=0)
+        assert events.connector.events is not None and events.connector.events.port
+        got = await send_and_stall(events.connector.events.port, start)
+    finally:
+        await starter.stop_all()
+    assert got.split(b" ")[1:2] == ([answer] if answer else [])
+    assert events.inbox.messages == []

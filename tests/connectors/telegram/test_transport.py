@@ -25,7 +25,7 @@ from talkbridge.message import Attachment, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.telegram.conftest import TOKEN
 from tests.connectors.telegram.test_render import balanced
-from tests.peers.http import free_port
+from tests.peers.http import free_port, send_and_stall
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
 from tests.support.running import Inbox
 
@@ -255,6 +255,63 @@ async def test_webhook_accepts_only_the_right_secret(
     [message] = running.inbox.messages  # delivered before the POST was answered
     assert message.text == "via webhook" and message.id == "777:11"
     assert peer.calls_of("getUpdates", answered=None) == []
+
+
+@pytest.mark.parametrize("secret", [b"\xff", "s3cret-Token_\u00e9".encode()])
+async def test_webhook_refuses_a_secret_header_that_is_not_ascii(
+    peer: TelegramBotAPIPeer, start: Start, secret: bytes
+) -> None:
+    # Anyone can send a header byte that is not UTF-8: it was a 500 with a traceback logged.
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="s3cret-Token_1",
+        webhook_port=port,
+    )
+    body = b'{"update_id": 1}'
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /telegram/webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"X-Telegram-Bot-Api-Secret-Token: " + secret + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 401 ") and answer.endswith(b"wrong or missing secret token")
+    assert running.inbox.messages == []
+
+
+@pytest.mark.parametrize(
+    ("start_of_request", "answer"),
+    [
+        (b"POST /telegram/webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Tele", b""),
+        (
+            b"POST /telegram/webhook HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99\r\n"
+            b"X-Telegram-Bot-Api-Secret-Token: s3cret-Token_1\r\n\r\n{",
+            b"408",
+        ),
+    ],
+)
+async def test_webhook_cuts_off_a_client_that_sends_slowly(
+    peer: TelegramBotAPIPeer,
+    start: Start,
+    start_of_request: bytes,
+    answer: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A head or a body trickling in (slowloris) held a connection for an hour, or for good.
+    monkeypatch.setattr("talkbridge.connectors.telegram.transport.READ_TIMEOUT", 0.2)
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
+        webhook_secret="s3cret-Token_1",
+        webhook_port=port,
+    )
+    got = await send_and_stall(port, start_of_request)
+    assert got.split(b" ")[1:2] == ([answer] if answer else [])
+    assert running.inbox.messages == []
 
 
 async def test_webhook_asks_for_a_retry_when_the_update_is_not_accepted(
