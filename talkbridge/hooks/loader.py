@@ -108,7 +108,7 @@ def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
             "the hook would never run"
         )
     for key, given, known in (
-        ("channels", spec.channels, known_channels()),
+        ("channels", spec.channels, {*known_channels(), "webchat"}),  # the bundled one too
         ("connection_ids", spec.connection_ids, connection_ids),
     ):
         unknown = sorted(set(given or ()) - known)
