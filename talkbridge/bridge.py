@@ -246,7 +246,17 @@ class Bridge:
                 later,
             )
         self.typing.close()
-        await self.hooks.drain()
+        cut_off = await self.hooks.close(cancel_grace)
+        if cut_off:
+            log.warning(
+                "stopping: %s within %g s; cancelled",
+                _count(
+                    cut_off,
+                    "hook observer or turn watcher did not finish",
+                    "hook observers or turn watchers did not finish",
+                ),
+                cancel_grace,
+            )
         await self.durable.stop()  # durable hooks (issue 5)
         await self.store.close()
 

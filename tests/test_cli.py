@@ -1070,6 +1070,37 @@ class Stubborn:
 """
 
 
+async def test_ctrl_c_stops_even_when_a_hook_observer_or_turn_watcher_hangs(
+    tmp_path: Path,
+) -> None:
+    """A channel-message observer (timeout 600 s in its hook.yaml) or a turn watcher that never
+    returns held the stop for its whole timeout, after the replies were out: the bridge cuts
+    them off after a grace and says so."""
+    for kind, spec in (
+        ("channel-message", "observer: true\ntimeout: 600\n"),
+        ("agent-turn-finished", ""),
+    ):
+        hook = tmp_path / "hooks" / kind / "stuck"
+        hook.mkdir(parents=True)
+        (hook / "hook.py").write_text(
+            "import asyncio\n\n"
+            "def create_hook(deps):\n"
+            "    async def stuck(event):\n"
+            "        await asyncio.Event().wait()\n"
+            "    return stuck\n"
+        )
+        (hook / "hook.yaml").write_text(f"name: stuck-{kind}\n{spec}")
+    (tmp_path / "talkbridge.yaml").write_text(
+        "hooks: [hooks/channel-message/stuck, hooks/agent-turn-finished/stuck]\n"
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    assert await _ask(await _url_of(process), "hi") == "hi"
+    process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == 0, err
+    assert "2 hook observers or turn watchers did not finish within 5 s; cancelled" in err
+
+
 async def test_ctrl_c_stops_even_when_an_agent_ignores_being_cancelled(tmp_path: Path) -> None:
     async with _turn_under_way(tmp_path, "stubborn", _STUBBORN_AGENT, "Stubborn") as process:
         process.send_signal(signal.SIGINT)  # once: the operator waits for the stop
