@@ -246,7 +246,17 @@ class Bridge:
                 later,
             )
         self.typing.close()
-        await self.hooks.drain()
+        cut_off = await self.hooks.close(cancel_grace)
+        if cut_off:
+            log.warning(
+                "stopping: %s within %g s; cancelled",
+                _count(
+                    cut_off,
+                    "hook observer or turn watcher did not finish",
+                    "hook observers or turn watchers did not finish",
+                ),
+                cancel_grace,
+            )
         await self.durable.stop()  # durable hooks (issue 5)
         await self.store.close()
 
@@ -509,7 +519,7 @@ class Bridge:
             entry
             for entry in entries
             if not (entry.message_id in screened and screened[entry.message_id] != agent)
-            and not (entry.role == "assistant" and entry.sender == sentinel)
+            and not (entry.role == "assistant" and entry.sender in (sentinel, UNTRUSTED_FORWARD))
         ]
 
     async def _notify_listeners(self, message: NormalizedMessage) -> None:
@@ -700,6 +710,9 @@ class Bridge:
         name = message.display_name or message.channel_user_id
         target_thread = forward.thread_id or message.thread_id
         text = f"{name} ({message.connection_id}): {message.text}"
+        # A stranger's words become the bridge's own message in the target thread: its history
+        # names them as such, so that no agent answering there reads them (`_agent_history`).
+        meta = {"agent": UNTRUSTED_FORWARD} if route.trust != "trusted" else {}
         try:
             await self.router.send(
                 forward.connection_id,
@@ -709,6 +722,7 @@ class Bridge:
                     markup="plain",
                     attachments=message.attachments,
                     idempotency_key=f"forward:{message.connection_id}:{message.id}",
+                    meta=meta,
                 ),
             )
         except SendFailedError as exc:
@@ -784,6 +798,9 @@ class _Stream:
 _SCREENED_KEY = "screened:"
 MAX_AGENT_HISTORY = 1000
 """The most earlier messages an agent is given (`history`, `ctx.history(n)`)."""
+UNTRUSTED_FORWARD = "(untrusted forward)"
+"""The history's sender of an untrusted sender's message a hook forwarded into another thread:
+a name no agent is given, and hidden from every agent."""
 _SCREENED_KEPT = MAX_AGENT_HISTORY
 """Screened ids remembered per thread: as many as the longest history an agent is given, so
 every screened message in it is known."""

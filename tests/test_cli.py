@@ -917,6 +917,44 @@ async def test_check_refuses_what_run_refuses_and_both_exit_2(tmp_path: Path, ca
         assert reason.format(dir=tmp_path) in err
 
 
+async def _ask(url: str, text: str) -> str:
+    """Send `text` on the webchat `talkbridge run` printed; the reply's text."""
+    base, token = url.split("?token=")
+    async with websockets.connect(base.replace("http://", "ws://") + "ws") as ws:
+        await ws.send(json.dumps({"type": "auth", "token": token}))
+        thread = json.loads(await ws.recv())["conversations"][0]["thread_id"]
+        await ws.send(
+            json.dumps({"type": "send", "thread_id": thread, "client_id": "c", "text": text})
+        )
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            if frame["type"] == "message" and frame["role"] == "assistant":
+                return str(frame["text"])
+
+
+async def test_a_hook_filtered_on_the_webchat_channel_loads_and_sees_its_messages(
+    tmp_path: Path,
+) -> None:
+    """`filter: {channels: [webchat]}` was refused at start as a channel that does not exist."""
+    hook = tmp_path / "hooks/channel-message/web-only"
+    hook.mkdir(parents=True)
+    (hook / "hook.py").write_text(
+        "from talkbridge.hooks import Modify\n\n"
+        "def create_hook(deps):\n"
+        "    async def on_message(msg):\n"
+        "        return Modify(msg.model_copy(update={'text': '[web] ' + msg.text}))\n"
+        "    return on_message\n"
+    )
+    (hook / "hook.yaml").write_text("filter: {channels: [webchat]}\n")
+    (tmp_path / "talkbridge.yaml").write_text("hooks: [hooks/channel-message]\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0 and "config: ok" in out, err
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    assert await _ask(await _url_of(process), "hi") == "[web] hi"
+    process.send_signal(signal.SIGINT)
+    assert (await finish(process))[0] == 0
+
+
 async def test_a_new_token_replaces_the_old_one_only_once_the_bridge_runs(tmp_path: Path) -> None:
     first = await talkbridge("run", "--port", "0", cwd=tmp_path)
     old = (await _url_of(first)).split("?token=")[1]
@@ -1030,6 +1068,37 @@ class Stubborn:
                 pass  # swallows every cancel: stopping must not wait for it for ever
         yield Result(text="never")
 """
+
+
+async def test_ctrl_c_stops_even_when_a_hook_observer_or_turn_watcher_hangs(
+    tmp_path: Path,
+) -> None:
+    """A channel-message observer (timeout 600 s in its hook.yaml) or a turn watcher that never
+    returns held the stop for its whole timeout, after the replies were out: the bridge cuts
+    them off after a grace and says so."""
+    for kind, spec in (
+        ("channel-message", "observer: true\ntimeout: 600\n"),
+        ("agent-turn-finished", ""),
+    ):
+        hook = tmp_path / "hooks" / kind / "stuck"
+        hook.mkdir(parents=True)
+        (hook / "hook.py").write_text(
+            "import asyncio\n\n"
+            "def create_hook(deps):\n"
+            "    async def stuck(event):\n"
+            "        await asyncio.Event().wait()\n"
+            "    return stuck\n"
+        )
+        (hook / "hook.yaml").write_text(f"name: stuck-{kind}\n{spec}")
+    (tmp_path / "talkbridge.yaml").write_text(
+        "hooks: [hooks/channel-message/stuck, hooks/agent-turn-finished/stuck]\n"
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    assert await _ask(await _url_of(process), "hi") == "hi"
+    process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == 0, err
+    assert "2 hook observers or turn watchers did not finish within 5 s; cancelled" in err
 
 
 async def test_ctrl_c_stops_even_when_an_agent_ignores_being_cancelled(tmp_path: Path) -> None:

@@ -186,6 +186,12 @@ class AgentRunner:
             final = ctx.final
             if final is None:
                 why = "the turn ended without a result"
+                stopped_by = ctx.state.get("stopped_by")
+                if stopped_by is not None:
+                    why += (
+                        f": turn middleware {stopped_by!r} called neither next() nor "
+                        "ctx.emit(Result(...))"
+                    )
                 ignored = ctx.state.get("ignored_events")
                 if ignored:
                     why += (

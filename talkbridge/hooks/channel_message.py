@@ -12,6 +12,7 @@ themselves into the message loop through the TalkRouter; they are not part of th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeAlias, TypeVar, overload, runtime_checkable
@@ -202,6 +203,9 @@ class ChannelMessageHooks:
         return RoutingOutcome(
             outcome.event, decision, outcome.decided_by, outcome.failures, outcome.modified_by
         )
+
+    def running(self) -> set[asyncio.Task[None]]:
+        return self.chain.running()
 
     async def drain(self) -> None:
         await self.chain.drain()

@@ -826,6 +826,10 @@ class HookChain(Generic[E]):
             exc_info=None if isinstance(exc, HookTimeoutError) else exc,
         )
 
+    def running(self) -> set[asyncio.Task[None]]:
+        """The observers' calls still under way."""
+        return {task for task in self._background if not task.done()}
+
     async def drain(self) -> None:
         """Wait for every observer started so far (shutdown, tests)."""
         await drain_tasks(self._background)

@@ -245,6 +245,10 @@ class LifecycleWatchers:
         except Exception as exc:
             log.warning("%s watcher %r failed: %s", kind, name, exc, exc_info=exc)
 
+    def running(self) -> set[asyncio.Task[None]]:
+        """The watchers' calls still under way."""
+        return {task for task in self._tasks if not task.done()}
+
     async def drain(self) -> None:
         """Wait for every watcher already started."""
         await drain_tasks(self._tasks)

@@ -108,7 +108,7 @@ def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
             "the hook would never run"
         )
     for key, given, known in (
-        ("channels", spec.channels, known_channels()),
+        ("channels", spec.channels, {*known_channels(), "webchat"}),  # the bundled one too
         ("connection_ids", spec.connection_ids, connection_ids),
     ):
         unknown = sorted(set(given or ()) - known)
@@ -194,7 +194,11 @@ def _import(folder: Path) -> ModuleType:
     file = folder / HOOK_FILE
     slug = re.sub(r"\W", "_", folder.name)
     module_name = f"talkbridge_hook_{next(_module_ids)}_{slug}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
+    # A package of its own: `from .helpers import x` finds `helpers.py` beside `hook.py`, and
+    # two folders' `helpers.py` never mix.
+    spec = importlib.util.spec_from_file_location(
+        module_name, file, submodule_search_locations=[str(folder)]
+    )
     if spec is None or spec.loader is None:
         raise HookLoadError(f"hook folder {folder}: cannot import {file}")
     module = importlib.util.module_from_spec(spec)
@@ -209,9 +213,17 @@ def _import(folder: Path) -> ModuleType:
         del sys.modules[module_name]
         raise HookLoadError(
             f"hook folder {folder}: importing {HOOK_FILE} failed{_where(exc, file)}: "
-            f"{type(exc).__name__}: {exc}"
+            f"{type(exc).__name__}: {exc}{_beside(exc, folder)}"
         ) from exc
     return module
+
+
+def _beside(exc: Exception, folder: Path) -> str:
+    """The hint for `import helpers` of a module that sits beside `hook.py`."""
+    name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if name and (folder / f"{name}.py").is_file():
+        return f" (a module beside {HOOK_FILE} is imported relatively: from .{name} import ...)"
+    return ""
 
 
 def _where(exc: BaseException, file: Path) -> str:

@@ -78,6 +78,8 @@ async def _layer(
     nxt = _Next(inner, ctx, name)
     try:
         await mw.handle(ctx, nxt)
+        if not nxt.called:  # it answered itself: the runner names it if it left no answer
+            ctx.state["stopped_by"] = name
     except (Exception, asyncio.CancelledError) as exc:
         if exc is nxt.inner_error:
             raise  # an inner layer's (or the agent's) failure, not this middleware's

@@ -15,12 +15,14 @@ object does not implement it (the loader turns that into a `HookLoadError` namin
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
 from talkbridge.hooks.engine import HookFilter
@@ -317,6 +319,19 @@ class HookRegistry:
         """Wait for observers and lifecycle watchers already started."""
         await self.channel_message.drain()
         await self.lifecycle.drain()
+
+    async def close(self, grace: float) -> int:
+        """At a stop: wait up to `grace` seconds for the observers and watchers under way,
+        then cancel the rest (giving them as long again to end). Each is bounded only by its
+        own timeout (30 s by default, or what its hook.yaml says): one that hangs must not hold
+        the stop that long. Returns how many were cut off."""
+        tasks = self.channel_message.running() | self.lifecycle.running()
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        if pending:
+            await cancel_and_wait(*pending, within=grace)
+        return len(pending)
 
     # -- decorators ---------------------------------------------------------------------------
 

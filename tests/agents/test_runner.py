@@ -13,6 +13,7 @@ import pytest
 from talkbridge.agents.base import Result, TextDelta, TurnContext
 from talkbridge.agents.echo import EchoAgent
 from talkbridge.agents.runner import AgentRunner, earlier_entries
+from talkbridge.hooks import HookRegistry
 from talkbridge.store import SqliteStore
 from tests.hooks.support import make_msg
 
@@ -98,6 +99,28 @@ async def test_a_turn_of_only_wrong_events_says_what_the_agent_yielded(
     assert outcome.text == (
         "the turn ended without a result (it yielded 2 things that no agent event is, such as "
         "str: yield TextDelta(...) and a final Result(...))"
+    )
+
+
+async def test_a_middleware_that_answers_nothing_is_named_in_the_turns_error(
+    sqlite_store: SqliteStore,
+) -> None:
+    """A middleware that returned without `next()` and without emitting a result left only
+    "the turn ended without a result", naming neither it nor what it should have done."""
+    hooks = HookRegistry()
+
+    @hooks.turn_middleware(name="gatekeeper")
+    async def gatekeeper(ctx: TurnContext, next: Any) -> None:
+        if ctx.input.prompt != "secret":
+            await next()
+
+    runner = AgentRunner({"echo": EchoAgent()}, sqlite_store, hooks, environment="development")
+    assert (await runner.run_turn(make_msg("hi"), "echo")).text == "hi"
+    outcome = await runner.run_turn(make_msg("secret"), "echo")
+    assert outcome.status == "error"
+    assert outcome.text == (
+        "the turn ended without a result: turn middleware 'gatekeeper' called neither next() "
+        "nor ctx.emit(Result(...))"
     )
 
 

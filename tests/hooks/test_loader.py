@@ -87,6 +87,37 @@ async def test_declarative_channel_message_in_nested_layout(tmp_path: Path) -> N
     assert routed.decision == RouteToAgent("billing") and routed.decided_by == "b-router"
 
 
+async def test_a_hook_imports_its_own_modules_beside_hook_py(tmp_path: Path) -> None:
+    """A hook split into modules (`helpers.py` beside `hook.py`) failed to load: a relative
+    import had "no known parent package" and `import helpers` found nothing. Each folder is a
+    package now; two folders' `helpers.py` stay apart; `import helpers` says how to write it."""
+    root = tmp_path / "hooks" / "channel-message"
+    for name, agent in (("a", "billing"), ("b", "support")):
+        (root / name).mkdir(parents=True)
+        (root / name / "helpers.py").write_text(f"AGENT = {agent!r}\n")
+        write_hook(
+            root / name,
+            f"""
+            from talkbridge.hooks import RouteToAgent
+            from .helpers import AGENT
+            async def route(msg):
+                return RouteToAgent(AGENT) if msg.text == {name!r} else None
+            def create_hook(deps):
+                return route
+            """,
+        )
+    registry = HookRegistry()
+    load_hooks([root], deps(registry), registry)
+    decide = registry.channel_message.decide
+    assert (await decide(make_msg("a"))).decision == RouteToAgent("billing")
+    assert (await decide(make_msg("b"))).decision == RouteToAgent("support")
+
+    write_hook(root / "c", "import helpers\ndef create_hook(deps): ...\n")
+    (root / "c" / "helpers.py").write_text("")
+    with pytest.raises(HookLoadError, match=r"No module named 'helpers' \(a module beside "):
+        load_hooks([root / "c"], deps(HookRegistry()), HookRegistry())
+
+
 async def test_folder_named_after_its_kind_is_itself_a_hook(tmp_path: Path) -> None:
     folder = write_hook(tmp_path / "channel-message", ROUTER)
     registry = HookRegistry()
