@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import time
@@ -617,6 +618,8 @@ class DiscordConnector(BaseConnector):
             try:
                 with translated(self._token, scope="thread"):
                     kwargs: dict[str, Any] = {**steps[index], **({"view": view} if view else {})}
+                    if message.idempotency_key:
+                        kwargs["nonce"] = _nonce(message.idempotency_key, index)
                     result = await channel.send(**kwargs)
             finally:
                 if view is not None:
@@ -775,6 +778,15 @@ def _channel(thread_id: str) -> int:
 
 def _message(message_id: str) -> tuple[int, int]:
     return permanent(parse_native_id, message_id)
+
+
+def _nonce(key: str, index: int) -> str:
+    """The nonce of step `index` of the send keyed `key`: the same on every retry, so Discord
+    (discord.py sends `enforce_nonce`) answers a retry whose first answer was lost with the
+    message it created then, instead of creating it twice. At most 25 characters (Discord's
+    limit), as discord.py's own are: a 63-bit number."""
+    digest = hashlib.sha256(f"{index}:{key}".encode()).digest()
+    return str(int.from_bytes(digest[:8], "big") >> 1)
 
 
 def _reference(reply_to: str | None, channel_id: int) -> discord.MessageReference | None:

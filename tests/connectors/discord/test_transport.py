@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from talkbridge.errors import NotFoundError, PermanentError, RateLimitedError, UnauthorizedError
+from talkbridge.errors import (
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+    UnauthorizedError,
+)
 from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
@@ -363,3 +369,18 @@ async def test_two_bots_share_one_process_but_not_two_api_bases(
     assert first.inbox.messages == []
     with pytest.raises(PermanentError, match="one REST base and gateway URL per process"):
         await start(id="dc3", token=TOKEN_B, api_base="http://127.0.0.1:1/api/v10")
+
+
+async def test_a_send_retried_after_its_answer_was_lost_posts_the_message_once(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    route = "/channels/{channel_id}/messages"
+    peer.lose_next_answer("POST", route, channel_id=GENERAL)
+    reply = OutboundMessage(thread_id=GENERAL, text="only once", idempotency_key="reply-1")
+    with pytest.raises(TransientError):
+        await running.connector.send(reply)  # Discord created it; the answer never came
+    result = await running.connector.send(reply)  # the router's retry, with the same key
+    posted = [m for m in peer.messages[GENERAL] if m["author"]["id"] == peer.bots[TOKEN].id]
+    assert [m["content"] for m in posted] == ["only once"]
+    assert result.message_ids == (f"{GENERAL}:{posted[0]['id']}",)
