@@ -189,6 +189,7 @@ class DiscordPeer(Waitable):
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self._refuse_resume: set[str] = set()
+        self._identify_close: dict[str, int] = {}
         self._scripted: list[_Scripted] = []
         self._gates: list[tuple[str, str, asyncio.Event]] = []
         self._buckets: dict[str, tuple[float, int]] = {}
@@ -367,6 +368,11 @@ class DiscordPeer(Waitable):
     def refuse_next_resume(self, token: str) -> None:
         self._refuse_resume.add(token)
 
+    def close_on_identify(self, token: str, code: int) -> None:
+        """Answer the bot's IDENTIFYs by closing the socket with `code` (4011: the bot is in too
+        many servers for one connection; 4013: the intents are not a valid bitfield)."""
+        self._identify_close[token] = code
+
     def connected(self, token: str) -> bool:
         session = self._live_session(token)
         return session is not None and session.socket is not None
@@ -407,6 +413,9 @@ class DiscordPeer(Waitable):
         bot = self.bots.get(str(data.get("token")))
         if bot is None or bot.revoked:
             await socket.ws.close(code=4004, message=b"Authentication failed.")
+            return
+        if bot.token in self._identify_close:
+            await socket.ws.close(code=self._identify_close[bot.token])
             return
         self.identifies.append(bot.token)
         session = Session(session_id=snowflake(), token=bot.token, socket=socket)

@@ -384,3 +384,17 @@ async def test_a_send_retried_after_its_answer_was_lost_posts_the_message_once(
     posted = [m for m in peer.messages[GENERAL] if m["author"]["id"] == peer.bots[TOKEN].id]
     assert [m["content"] for m in posted] == ["only once"]
     assert result.message_ids == (f"{GENERAL}:{posted[0]['id']}",)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"), [(4011, "too many servers"), (4012, "API version"), (4013, "intents")]
+)
+async def test_a_gateway_closing_for_good_says_why_in_plain_words(
+    peer: DiscordPeer, start: Callable[..., Any], code: int, says: str
+) -> None:
+    peer.close_on_identify(TOKEN, code)
+    with pytest.raises(PermanentError) as caught:
+        await start()
+    assert f"close code {code}" in str(caught.value) and says in str(caught.value)
+    assert "Shard ID" not in str(caught.value)  # discord.py's words, not the user's
+    assert len(peer.identifies) == 0 and len(peer.resumes) == 0  # nothing retried
