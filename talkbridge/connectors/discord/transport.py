@@ -55,6 +55,7 @@ from talkbridge.connectors.discord.codec import (
     Names,
     addressed_to_bot,
     check_buttons,
+    decode_bulk_delete,
     decode_delete,
     decode_event,
     native_id,
@@ -73,7 +74,13 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.talk import DirectoryEntry
 
 HANDLED_EVENTS = frozenset(
-    {"MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE"}
+    {
+        "MESSAGE_CREATE",
+        "MESSAGE_UPDATE",
+        "MESSAGE_DELETE",
+        "MESSAGE_DELETE_BULK",
+        "INTERACTION_CREATE",
+    }
 )
 _DELIVERY_ATTEMPTS = 5
 _FINISH_SECONDS = 5.0
@@ -377,8 +384,8 @@ class DiscordConnector(BaseConnector):
 
     async def _accept(self, kind: str, payload: dict[str, Any]) -> bool:
         """Decode and deliver one event; True when a message was delivered."""
-        if kind == "MESSAGE_DELETE":
-            await self._on_delete(payload)
+        if kind in ("MESSAGE_DELETE", "MESSAGE_DELETE_BULK"):
+            await self._on_delete(kind, payload)
             return False
         client = self.client
         bot_id = client.user.id if client is not None and client.user is not None else None
@@ -541,12 +548,15 @@ class DiscordConnector(BaseConnector):
         for kind, payload in held:
             await self._take(kind, payload)
 
-    async def _on_delete(self, payload: Mapping[str, Any]) -> None:
-        """A deleted message takes the bot's reply to it along."""
-        decoded = decode_delete(payload)
-        if decoded is None:
-            return
-        await self.withdraw_reply(*decoded)
+    async def _on_delete(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """A deleted message takes the bot's reply to it along, whether deleted alone or in a
+        moderator's purge (MESSAGE_DELETE_BULK, one event naming many)."""
+        if kind == "MESSAGE_DELETE_BULK":
+            deleted = decode_bulk_delete(payload)
+        else:
+            deleted = [one] if (one := decode_delete(payload)) is not None else []
+        for thread_id, message_id in deleted:
+            await self.withdraw_reply(thread_id, message_id)
 
     def _guild(self, payload: Mapping[str, Any]) -> discord.Guild | None:
         guild_id = payload.get("guild_id")

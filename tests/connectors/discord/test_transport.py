@@ -398,3 +398,25 @@ async def test_a_gateway_closing_for_good_says_why_in_plain_words(
     assert f"close code {code}" in str(caught.value) and says in str(caught.value)
     assert "Shard ID" not in str(caught.value)  # discord.py's words, not the user's
     assert len(peer.identifies) == 0 and len(peer.resumes) == 0  # nothing retried
+
+
+async def test_questions_deleted_in_bulk_take_our_replies_along(
+    peer: DiscordPeer, start: Callable[..., Any], sqlite_store: SqliteStore
+) -> None:
+    running = await start()
+    alice = peer.person("Alice")
+    questions = [peer.message(alice, text) for text in ("spam", "more spam", "fine")]
+    replies = []
+    for question in questions:
+        reply = await running.connector.send(OutboundMessage(thread_id=GENERAL, text="answer"))
+        await sqlite_store.map_id("dc", f"{GENERAL}:{question['id']}", reply.message_id)
+        replies.append(reply.message_id.split(":")[1])
+    # a moderator's purge: one event for the first two (and for anything not ours)
+    ids = [questions[0]["id"], questions[1]["id"], "1100000000000000999"]
+    peer.dispatch(
+        TOKEN, "MESSAGE_DELETE_BULK", {"ids": ids, "channel_id": GENERAL, "guild_id": GUILD_ID}
+    )
+    route = "/channels/{channel_id}/messages/{message_id}"
+    await peer.wait_for(lambda: len(peer.calls_of("DELETE", route, answered=204)) == 2)
+    deleted = {c.path.rsplit("/", 1)[1] for c in peer.calls_of("DELETE", route, answered=204)}
+    assert deleted == set(replies[:2])  # the answer to "fine" stays
