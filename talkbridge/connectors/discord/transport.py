@@ -82,7 +82,10 @@ HANDLED_EVENTS = frozenset(
         "INTERACTION_CREATE",
     }
 )
-_DELIVERY_ATTEMPTS = 5
+_DELIVERY_SECONDS = 300.0
+"""How long an event the subscribers cannot accept (the store out) is retried before it is
+dropped, as the router's `send_retry_seconds` default: the store down for a few minutes loses
+no message (live events wait behind it, in order)."""
 _FINISH_SECONDS = 5.0
 # Application flags: an intent switched on in the Developer Portal (the _LIMITED bit for bots in
 # under 100 servers, the other once verified).
@@ -363,7 +366,8 @@ class DiscordConnector(BaseConnector):
         """Hand one event to the subscribers, retrying one they could not accept."""
         backoff = Backoff(base=0.2, cap=5.0)
         delivered = False
-        for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
+        deadline = time.monotonic() + _DELIVERY_SECONDS
+        while True:
             try:
                 delivered = await self._accept(kind, payload)
                 break
@@ -372,13 +376,19 @@ class DiscordConnector(BaseConnector):
                 break
             except Exception as exc:
                 # The gateway never sends an event twice: retry a subscriber that could
-                # not accept it (store briefly unavailable) before giving up on it.
+                # not accept it (the store out, a Redis restarting) before giving up on it.
                 reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
-                if attempt == _DELIVERY_ATTEMPTS:
+                if time.monotonic() >= deadline:
                     self._log.error("dropping a %s not accepted: %s", kind, reason)
-                else:
-                    self._log.warning("a %s was not accepted (%s); retrying", kind, reason)
-                    await asyncio.sleep(backoff.next())
+                    break
+                log = self._log.warning if backoff.attempts == 0 else self._log.debug
+                log(
+                    "a %s was not accepted (%s); retrying for up to %g s",
+                    kind,
+                    reason,
+                    _DELIVERY_SECONDS,
+                )
+                await asyncio.sleep(backoff.next())
         if kind == "MESSAGE_CREATE":  # not when cancelled mid-way: fetched again next time
             self._note_taken(payload, delivered)
 

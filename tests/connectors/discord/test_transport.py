@@ -12,6 +12,7 @@ from talkbridge.errors import (
     NotFoundError,
     PermanentError,
     RateLimitedError,
+    StoreError,
     TransientError,
     UnauthorizedError,
 )
@@ -420,3 +421,30 @@ async def test_questions_deleted_in_bulk_take_our_replies_along(
     await peer.wait_for(lambda: len(peer.calls_of("DELETE", route, answered=204)) == 2)
     deleted = {c.path.rsplit("/", 1)[1] for c in peer.calls_of("DELETE", route, answered=204)}
     assert deleted == set(replies[:2])  # the answer to "fine" stays
+
+
+async def test_a_message_waits_for_a_store_that_is_out_for_a_while(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    # The gateway never sends an event again: a store out for longer than a few quick
+    # retries (a Redis restarting) must not cost the messages that arrive meanwhile.
+    back = asyncio.Event()
+
+    class OutStore(Inbox):
+        refused = 0
+
+        async def __call__(self, message: NormalizedMessage) -> None:
+            if not back.is_set():
+                OutStore.refused += 1
+                self._notify()
+                raise StoreError("redis store at 127.0.0.1:6379: Connection refused")
+            await super().__call__(message)
+
+    running = await start(inbox=OutStore())
+    alice = peer.person("Alice")
+    for text in ("while the store is out", "and after it"):
+        peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, text, guild=False))
+    await running.inbox.wait(lambda: OutStore.refused >= 6, timeout=30)
+    back.set()
+    await running.inbox.wait_count(2)
+    assert running.inbox.texts == ["while the store is out", "and after it"]
