@@ -44,6 +44,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+import aiohttp
+
 from talkbridge.backoff import Backoff
 from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
@@ -107,6 +109,8 @@ _CATCH_UP_SECONDS = 15.0
 """A channel's catch-up gives up after this long (discord.py retries a 500 for ~25 s): its
 live messages are held until it is in."""
 _CATCH_UP_PARALLEL = 4
+_HELLO_SECONDS = 10.0
+"""How long `check` waits for the gateway to open and say HELLO."""
 _CUT = "\n…"
 """Ends an edit whose text was longer than one message."""
 
@@ -298,6 +302,7 @@ class DiscordConnector(BaseConnector):
                     "for this app: switch it on in the Developer Portal (Bot > Privileged "
                     "Gateway Intents), or turn it off under `intents` in the config"
                 )
+            await self._hello(client)
             user = client.user
             name = f"{user.display_name} (@{user.name})" if user else "?"
             count = len(guilds)
@@ -305,6 +310,35 @@ class DiscordConnector(BaseConnector):
         finally:
             await client.close()
             endpoints.release(owner)
+
+    async def _hello(self, client: _Client) -> None:
+        """Open the gateway and read its HELLO (op 10), without identifying (which would start
+        a session, counted against the bot's daily limit): a gateway_url that leads nowhere
+        fails `check` rather than every start of `run`."""
+        url = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY.with_query(v=10, encoding="json")
+        where = f"the Discord gateway at {url.with_query(None)}"
+        try:
+            socket = await asyncio.wait_for(client.http.ws_connect(str(url)), _HELLO_SECONDS)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            detail = (
+                f"no answer within {_HELLO_SECONDS:g} s" if isinstance(exc, TimeoutError) else exc
+            )
+            raise TransientError(
+                scrub(f"{where} cannot be reached: {detail}", self._token)
+            ) from None
+        try:
+            frame = await socket.receive(timeout=_HELLO_SECONDS)
+            op = None
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                op = json.loads(frame.data).get("op")
+            if op != 10:
+                raise TransientError(
+                    f"{where} did not greet with HELLO (op 10): is gateway_url Discord's gateway?"
+                )
+        except TimeoutError:
+            raise TransientError(f"{where} sent no HELLO within {_HELLO_SECONDS:g} s") from None
+        finally:
+            await socket.close()
 
     def check_waiting(self) -> str | None:
         """Why the latest `check` had no result yet: a server error discord.py was retrying."""
