@@ -139,6 +139,8 @@ class _Scripted:
     retry_after: float = 1.0
     is_global: bool = False
     drop: bool = False
+    lose_answer: bool = False
+    """Do what was asked (create the message), then drop the connection before answering."""
     proxy: bool = False
     body: Any = None
     """A scripted 200's JSON, whatever its shape (an error status gets Discord's own body)."""
@@ -187,6 +189,7 @@ class DiscordPeer(Waitable):
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self._refuse_resume: set[str] = set()
+        self._identify_close: dict[str, int] = {}
         self._scripted: list[_Scripted] = []
         self._gates: list[tuple[str, str, asyncio.Event]] = []
         self._buckets: dict[str, tuple[float, int]] = {}
@@ -365,6 +368,11 @@ class DiscordPeer(Waitable):
     def refuse_next_resume(self, token: str) -> None:
         self._refuse_resume.add(token)
 
+    def close_on_identify(self, token: str, code: int) -> None:
+        """Answer the bot's IDENTIFYs by closing the socket with `code` (4011: the bot is in too
+        many servers for one connection; 4013: the intents are not a valid bitfield)."""
+        self._identify_close[token] = code
+
     def connected(self, token: str) -> bool:
         session = self._live_session(token)
         return session is not None and session.socket is not None
@@ -405,6 +413,9 @@ class DiscordPeer(Waitable):
         bot = self.bots.get(str(data.get("token")))
         if bot is None or bot.revoked:
             await socket.ws.close(code=4004, message=b"Authentication failed.")
+            return
+        if bot.token in self._identify_close:
+            await socket.ws.close(code=self._identify_close[bot.token])
             return
         self.identifies.append(bot.token)
         session = Session(session_id=snowflake(), token=bot.token, socket=socket)
@@ -474,6 +485,11 @@ class DiscordPeer(Waitable):
         """Answer the next `times` matching calls with `status` (or drop their connection)."""
         for _ in range(times):
             self._scripted.append(_Scripted(method, route, status, channel_id, token, drop=drop))
+
+    def lose_next_answer(self, method: str, route: str, *, channel_id: str | None = None) -> None:
+        """Carry out the next matching call, then drop its connection before the answer: the
+        client cannot tell it from a call that never arrived."""
+        self._scripted.append(_Scripted(method, route, 200, channel_id, lose_answer=True))
 
     def answer_next(
         self, method: str, route: str, body: Any, *, token: str | None = None, times: int = 1
@@ -582,6 +598,7 @@ class DiscordPeer(Waitable):
             if method == call.method and route == call.route:
                 self._notify()  # the call is recorded: a test may wait for it
                 await gate.wait()
+        lost: _Scripted | None = None
         for scripted in self._scripted:
             if (
                 scripted.method == call.method
@@ -590,7 +607,10 @@ class DiscordPeer(Waitable):
                 and (scripted.token is None or scripted.token == call.token)
             ):
                 self._scripted.remove(scripted)
-                return await self._scripted_answer(scripted, call, major, request)
+                if not scripted.lose_answer:
+                    return await self._scripted_answer(scripted, call, major, request)
+                lost = scripted
+                break
         headers = self._bucket_headers(call.route, major)
         name = re.sub(r"\W+", "_", f"{call.method} {call.route}").strip("_")
         handler = getattr(self, "_r_" + name, None)
@@ -599,6 +619,11 @@ class DiscordPeer(Waitable):
             return self._json(404, {"message": "404: Not Found", "code": 0}, headers)
         status, body = handler(bot, params, call.json or {}, request)
         call.status = status
+        if lost is not None:
+            call.status = 0
+            assert request.transport is not None
+            request.transport.close()
+            raise asyncio.CancelledError  # done, but the answer never leaves
         if status == 204:
             return web.Response(status=204, headers=headers)
         return self._json(status, body, headers)
@@ -689,6 +714,13 @@ class DiscordPeer(Waitable):
     ) -> Any:
         if not b.get("content") and not b.get("_files") and not b.get("embeds"):
             return 400, {"message": "Cannot send an empty message", "code": 50006}
+        nonce = b.get("nonce")
+        if nonce is not None and b.get("enforce_nonce"):
+            # Discord: "If another message was created by the same author with the same nonce,
+            # that message will be returned and no new message will be created."
+            for earlier in self.messages.get(p["channel_id"], []):
+                if earlier.get("nonce") == nonce and earlier["author"]["id"] == bot.id:
+                    return 200, earlier
         if len(b.get("content") or "") > 2000:
             return 400, {
                 "message": "Invalid Form Body", "code": 50035,
@@ -696,6 +728,8 @@ class DiscordPeer(Waitable):
                            "message": "Must be 2000 or fewer in length."}]}},
             }  # fmt: skip
         message = self._new_message(bot, p["channel_id"], b)
+        if nonce is not None:
+            message["nonce"] = nonce
         self.messages.setdefault(p["channel_id"], []).append(message)
         return 200, message
 

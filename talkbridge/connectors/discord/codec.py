@@ -33,6 +33,7 @@ __all__ = [
     "DiscordEvent",
     "Names",
     "addressed_to_bot",
+    "decode_bulk_delete",
     "decode_delete",
     "decode_event",
     "decode_interaction",
@@ -363,6 +364,16 @@ def decode_delete(payload: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     channel_id = str(payload["channel_id"])
     return channel_id, native_id(channel_id, str(payload["id"]))
+
+
+def decode_bulk_delete(payload: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A MESSAGE_DELETE_BULK payload (a moderator's purge) -> (thread id, native message id)
+    for each message it names."""
+    ids = payload.get("ids")
+    if not payload.get("channel_id") or not isinstance(ids, list):
+        return []
+    channel_id = str(payload["channel_id"])
+    return [(channel_id, native_id(channel_id, str(ident))) for ident in ids if ident]
 
 
 def decode_event(

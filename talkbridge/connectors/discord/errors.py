@@ -35,6 +35,23 @@ PRIVILEGED_INTENTS = (
     "Intents, or turn them off in this connection's intents"
 )
 
+_FATAL_CLOSES = {
+    4010: "Invalid shard: Discord refused the shard this connection asked for",
+    4011: (
+        "Sharding required: the bot is in too many servers for one gateway connection, and "
+        "talkbridge opens one per bot"
+    ),
+    4012: (
+        "Invalid API version: the gateway does not speak the version discord.py asks for; is "
+        "gateway_url Discord's gateway, and discord.py up to date?"
+    ),
+    4013: (
+        "Invalid intents: Discord could not read the intents discord.py sent; is discord.py "
+        "up to date?"
+    ),
+}
+"""Close codes Discord documents as "do not reconnect", in plain words (4004 and 4014 apart)."""
+
 
 def translate(
     exc: BaseException,
@@ -62,8 +79,11 @@ def translate(
                 "failed): it is wrong or was reset; copy the current one from the Developer "
                 "Portal (Bot > Reset Token)"
             )
-        if exc.code in (4010, 4011, 4012, 4013, 4014):
-            return PermanentError(f"the Discord gateway closed the connection: {message}")
+        if exc.code in _FATAL_CLOSES:
+            return PermanentError(
+                f"the Discord gateway closed the connection for good (close code {exc.code} "
+                f"{_FATAL_CLOSES[exc.code]})"
+            )
         return TransientError(f"the Discord gateway closed the connection: {message}")
     if isinstance(exc, discord.NotFound):
         return NotFoundError(f"Discord: {message}")

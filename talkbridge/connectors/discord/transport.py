@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+
+import aiohttp
 
 from talkbridge.backoff import Backoff
 from talkbridge.cancellation import finish_despite_cancels
@@ -54,6 +57,7 @@ from talkbridge.connectors.discord.codec import (
     Names,
     addressed_to_bot,
     check_buttons,
+    decode_bulk_delete,
     decode_delete,
     decode_event,
     native_id,
@@ -72,9 +76,18 @@ from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.talk import DirectoryEntry
 
 HANDLED_EVENTS = frozenset(
-    {"MESSAGE_CREATE", "MESSAGE_UPDATE", "MESSAGE_DELETE", "INTERACTION_CREATE"}
+    {
+        "MESSAGE_CREATE",
+        "MESSAGE_UPDATE",
+        "MESSAGE_DELETE",
+        "MESSAGE_DELETE_BULK",
+        "INTERACTION_CREATE",
+    }
 )
-_DELIVERY_ATTEMPTS = 5
+_DELIVERY_SECONDS = 300.0
+"""How long an event the subscribers cannot accept (the store out) is retried before it is
+dropped, as the router's `send_retry_seconds` default: the store down for a few minutes loses
+no message (live events wait behind it, in order)."""
 _FINISH_SECONDS = 5.0
 # Application flags: an intent switched on in the Developer Portal (the _LIMITED bit for bots in
 # under 100 servers, the other once verified).
@@ -96,6 +109,8 @@ _CATCH_UP_SECONDS = 15.0
 """A channel's catch-up gives up after this long (discord.py retries a 500 for ~25 s): its
 live messages are held until it is in."""
 _CATCH_UP_PARALLEL = 4
+_HELLO_SECONDS = 10.0
+"""How long `check` waits for the gateway to open and say HELLO."""
 _CUT = "\n…"
 """Ends an edit whose text was longer than one message."""
 
@@ -287,6 +302,7 @@ class DiscordConnector(BaseConnector):
                     "for this app: switch it on in the Developer Portal (Bot > Privileged "
                     "Gateway Intents), or turn it off under `intents` in the config"
                 )
+            await self._hello(client)
             user = client.user
             name = f"{user.display_name} (@{user.name})" if user else "?"
             count = len(guilds)
@@ -294,6 +310,35 @@ class DiscordConnector(BaseConnector):
         finally:
             await client.close()
             endpoints.release(owner)
+
+    async def _hello(self, client: _Client) -> None:
+        """Open the gateway and read its HELLO (op 10), without identifying (which would start
+        a session, counted against the bot's daily limit): a gateway_url that leads nowhere
+        fails `check` rather than every start of `run`."""
+        url = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY.with_query(v=10, encoding="json")
+        where = f"the Discord gateway at {url.with_query(None)}"
+        try:
+            socket = await asyncio.wait_for(client.http.ws_connect(str(url)), _HELLO_SECONDS)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            detail = (
+                f"no answer within {_HELLO_SECONDS:g} s" if isinstance(exc, TimeoutError) else exc
+            )
+            raise TransientError(
+                scrub(f"{where} cannot be reached: {detail}", self._token)
+            ) from None
+        try:
+            frame = await socket.receive(timeout=_HELLO_SECONDS)
+            op = None
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                op = json.loads(frame.data).get("op")
+            if op != 10:
+                raise TransientError(
+                    f"{where} did not greet with HELLO (op 10): is gateway_url Discord's gateway?"
+                )
+        except TimeoutError:
+            raise TransientError(f"{where} sent no HELLO within {_HELLO_SECONDS:g} s") from None
+        finally:
+            await socket.close()
 
     def check_waiting(self) -> str | None:
         """Why the latest `check` had no result yet: a server error discord.py was retrying."""
@@ -355,7 +400,8 @@ class DiscordConnector(BaseConnector):
         """Hand one event to the subscribers, retrying one they could not accept."""
         backoff = Backoff(base=0.2, cap=5.0)
         delivered = False
-        for attempt in range(1, _DELIVERY_ATTEMPTS + 1):
+        deadline = time.monotonic() + _DELIVERY_SECONDS
+        while True:
             try:
                 delivered = await self._accept(kind, payload)
                 break
@@ -364,20 +410,26 @@ class DiscordConnector(BaseConnector):
                 break
             except Exception as exc:
                 # The gateway never sends an event twice: retry a subscriber that could
-                # not accept it (store briefly unavailable) before giving up on it.
+                # not accept it (the store out, a Redis restarting) before giving up on it.
                 reason = scrub(f"{type(exc).__name__}: {exc}", self._token)
-                if attempt == _DELIVERY_ATTEMPTS:
+                if time.monotonic() >= deadline:
                     self._log.error("dropping a %s not accepted: %s", kind, reason)
-                else:
-                    self._log.warning("a %s was not accepted (%s); retrying", kind, reason)
-                    await asyncio.sleep(backoff.next())
+                    break
+                log = self._log.warning if backoff.attempts == 0 else self._log.debug
+                log(
+                    "a %s was not accepted (%s); retrying for up to %g s",
+                    kind,
+                    reason,
+                    _DELIVERY_SECONDS,
+                )
+                await asyncio.sleep(backoff.next())
         if kind == "MESSAGE_CREATE":  # not when cancelled mid-way: fetched again next time
             self._note_taken(payload, delivered)
 
     async def _accept(self, kind: str, payload: dict[str, Any]) -> bool:
         """Decode and deliver one event; True when a message was delivered."""
-        if kind == "MESSAGE_DELETE":
-            await self._on_delete(payload)
+        if kind in ("MESSAGE_DELETE", "MESSAGE_DELETE_BULK"):
+            await self._on_delete(kind, payload)
             return False
         client = self.client
         bot_id = client.user.id if client is not None and client.user is not None else None
@@ -540,12 +592,15 @@ class DiscordConnector(BaseConnector):
         for kind, payload in held:
             await self._take(kind, payload)
 
-    async def _on_delete(self, payload: Mapping[str, Any]) -> None:
-        """A deleted message takes the bot's reply to it along."""
-        decoded = decode_delete(payload)
-        if decoded is None:
-            return
-        await self.withdraw_reply(*decoded)
+    async def _on_delete(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """A deleted message takes the bot's reply to it along, whether deleted alone or in a
+        moderator's purge (MESSAGE_DELETE_BULK, one event naming many)."""
+        if kind == "MESSAGE_DELETE_BULK":
+            deleted = decode_bulk_delete(payload)
+        else:
+            deleted = [one] if (one := decode_delete(payload)) is not None else []
+        for thread_id, message_id in deleted:
+            await self.withdraw_reply(thread_id, message_id)
 
     def _guild(self, payload: Mapping[str, Any]) -> discord.Guild | None:
         guild_id = payload.get("guild_id")
@@ -617,6 +672,8 @@ class DiscordConnector(BaseConnector):
             try:
                 with translated(self._token, scope="thread"):
                     kwargs: dict[str, Any] = {**steps[index], **({"view": view} if view else {})}
+                    if message.idempotency_key:
+                        kwargs["nonce"] = _nonce(message.idempotency_key, index)
                     result = await channel.send(**kwargs)
             finally:
                 if view is not None:
@@ -775,6 +832,15 @@ def _channel(thread_id: str) -> int:
 
 def _message(message_id: str) -> tuple[int, int]:
     return permanent(parse_native_id, message_id)
+
+
+def _nonce(key: str, index: int) -> str:
+    """The nonce of step `index` of the send keyed `key`: the same on every retry, so Discord
+    (discord.py sends `enforce_nonce`) answers a retry whose first answer was lost with the
+    message it created then, instead of creating it twice. At most 25 characters (Discord's
+    limit), as discord.py's own are: a 63-bit number."""
+    digest = hashlib.sha256(f"{index}:{key}".encode()).digest()
+    return str(int.from_bytes(digest[:8], "big") >> 1)
 
 
 def _reference(reply_to: str | None, channel_id: int) -> discord.MessageReference | None:

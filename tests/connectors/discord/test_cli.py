@@ -54,6 +54,7 @@ connections:
     assert muted.startswith("FAIL") and "the Message Content intent is off" in muted
     text = out.decode() + err.decode()
     assert TOKEN not in text and TOKEN_B not in text
+    assert peer.identifies == []  # the gateway's HELLO was read, no session started
 
 
 async def test_check_names_a_server_error_discord_py_is_retrying_and_an_answer_it_cannot_read(
@@ -102,3 +103,30 @@ connections:
     text = out.decode() + err.decode()
     assert TOKEN not in text and TOKEN_B not in text
     assert "Traceback" not in text and "TypeError" not in text
+
+
+async def test_check_fails_a_gateway_url_that_leads_nowhere(
+    peer: DiscordPeer, tmp_path: Path, unused_tcp_port: int
+) -> None:
+    # REST answers, so logging in passes: only the gateway is wrong, and `run` could never
+    # connect. `check` opens it and reads HELLO (without identifying: no session is used).
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: typo
+    channel: discord
+    token: ${{DISCORD_TOKEN}}
+    api_base: {peer.base_url}
+    gateway_url: ws://127.0.0.1:{unused_tcp_port}/gateway
+""",
+        encoding="utf-8",
+    )
+    process = await talkbridge("check", "--config", str(config), env={"DISCORD_TOKEN": TOKEN})
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, err.decode()
+    lines = out.decode().splitlines()
+    [typo] = [line for line in lines if "typo" in line]
+    assert typo.startswith("FAIL") and "gateway" in typo and "cannot be reached" in typo
+    assert str(unused_tcp_port) in typo

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 
-from talkbridge.errors import NotFoundError, PermanentError, RateLimitedError, UnauthorizedError
+from talkbridge.errors import (
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    StoreError,
+    TransientError,
+    UnauthorizedError,
+)
 from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.store import SqliteStore
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B
@@ -363,3 +370,81 @@ async def test_two_bots_share_one_process_but_not_two_api_bases(
     assert first.inbox.messages == []
     with pytest.raises(PermanentError, match="one REST base and gateway URL per process"):
         await start(id="dc3", token=TOKEN_B, api_base="http://127.0.0.1:1/api/v10")
+
+
+async def test_a_send_retried_after_its_answer_was_lost_posts_the_message_once(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    route = "/channels/{channel_id}/messages"
+    peer.lose_next_answer("POST", route, channel_id=GENERAL)
+    reply = OutboundMessage(thread_id=GENERAL, text="only once", idempotency_key="reply-1")
+    with pytest.raises(TransientError):
+        await running.connector.send(reply)  # Discord created it; the answer never came
+    result = await running.connector.send(reply)  # the router's retry, with the same key
+    posted = [m for m in peer.messages[GENERAL] if m["author"]["id"] == peer.bots[TOKEN].id]
+    assert [m["content"] for m in posted] == ["only once"]
+    assert result.message_ids == (f"{GENERAL}:{posted[0]['id']}",)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"), [(4011, "too many servers"), (4012, "API version"), (4013, "intents")]
+)
+async def test_a_gateway_closing_for_good_says_why_in_plain_words(
+    peer: DiscordPeer, start: Callable[..., Any], code: int, says: str
+) -> None:
+    peer.close_on_identify(TOKEN, code)
+    with pytest.raises(PermanentError) as caught:
+        await start()
+    assert f"close code {code}" in str(caught.value) and says in str(caught.value)
+    assert "Shard ID" not in str(caught.value)  # discord.py's words, not the user's
+    assert len(peer.identifies) == 0 and len(peer.resumes) == 0  # nothing retried
+
+
+async def test_questions_deleted_in_bulk_take_our_replies_along(
+    peer: DiscordPeer, start: Callable[..., Any], sqlite_store: SqliteStore
+) -> None:
+    running = await start()
+    alice = peer.person("Alice")
+    questions = [peer.message(alice, text) for text in ("spam", "more spam", "fine")]
+    replies = []
+    for question in questions:
+        reply = await running.connector.send(OutboundMessage(thread_id=GENERAL, text="answer"))
+        await sqlite_store.map_id("dc", f"{GENERAL}:{question['id']}", reply.message_id)
+        replies.append(reply.message_id.split(":")[1])
+    # a moderator's purge: one event for the first two (and for anything not ours)
+    ids = [questions[0]["id"], questions[1]["id"], "1100000000000000999"]
+    peer.dispatch(
+        TOKEN, "MESSAGE_DELETE_BULK", {"ids": ids, "channel_id": GENERAL, "guild_id": GUILD_ID}
+    )
+    route = "/channels/{channel_id}/messages/{message_id}"
+    await peer.wait_for(lambda: len(peer.calls_of("DELETE", route, answered=204)) == 2)
+    deleted = {c.path.rsplit("/", 1)[1] for c in peer.calls_of("DELETE", route, answered=204)}
+    assert deleted == set(replies[:2])  # the answer to "fine" stays
+
+
+async def test_a_message_waits_for_a_store_that_is_out_for_a_while(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    # The gateway never sends an event again: a store out for longer than a few quick
+    # retries (a Redis restarting) must not cost the messages that arrive meanwhile.
+    back = asyncio.Event()
+
+    class OutStore(Inbox):
+        refused = 0
+
+        async def __call__(self, message: NormalizedMessage) -> None:
+            if not back.is_set():
+                OutStore.refused += 1
+                self._notify()
+                raise StoreError("redis store at 127.0.0.1:6379: Connection refused")
+            await super().__call__(message)
+
+    running = await start(inbox=OutStore())
+    alice = peer.person("Alice")
+    for text in ("while the store is out", "and after it"):
+        peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, text, guild=False))
+    await running.inbox.wait(lambda: OutStore.refused >= 6, timeout=30)
+    back.set()
+    await running.inbox.wait_count(2)
+    assert running.inbox.texts == ["while the store is out", "and after it"]
