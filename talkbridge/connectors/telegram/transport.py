@@ -181,16 +181,33 @@ class TelegramConnector(BaseConnector):
             if not healthy:
                 healthy = True
                 status.up()
+            self._restarted_ids(updates, offset)
             reached = offset
             try:
                 for update in updates:
                     uid = await self._accept(update)
-                    if uid is not None:
-                        reached = max(reached or 0, uid + 1)
+                    if uid is not None:  # Telegram's order; not the highest id ever seen
+                        reached = uid + 1
             finally:  # once per batch, and for the part of it accepted before a failure
                 if reached != offset:
                     offset = reached
                     await self.context.store.set_state(self._offset_key, str(offset))
+
+    def _restarted_ids(
+        self, updates: Sequence[Update | dict[str, Any]], offset: int | None
+    ) -> None:
+        """Update ids below the offset asked for mean a new sequence: after a week without
+        updates Telegram picks the next id at random, and another Bot API server (a self-hosted
+        one in `api_base`) numbers its own. The server then ignores the offset, far ahead of its
+        ids, and answers from its queue's head; the batch is confirmed by its own ids, or it is
+        offered again and again, at once, and nothing after it ever comes."""
+        first = next((u for u in map(_update_id, updates) if u is not None), None)
+        if offset is None or first is None or first >= offset:
+            return
+        self._log.info(
+            "update ids start again at %s, below the offset %s: following them", first, offset
+        )
+        self._recent.clear()  # ids of the old sequence say nothing about the new one
 
     async def _get_updates(
         self, offset: int | None, timeout: int
@@ -497,6 +514,11 @@ class TelegramConnector(BaseConnector):
         return await self.send(
             OutboundMessage(thread_id=thread_id, text=text, buttons=tuple(buttons))
         )
+
+
+def _update_id(update: Update | dict[str, Any]) -> int | None:
+    uid = update.update_id if isinstance(update, Update) else update.get("update_id")
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
 
 
 def _bound_port(runner: web.AppRunner) -> int | None:
