@@ -471,6 +471,10 @@ async def test_429_is_raised_with_its_retry_after(peer: TelegramBotAPIPeer, star
         await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
     assert caught.value.retry_after == 7.0 and caught.value.scope == "thread"
     assert TOKEN not in str(caught.value)
+    # One line, in Telegram's words, as `check` and /healthz show it.
+    assert str(caught.value) == (
+        "Telegram rate limit: retry after 7 s (Too Many Requests: retry after 7)"
+    )
     await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
     assert [s["text"] for s in peer.sent_messages] == ["hi"]
 
