@@ -79,6 +79,8 @@ from talkbridge.errors import (
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+"""Replies show no link preview: Telegram would add one for their first link."""
 _RECENT_UPDATES = 2048
 
 
@@ -432,7 +434,7 @@ class TelegramConnector(BaseConnector):
                     **common,
                     text=chunk,
                     parse_mode="HTML",
-                    link_preview_options=LinkPreviewOptions(is_disabled=True),
+                    link_preview_options=_NO_PREVIEW,
                 )
             )
         # Without buttons, runs of photos and videos (or of documents, or of audio) go as albums;
@@ -490,7 +492,11 @@ class TelegramConnector(BaseConnector):
         with translated(self._token, chat_scoped=True):
             try:
                 await self.bot.edit_message_text(
-                    text=rendered, chat_id=chat_id, message_id=mid, parse_mode="HTML"
+                    text=rendered,
+                    chat_id=chat_id,
+                    message_id=mid,
+                    parse_mode="HTML",
+                    link_preview_options=_NO_PREVIEW,  # as it was sent: else a preview appears
                 )
             except TelegramBadRequest as exc:
                 if "message is not modified" not in exc.message:

@@ -557,6 +557,19 @@ async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
         await conn.feature("delete").delete("777", sent.message_id)
 
 
+async def test_an_edited_reply_keeps_its_link_without_a_preview(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    sent = await running.connector.send(
+        OutboundMessage(thread_id="777", text="see https://a.example")
+    )
+    await running.connector.feature("edit").edit("777", sent.message_id, "see https://b.example")
+    # Telegram shows a link preview unless told not to, on an edit as on a send.
+    for call in [*peer.calls_of("sendMessage"), *peer.calls_of("editMessageText")]:
+        assert call.params.get("link_preview_options") == {"is_disabled": True}, call.method
+
+
 def test_album_runs_follow_telegram_rules() -> None:
     from talkbridge.connectors.telegram.transport import _albums
 
