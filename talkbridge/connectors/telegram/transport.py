@@ -67,7 +67,7 @@ from talkbridge.connectors.telegram.codec import (
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import translated
+from talkbridge.connectors.telegram.errors import scrub, translated
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.errors import (
     ConnectorError,
@@ -108,6 +108,8 @@ class TelegramConnector(BaseConnector):
         self.bot = Bot(self._token, session=session)
         self.bot_id: int | None = int(self._token.split(":", 1)[0])
         self.username: str | None = None
+        self._hook_url = ""
+        """The webhook Telegram posted to when `check` last asked (token scrubbed), or ""."""
         self.webhook_port: int | None = None
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
@@ -144,12 +146,24 @@ class TelegramConnector(BaseConnector):
             await self._albums.pause()
 
     async def check(self) -> str:
-        """`getMe`: the bot's @username, or the translated failure."""
+        """`getMe`: the bot's @username, or the translated failure; and a webhook that `run`
+        would replace, said since whatever it points at then gets no more updates."""
         with translated(self._token):
             me = await self.bot.get_me()
         self.bot_id = me.id
         self.username = me.username
-        return f"@{me.username}" if me.username else str(me.id)
+        who = f"@{me.username}" if me.username else str(me.id)
+        try:  # only a note: the token works whatever this says
+            with translated(self._token):
+                hook_url = (await self.bot.get_webhook_info()).url
+        except ConnectorError:
+            hook_url = ""
+        self._hook_url = scrub(hook_url, self._token)
+        if self.config.mode == "polling" and self._hook_url:
+            return f"{who} (a webhook is set, {self._hook_url}: polling removes it)"
+        if self.config.mode == "webhook" and hook_url not in ("", self.config.webhook_url):
+            return f"{who} (updates go to another webhook now, {self._hook_url}: run replaces it)"
+        return who
 
     async def close(self) -> None:
         await self.bot.session.close()
@@ -159,7 +173,13 @@ class TelegramConnector(BaseConnector):
         return int(stored) if stored else None
 
     async def _run_polling(self, status: ConnectionStatus) -> None:
-        # getUpdates is refused while a webhook is set (e.g. after switching modes).
+        # getUpdates is refused while a webhook is set (e.g. after switching modes, or another
+        # deployment of the bot takes webhooks): said, since that one gets nothing from now on.
+        if self._hook_url:
+            self._log.warning(
+                "a webhook was set (%s): removing it to poll; it gets no updates from now on",
+                self._hook_url,
+            )
         with translated(self._token):
             await self.bot.delete_webhook(drop_pending_updates=False)
         status.up()

@@ -156,6 +156,35 @@ async def test_update_ids_that_start_again_below_the_offset_are_followed(
     assert running.inbox.texts == ["before", "after 0", "after 1", "later"]
 
 
+async def test_polling_says_when_it_removes_a_webhook(
+    peer: TelegramBotAPIPeer,
+    make_connector: Callable[..., TelegramConnector],
+    start: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Another deployment of the bot takes updates by webhook: polling takes them away from it.
+    peer.webhooks[TOKEN] = {"url": f"https://bot.example/hook/{TOKEN}"}
+    checking = make_connector()
+    assert await checking.check() == (
+        "@talkbridge_test_bot (a webhook is set, https://bot.example/hook/***: polling removes it)"
+    )
+    hooked = make_connector(
+        mode="webhook", webhook_url="https://new.example/hook", webhook_secret="s"
+    )
+    assert await hooked.check() == (
+        "@talkbridge_test_bot (updates go to another webhook now, https://bot.example/hook/***: "
+        "run replaces it)"
+    )
+    await hooked.close()
+    running = await start()
+    assert "a webhook was set (https://bot.example/hook/***): removing it" in caplog.text
+    assert TOKEN.split(":")[1] not in caplog.text
+    peer.push_update(private_text(777, "now polled"))
+    await running.inbox.wait_count(1)
+    assert await checking.check() == "@talkbridge_test_bot"
+    await checking.close()
+
+
 async def test_an_update_not_accepted_is_not_skipped(
     peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
 ) -> None:
