@@ -7,8 +7,10 @@ in a connection's config.
 What it does like Telegram:
 - `/bot{token}/{method}` (method names case-insensitive), GET query or POST form / multipart /
   JSON bodies, nested objects as JSON strings (as aiogram sends them);
-- `getUpdates` with real offset semantics (confirming by offset forgets older updates) and long
+- `getUpdates` with real offset semantics (confirming by offset forgets older updates; an offset
+  more than 10 past the last update id is ignored, as the Bot API server's queue does) and long
   polling up to `timeout`, released at once by `stop()`; 409 while a webhook is set;
+  `restart_update_ids` numbers the next updates anew, as Telegram does after a quiet week;
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
 - `setWebhook` records url and secret; `post_to_webhook(update)` delivers like Telegram does;
@@ -116,6 +118,7 @@ class TelegramBotAPIPeer(Waitable):
         self._revoked: set[str] = set()
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
+        self._last_update_id: dict[str, int] = {}
         self._file_ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._stopping = False
@@ -169,8 +172,15 @@ class TelegramBotAPIPeer(Waitable):
         update = dict(update)
         update.setdefault("update_id", next(self._update_ids))
         self.updates.setdefault(token, []).append(update)
+        self._last_update_id[token] = int(update["update_id"])
         self._notify()
         return int(update["update_id"])
+
+    def restart_update_ids(self, start: int) -> None:
+        """Number the next updates from `start`, which may be below the ids given so far: after
+        a week without updates Telegram picks the next id at random, and another Bot API server
+        (a self-hosted one) has its own sequence."""
+        self._update_ids = itertools.count(start)
 
     def fail_next(
         self,
@@ -374,7 +384,11 @@ class TelegramBotAPIPeer(Waitable):
         timeout = float(call.params.get("timeout") or 0)
         limit = int(call.params.get("limit") or 100)
         queue = self.updates.setdefault(token, [])
-        if offset > 0:  # confirming: everything below the offset is forgotten for good
+        # Confirming: everything below the offset is forgotten for good. The server's queue
+        # takes an offset more than 10 past its last id as one "in the future" and answers
+        # from its head instead (tdlib's TQueue::get and Client::do_get_updates).
+        last = self._last_update_id.get(token) or max((u["update_id"] for u in queue), default=0)
+        if 0 < offset <= last + 1 + 10:
             queue[:] = [u for u in queue if u["update_id"] >= offset]
             self._notify()
         deadline = time.monotonic() + timeout

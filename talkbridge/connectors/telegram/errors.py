@@ -40,8 +40,11 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     """The talkbridge error for an aiogram/aiohttp failure (not raised: returned)."""
     message = scrub(str(exc), token)
     if isinstance(exc, tg.TelegramRetryAfter):
+        # aiogram wraps Telegram's words in lines of its own and a link to its FAQ; one line
+        # reads better in `check`, `/healthz` and a log.
+        said = exc.message.partition("Original description: ")[2] or "Too Many Requests"
         return RateLimitedError(
-            f"Telegram rate limit: retry after {exc.retry_after} s ({message})",
+            f"Telegram rate limit: retry after {exc.retry_after} s ({scrub(said, token)})",
             retry_after=float(exc.retry_after),
             scope="thread" if chat_scoped else "connection",
         )

@@ -68,7 +68,7 @@ from talkbridge.connectors.telegram.codec import (
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import translated
+from talkbridge.connectors.telegram.errors import scrub, translated
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.errors import (
     ConnectorError,
@@ -80,6 +80,8 @@ from talkbridge.errors import (
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+_NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
+"""Replies show no link preview: Telegram would add one for their first link."""
 _RECENT_UPDATES = 2048
 
 
@@ -107,6 +109,8 @@ class TelegramConnector(BaseConnector):
         self.bot = Bot(self._token, session=session)
         self.bot_id: int | None = int(self._token.split(":", 1)[0])
         self.username: str | None = None
+        self._hook_url = ""
+        """The webhook Telegram posted to when `check` last asked (token scrubbed), or ""."""
         self.webhook_port: int | None = None
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
@@ -145,12 +149,24 @@ class TelegramConnector(BaseConnector):
             await self._albums.pause()
 
     async def check(self) -> str:
-        """`getMe`: the bot's @username, or the translated failure."""
+        """`getMe`: the bot's @username, or the translated failure; and a webhook that `run`
+        would replace, said since whatever it points at then gets no more updates."""
         with translated(self._token):
             me = await self.bot.get_me()
         self.bot_id = me.id
         self.username = me.username
-        return f"@{me.username}" if me.username else str(me.id)
+        who = f"@{me.username}" if me.username else str(me.id)
+        try:  # only a note: the token works whatever this says
+            with translated(self._token):
+                hook_url = (await self.bot.get_webhook_info()).url
+        except ConnectorError:
+            hook_url = ""
+        self._hook_url = scrub(hook_url, self._token)
+        if self.config.mode == "polling" and self._hook_url:
+            return f"{who} (a webhook is set, {self._hook_url}: polling removes it)"
+        if self.config.mode == "webhook" and hook_url not in ("", self.config.webhook_url):
+            return f"{who} (updates go to another webhook now, {self._hook_url}: run replaces it)"
+        return who
 
     async def close(self) -> None:
         await self.bot.session.close()
@@ -160,7 +176,13 @@ class TelegramConnector(BaseConnector):
         return int(stored) if stored else None
 
     async def _run_polling(self, status: ConnectionStatus) -> None:
-        # getUpdates is refused while a webhook is set (e.g. after switching modes).
+        # getUpdates is refused while a webhook is set (e.g. after switching modes, or another
+        # deployment of the bot takes webhooks): said, since that one gets nothing from now on.
+        if self._hook_url:
+            self._log.warning(
+                "a webhook was set (%s): removing it to poll; it gets no updates from now on",
+                self._hook_url,
+            )
         with translated(self._token):
             await self.bot.delete_webhook(drop_pending_updates=False)
         status.up()
@@ -184,16 +206,33 @@ class TelegramConnector(BaseConnector):
             if not healthy:
                 healthy = True
                 status.up()
+            self._restarted_ids(updates, offset)
             reached = offset
             try:
                 for update in updates:
                     uid = await self._accept(update)
-                    if uid is not None:
-                        reached = max(reached or 0, uid + 1)
+                    if uid is not None:  # Telegram's order; not the highest id ever seen
+                        reached = uid + 1
             finally:  # once per batch, and for the part of it accepted before a failure
                 if reached != offset:
                     offset = reached
                     await self.context.store.set_state(self._offset_key, str(offset))
+
+    def _restarted_ids(
+        self, updates: Sequence[Update | dict[str, Any]], offset: int | None
+    ) -> None:
+        """Update ids below the offset asked for mean a new sequence: after a week without
+        updates Telegram picks the next id at random, and another Bot API server (a self-hosted
+        one in `api_base`) numbers its own. The server then ignores the offset, far ahead of its
+        ids, and answers from its queue's head; the batch is confirmed by its own ids, or it is
+        offered again and again, at once, and nothing after it ever comes."""
+        first = next((u for u in map(_update_id, updates) if u is not None), None)
+        if offset is None or first is None or first >= offset:
+            return
+        self._log.info(
+            "update ids start again at %s, below the offset %s: following them", first, offset
+        )
+        self._recent.clear()  # ids of the old sequence say nothing about the new one
 
     async def _get_updates(
         self, offset: int | None, timeout: int
@@ -422,7 +461,7 @@ class TelegramConnector(BaseConnector):
                     **common,
                     text=chunk,
                     parse_mode="HTML",
-                    link_preview_options=LinkPreviewOptions(is_disabled=True),
+                    link_preview_options=_NO_PREVIEW,
                 )
             )
         # Without buttons, runs of photos and videos (or of documents, or of audio) go as albums;
@@ -480,7 +519,11 @@ class TelegramConnector(BaseConnector):
         with translated(self._token, chat_scoped=True):
             try:
                 await self.bot.edit_message_text(
-                    text=rendered, chat_id=chat_id, message_id=mid, parse_mode="HTML"
+                    text=rendered,
+                    chat_id=chat_id,
+                    message_id=mid,
+                    parse_mode="HTML",
+                    link_preview_options=_NO_PREVIEW,  # as it was sent: else a preview appears
                 )
             except TelegramBadRequest as exc:
                 if "message is not modified" not in exc.message:
@@ -504,6 +547,11 @@ class TelegramConnector(BaseConnector):
         return await self.send(
             OutboundMessage(thread_id=thread_id, text=text, buttons=tuple(buttons))
         )
+
+
+def _update_id(update: Update | dict[str, Any]) -> int | None:
+    uid = update.update_id if isinstance(update, Update) else update.get("update_id")
+    return uid if isinstance(uid, int) and not isinstance(uid, bool) else None
 
 
 def _bound_port(runner: web.AppRunner) -> int | None:

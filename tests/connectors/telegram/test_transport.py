@@ -137,6 +137,54 @@ async def test_restart_resumes_at_the_stored_offset(
     assert first.inbox.texts == ["m0", "m1"]
 
 
+async def test_update_ids_that_start_again_below_the_offset_are_followed(
+    peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
+) -> None:
+    running = await start()
+    peer.push_update(private_text(777, "before", message_id=1))
+    await running.inbox.wait_count(1)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])
+    # After a quiet week Telegram picks the next update id at random (a self-hosted Bot API
+    # server has its own sequence): the server ignores the offset, now far ahead of its ids.
+    peer.restart_update_ids(5)
+    ids = [peer.push_update(private_text(777, f"after {i}", message_id=2 + i)) for i in range(2)]
+    await running.inbox.wait_count(3)
+    await peer.wait_for(lambda: not peer.updates[TOKEN])  # confirmed, not offered forever
+    assert await sqlite_store.get_state("telegram:tg:offset") == str(ids[-1] + 1)
+    peer.push_update(private_text(777, "later", message_id=9))
+    await running.inbox.wait_count(4)
+    assert running.inbox.texts == ["before", "after 0", "after 1", "later"]
+
+
+async def test_polling_says_when_it_removes_a_webhook(
+    peer: TelegramBotAPIPeer,
+    make_connector: Callable[..., TelegramConnector],
+    start: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Another deployment of the bot takes updates by webhook: polling takes them away from it.
+    peer.webhooks[TOKEN] = {"url": f"https://bot.example/hook/{TOKEN}"}
+    checking = make_connector()
+    assert await checking.check() == (
+        "@talkbridge_test_bot (a webhook is set, https://bot.example/hook/***: polling removes it)"
+    )
+    hooked = make_connector(
+        mode="webhook", webhook_url="https://new.example/hook", webhook_secret="s"
+    )
+    assert await hooked.check() == (
+        "@talkbridge_test_bot (updates go to another webhook now, https://bot.example/hook/***: "
+        "run replaces it)"
+    )
+    await hooked.close()
+    running = await start()
+    assert "a webhook was set (https://bot.example/hook/***): removing it" in caplog.text
+    assert TOKEN.split(":")[1] not in caplog.text
+    peer.push_update(private_text(777, "now polled"))
+    await running.inbox.wait_count(1)
+    assert await checking.check() == "@talkbridge_test_bot"
+    await checking.close()
+
+
 async def test_an_update_not_accepted_is_not_skipped(
     peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
 ) -> None:
@@ -509,6 +557,10 @@ async def test_429_is_raised_with_its_retry_after(peer: TelegramBotAPIPeer, star
         await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
     assert caught.value.retry_after == 7.0 and caught.value.scope == "thread"
     assert TOKEN not in str(caught.value)
+    # One line, in Telegram's words, as `check` and /healthz show it.
+    assert str(caught.value) == (
+        "Telegram rate limit: retry after 7 s (Too Many Requests: retry after 7)"
+    )
     await running.connector.send(OutboundMessage(thread_id="-100123", text="hi"))
     assert [s["text"] for s in peer.sent_messages] == ["hi"]
 
@@ -589,6 +641,19 @@ async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
     assert (777, 1) not in peer.messages
     with pytest.raises(NotFoundError):
         await conn.feature("delete").delete("777", sent.message_id)
+
+
+async def test_an_edited_reply_keeps_its_link_without_a_preview(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    sent = await running.connector.send(
+        OutboundMessage(thread_id="777", text="see https://a.example")
+    )
+    await running.connector.feature("edit").edit("777", sent.message_id, "see https://b.example")
+    # Telegram shows a link preview unless told not to, on an edit as on a send.
+    for call in [*peer.calls_of("sendMessage"), *peer.calls_of("editMessageText")]:
+        assert call.params.get("link_preview_options") == {"is_disabled": True}, call.method
 
 
 def test_album_runs_follow_telegram_rules() -> None:
