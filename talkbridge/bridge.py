@@ -408,6 +408,8 @@ class Bridge:
     async def _trust(self, message: NormalizedMessage) -> tuple[bool, bool]:
         """Whether the message is trusted, and whether its sender is. Kept apart: a trusted
         sender whose mail Cc's a stranger is screened, but is no stranger to pair."""
+        if message.sender_verified is False:  # its sender id is a claim (a forged From?)
+            return False, False
         cid = message.connection_id
         config = self.registry.config(cid)
         sender = (config is not None and config.trusts_sender(message)) or (
@@ -421,6 +423,8 @@ class Bridge:
         return True, True
 
     def _trusted_by_config(self, message: NormalizedMessage) -> bool:
+        if message.sender_verified is False:
+            return False
         config = self.registry.config(message.connection_id)
         return config is not None and config.trusts_message(message)
 

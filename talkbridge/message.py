@@ -136,6 +136,11 @@ class NormalizedMessage(_Frozen):
     routing: MessageRouting | None = None
     edit_of: str | None = None
     """Set when this event edits an earlier message: the native id of the original."""
+    sender_verified: bool | None = None
+    """Whether a proof of `channel_user_id` held. None where the platform itself vouches for
+    its ids (all but email); False where the connection checks and the check failed (an email
+    whose From its receiving server does not vouch for, with `authenticated_by` set), and
+    then neither config nor a pairing trusts the sender. Kept when the message is stored."""
     raw_event: Any = Field(default=None, exclude=True, repr=False)
 
     @property

@@ -27,6 +27,7 @@ from email.utils import format_datetime, formataddr, getaddresses, parsedate_to_
 from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
+from talkbridge.connectors.email.authresults import Proof, vouched
 from talkbridge.connectors.email.safety import own_tag, skip_reason
 from talkbridge.connectors.email.text import html_to_text, trim_reply, unflow
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
@@ -354,8 +355,13 @@ def read_mail(
     address: str,
     received_at: datetime,
     uid: int | None = None,
+    authenticated_by: str | None = None,
 ) -> InboundMail | str:
-    """Decode one mail; returns the reason instead when it must not be answered."""
+    """Decode one mail; returns the reason instead when it must not be answered.
+
+    With `authenticated_by` (the receiving server's authserv-id) the message says whether
+    that server vouches for its From (`sender_verified`); without, it is not checked (None).
+    """
     msg = parse_mail(raw)
     message_id = message_id_of(msg, raw)
     reason = skip_reason(msg, address=address, message_id=message_id)
@@ -379,6 +385,11 @@ def read_mail(
     context = context_of(msg, message_id, address=address, thread_id=thread_id)
     if not context.reply_to:  # checked before a turn runs: its answer could go nowhere
         return "no address to answer (no usable From or Reply-To)"
+    proof: Proof | None = None
+    if authenticated_by is not None:
+        domains = {a.rpartition("@")[2] for _, a in addresses(msg, "From")}
+        if len(domains) == 1:  # (From addresses of several domains: no one proof for all)
+            proof = vouched(msg, authenticated_by, domains.pop())
     message = NormalizedMessage(
         id=message_id,
         connection_id=connection_id,
@@ -392,6 +403,7 @@ def read_mail(
         text=trim_reply(full) if full else "",
         attachments=tuple(attachments_of(msg, message_id)),
         reply_to=ReplyTo(message_id=in_reply_to[-1]) if in_reply_to else None,
+        sender_verified=None if authenticated_by is None else proof is not None,
         raw_event={
             "raw": raw,
             "uid": uid,
@@ -399,6 +411,7 @@ def read_mail(
             # all), and who else signed the mail: all must be trusted for the mail to be (a
             # trusted From with a stranger's Reply-To or Cc is not: the answer reaches them).
             "answered": sorted({a for _, a in senders} | set(context.reply_to) | set(context.cc)),
+            "from_authenticated": proof,  # "dmarc", "dkim", or None (see `authenticated_by`)
             "full_text": full,
             "html": html_text,
             "subject": subject,
@@ -416,10 +429,16 @@ def decode_mail(
     address: str,
     received_at: datetime,
     uid: int | None = None,
+    authenticated_by: str | None = None,
 ) -> NormalizedMessage | None:
     """The `NormalizedMessage` for a mail, or None for one we must never answer."""
     result = read_mail(
-        raw, connection_id=connection_id, address=address, received_at=received_at, uid=uid
+        raw,
+        connection_id=connection_id,
+        address=address,
+        received_at=received_at,
+        uid=uid,
+        authenticated_by=authenticated_by,
     )
     return result.message if isinstance(result, InboundMail) else None
 

@@ -63,6 +63,11 @@ class EmailConfig(ConnectionConfig):
     """The mailbox's own address: the From of every reply and the domain of our Message-IDs."""
     imap: ImapConfig
     smtp: SmtpConfig
+    authenticated_by: str | None = None
+    """The authserv-id your receiving mail server writes into `Authentication-Results`
+    (`mx.example.com`). Set, a sender is trusted (by `trusted` or a pairing) only when the
+    topmost such header of that id says DMARC passed, or DKIM passed for the From domain:
+    anyone can write any From. Unset, From is taken as it is written."""
     idle_renew: float = Field(default=5 * 60, gt=0)
     """Seconds before IDLE is re-issued (servers may drop an IDLE after 30 minutes). Also how
     soon a connection that died silently (a NAT dropping it) is noticed: the server must answer
@@ -99,6 +104,19 @@ class EmailConfig(ConnectionConfig):
                 if math.isfinite(days) and days >= 0:
                     return days
         raise ValueError("must be a number of days (0 or more), or all")
+
+    @field_validator("authenticated_by")
+    @classmethod
+    def _authserv_id(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        name = value.strip().lower().rstrip(".")
+        if not name or any(c.isspace() or c in ';()"' for c in name):
+            raise ValueError(
+                "must be the authserv-id your receiving server writes first in its "
+                "Authentication-Results header (a host name such as mx.example.com)"
+            )
+        return name
 
     @field_validator("address")
     @classmethod

@@ -262,6 +262,7 @@ class EmailConnector(BaseConnector):
                 address=self.config.address,
                 received_at=datetime.now(UTC),
                 uid=uid,
+                authenticated_by=self.config.authenticated_by,
             )
         except Exception as exc:  # one unreadable mail must not stall the mailbox forever
             self._log.error("skipping mail UID %s that cannot be read: %s", uid, exc)
@@ -321,6 +322,8 @@ class EmailConnector(BaseConnector):
             if kind not in (UnauthorizedError, NotFoundError, PermanentError):
                 kind = TransientError
             raise kind(summary)
+        if self.config.authenticated_by is None:
+            summary += "; From not verified (anyone can write any From: see authenticated_by)"
         return f"{self.config.address}: {summary}"
 
     def check_waiting(self) -> str | None:

@@ -44,6 +44,7 @@ async def test_check_reports_imap_and_smtp_for_each_mailbox(
     [good] = [line for line in lines if "helpdesk" in line]
     [bad] = [line for line in lines if "stale" in line]
     assert good.startswith("ok") and "IMAP ok" in good and "SMTP ok" in good
+    assert "From not verified" in good and "authenticated_by" in good  # no `authenticated_by`
     assert bad.startswith("FAIL") and "IMAP ok" in bad and "SMTP failed" in bad
     assert "refused the login" in bad
     # No SMTP login configured for a server that wants one: sending would fail at MAIL FROM.

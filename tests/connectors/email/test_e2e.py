@@ -267,3 +267,58 @@ async def test_a_server_slow_to_confirm_a_reply_it_took_gets_it_once(
     await smtp.wait_for(lambda: len(smtp.received) == 1)
     await asyncio.wait_for(instance.router.join(), 15)
     assert len(smtp.received) == 1
+
+
+async def test_with_authenticated_by_only_a_from_our_server_vouches_for_is_trusted(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # Anyone can write "From: ada@example.org"; the receiving server (mx.example.com) says in
+    # the topmost Authentication-Results of its own id whether DMARC or DKIM proved it.
+    await bridge({"authenticated_by": "mx.example.com"})
+    ours = "Authentication-Results: mx.example.com; {}\r\n"
+    cases = {
+        "dmarc pass": ours.format("spf=fail; dmarc=pass (p=reject) header.from=example.org"),
+        "aligned dkim": ours.format("dkim=pass header.d=example.org; dmarc=none"),
+        "forged": ours.format("dmarc=fail header.from=example.org")
+        # the sender's own claim, below the server's: ignored
+        + "Authentication-Results: mx.example.com; dmarc=pass header.from=example.org\r\n",
+        "unproven": "Authentication-Results: mx.elsewhere.test; dmarc=pass\r\n",
+        "dkim of another domain": ours.format("dkim=pass header.d=evil.test; dmarc=none"),
+        "spf alone": ours.format("spf=pass smtp.mailfrom=example.org"),
+    }
+    for body, headers in cases.items():
+        raw = mail(body=body, message_id=f"<{body.replace(' ', '-')}@example.org>")
+        dovecot.deliver("help", headers.encode() + raw)
+    await smtp.wait_for(lambda: len(to(smtp, "ada@example.org")) == len(cases))
+    answers = {
+        m.message["In-Reply-To"]: m.message.get_body(("plain",)).get_content().strip()
+        for m in to(smtp, "ada@example.org")
+    }
+    for body in cases:
+        answer = answers[f"<{body.replace(' ', '-')}@example.org>"]
+        if body in ("dmarc pass", "aligned dkim"):
+            assert answer == body  # the echo agent: trusted
+        else:
+            assert "pairing code" in answer and body not in answer, body  # the sentinel
+
+
+async def test_with_authenticated_by_an_approved_pairing_trusts_only_vouched_for_mail(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    instance = await bridge({"authenticated_by": "mx.example.com"})
+    proven = b"Authentication-Results: mx.example.com; dmarc=pass header.from=elsewhere.test\r\n"
+    bob = "Bob <bob@elsewhere.test>"
+    dovecot.deliver("help", proven + mail(sender=bob, body="may I?"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@elsewhere.test")) == 1)
+    (pairing,) = await instance.store.pairings()
+    assert await instance.approve_pairing(pairing.code)
+    dovecot.deliver("help", mail(sender=bob, body="forged"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@elsewhere.test")) == 2)
+    dovecot.deliver("help", proven + mail(sender=bob, body="real"))
+    await smtp.wait_for(lambda: len(to(smtp, "bob@elsewhere.test")) == 3)
+    forged, real = (
+        m.message.get_body(("plain",)).get_content().strip()
+        for m in to(smtp, "bob@elsewhere.test")[1:]
+    )
+    assert "pairing code" in forged and "forged" not in forged
+    assert real == "real"

@@ -1,0 +1,101 @@
+"""Authentication-Results (RFC 8601): when the receiving server vouches for a mail's From."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from talkbridge.connectors.email.authresults import parse
+from talkbridge.connectors.email.codec import InboundMail, read_mail
+from talkbridge.message import NormalizedMessage
+
+
+def message(headers: str, sender: str = "Ada <ada@example.org>", **kw: str) -> NormalizedMessage:
+    raw = f"{headers}From: {sender}\r\nTo: help@example.com\r\nSubject: hi\r\n\r\nhello\r\n"
+    result = read_mail(
+        raw.encode(),
+        connection_id="help",
+        address="help@example.com",
+        received_at=datetime(2024, 6, 1, tzinfo=UTC),
+        authenticated_by=kw.get("authserv_id", "mx.example.com"),
+    )
+    assert isinstance(result, InboundMail)
+    return result.message
+
+
+def test_parse_reads_ids_results_and_properties_past_comments_and_quotes() -> None:
+    value = (
+        ' MX.Example.COM 1 (comment; with = signs (nested)); dkim=pass (good sig) reason="a;b"'
+        ' header.d=Example.org header.i="@example.org"; spf = neutral smtp.mailfrom=x.test;'
+        " dmarc/1=pass header.from=example.org"
+    )
+    authserv_id, results = parse(value)
+    assert authserv_id == "mx.example.com"
+    assert [(r.method, r.result) for r in results] == [
+        ("dkim", "pass"),
+        ("spf", "neutral"),
+        ("dmarc", "pass"),
+    ]
+    assert results[0].props == {"header.d": "Example.org", "header.i": "@example.org"}
+    assert parse("mx.example.com; none") == ("mx.example.com", [])
+
+
+@pytest.mark.parametrize(
+    ("results", "proof"),
+    [
+        ("dmarc=pass header.from=example.org", "dmarc"),
+        ("dmarc=pass", "dmarc"),  # the server judged the mail's own From
+        ("dmarc=pass header.from=evil.test", None),
+        ("dmarc=fail header.from=example.org; dkim=pass header.d=example.org", None),
+        ("dmarc=none; dkim=pass header.d=example.org", "dkim"),
+        ("dkim=pass header.i=@example.org", "dkim"),
+        ("dkim=pass header.i=news@example.org", "dkim"),
+        ("dkim=pass header.d=example.org.", "dkim"),
+        ("dmarc=temperror; dkim=pass header.d=evil.test; dkim=pass header.d=example.org", "dkim"),
+        ("dkim=fail header.d=example.org", None),
+        ("dkim=pass header.d=evil.test", None),
+        ("dkim=pass header.d=ample.org", None),  # not a parent of example.org
+        ("spf=pass smtp.mailfrom=example.org", None),  # the envelope sender, not From
+        ("none", None),
+    ],
+)
+def test_what_vouches_for_a_from(results: str, proof: str | None) -> None:
+    msg = message(f"Authentication-Results: mx.example.com; {results}\r\n")
+    assert msg.raw_event["from_authenticated"] == proof
+    assert msg.sender_verified is (proof is not None)
+
+
+def test_a_parent_domains_signature_vouches_for_a_subdomain_but_not_the_reverse() -> None:
+    signed = "Authentication-Results: mx.example.com; dkim=pass header.d=example.org\r\n"
+    assert message(signed, "eu@mail.example.org").sender_verified
+    child = "Authentication-Results: mx.example.com; dkim=pass header.d=mail.example.org\r\n"
+    assert not message(child).sender_verified
+
+
+def test_only_the_topmost_header_of_our_server_counts() -> None:
+    ours = "Authentication-Results: mx.example.com; dmarc=fail header.from=example.org\r\n"
+    forged = "Authentication-Results: mx.example.com; dmarc=pass header.from=example.org\r\n"
+    other = "Authentication-Results: relay.example.net; dmarc=pass\r\n"
+    assert not message(other + ours + forged).sender_verified
+    assert not message(other).sender_verified
+    assert not message("").sender_verified
+    assert message(other + forged.replace("MX", "mx")).sender_verified
+
+
+def test_from_addresses_of_two_domains_are_not_vouched_for() -> None:
+    passed = "Authentication-Results: mx.example.com; dmarc=pass header.from=example.org\r\n"
+    assert not message(passed, "ada@example.org, eve@evil.test").sender_verified
+
+
+def test_without_authenticated_by_nothing_is_checked_and_the_verdict_is_stored() -> None:
+    raw = b"From: ada@example.org\r\nTo: help@example.com\r\n\r\nhello\r\n"
+    result = read_mail(
+        raw, connection_id="help", address="help@example.com", received_at=datetime.now(UTC)
+    )
+    assert isinstance(result, InboundMail) and result.message.sender_verified is None
+    # Kept where the message is stored (distributed mode's bus, a restart's recovery),
+    # unlike `raw_event`.
+    unverified = message("")
+    stored = NormalizedMessage.model_validate_json(unverified.model_dump_json())
+    assert stored.sender_verified is False
