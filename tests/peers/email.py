@@ -7,8 +7,9 @@ an MTA would, `kick(user)` makes the server drop the user's IMAP connections (`d
 
 `SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
 (`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
-(`fail_next`), and can hand each mail on into a Dovecot Maildir (`route`) so two mailboxes can
-write to each other. `wait_for(condition)` waits on what was received, without sleeping.
+(`fail_next`), offers SMTPUTF8 on request (`smtputf8`), and can hand each mail on into a
+Dovecot Maildir (`route`) so two mailboxes can write to each other. `wait_for(condition)`
+waits on what was received, without sleeping.
 """
 
 from __future__ import annotations
@@ -470,6 +471,8 @@ class SmtpPeer(Waitable):
     """Seconds the server takes to answer the end of a mail's data once it has taken the mail
     (a content scanner at work): a slow server, not a lost one."""
     refused: list[tuple[str | None, str]] = field(default_factory=list)
+    smtputf8: bool = False
+    """Offer SMTPUTF8 (RFC 6531): addresses with non-ASCII characters before the @."""
     _failures: list[_Failure] = field(default_factory=list)
     _rcpt_failures: list[tuple[str, str | None]] = field(default_factory=list)
     tls: ssl.SSLContext | None = None
@@ -517,6 +520,7 @@ class SmtpPeer(Waitable):
                 # TLS from the first byte is the server's (`tls_port`); STARTTLS is aiosmtpd's.
                 tls_context=None if implicit_tls else self.tls,
                 require_starttls=self.tls is not None and not implicit_tls,
+                enable_SMTPUTF8=self.smtputf8,
             )
 
     def _authenticate(

@@ -18,12 +18,13 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from email import message_from_bytes, policy
 from email.headerregistry import Address
 from email.message import EmailMessage, Message
-from email.utils import format_datetime, formataddr, getaddresses, parsedate_to_datetime
+from email.utils import format_datetime, getaddresses, parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
@@ -468,19 +469,21 @@ def _split_mime(mime_type: str | None) -> tuple[str, str]:
 
 def _format(addr: str) -> str:
     """An address for a header. An internationalised domain goes as IDNA (`xn--…`), which
-    every server takes; a local part that is not ASCII needs SMTPUTF8, which is not sent."""
+    every server takes; a local part that is not ASCII stays as it is, and the mail goes with
+    SMTPUTF8 (RFC 6531), which the server must offer (`needs_smtputf8`)."""
     local, _, domain = addr.rpartition("@")
-    if not local.isascii():
-        raise ValueError(
-            f"cannot answer {addr!r}: an address whose part before @ is not ASCII needs "
-            "SMTPUTF8, which talkbridge does not send"
-        )
     if not domain.isascii():
         try:
             domain = domain.encode("idna").decode("ascii")
         except UnicodeError:
             raise ValueError(f"cannot answer {addr!r}: its domain is not a valid name") from None
-    return formataddr(("", f"{local}@{domain}"))
+    return f"{local}@{domain}"
+
+
+def needs_smtputf8(addresses: Iterable[str]) -> list[str]:
+    """The addresses a mail can reach only over SMTPUTF8: those with a local part beyond
+    ASCII (`jürgen@example.org`; a domain beyond ASCII goes as IDNA)."""
+    return [a for a in addresses if not a.rpartition("@")[0].isascii()]
 
 
 def render_reply(

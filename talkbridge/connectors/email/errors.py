@@ -78,6 +78,13 @@ def translate_smtp(exc: BaseException, where: str, *secrets: str | None) -> Conn
         if exc.recipients and all(400 <= r.code < 500 for r in exc.recipients):
             return TransientError(f"SMTP server {where} deferred the recipients: {refused}")
         return NotFoundError(f"SMTP server {where} refused the recipients: {refused}")
+    if isinstance(exc, aiosmtplib.SMTPNotSupported):  # what it lacks, it lacks on a retry too
+        if "SMTPUTF8" in str(exc):
+            return PermanentError(
+                f"SMTP server {where} does not offer SMTPUTF8, which an address with letters "
+                "beyond ASCII before the @ needs: the mail cannot go out through it"
+            )
+        return PermanentError(f"SMTP server {where} does not support this: {detail}")
     if isinstance(exc, aiosmtplib.SMTPConnectTimeoutError | aiosmtplib.SMTPTimeoutError):
         return TransientError(f"SMTP server {where} did not answer in time")
     if isinstance(exc, aiosmtplib.SMTPConnectError | aiosmtplib.SMTPServerDisconnected):

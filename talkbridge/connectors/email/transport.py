@@ -35,6 +35,7 @@ from talkbridge.connectors.email.codec import (
     InboundMail,
     MailContext,
     attachment_bytes,
+    needs_smtputf8,
     new_message_id,
     parse_ref,
     read_mail,
@@ -94,6 +95,8 @@ class EmailConnector(BaseConnector):
         self._progress = asyncio.Event()
         self._checking: dict[str, str | None] = {}
         """The latest `check`'s verdict per server (IMAP, SMTP); None while waited for."""
+        self._smtputf8: bool | None = None
+        """Whether the SMTP server offered SMTPUTF8 when last met (None: not met yet)."""
         self.provide("inbound_media", self)
 
     # ---- Transport -------------------------------------------------------------------------
@@ -267,6 +270,8 @@ class EmailConnector(BaseConnector):
         except Exception as exc:  # one unreadable mail must not stall the mailbox forever
             self._log.error("skipping mail UID %s that cannot be read: %s", uid, exc)
             return
+        if isinstance(result, InboundMail):
+            result = await self._reachable(result)
         if isinstance(result, str):
             self._log.info("not answering mail UID %s: %s", uid, result)
             self.skipped.append((str(uid), result))
@@ -278,6 +283,41 @@ class EmailConnector(BaseConnector):
         await session.mark_seen(uid)
         self.handled += 1
         self._notify()
+
+    async def _reachable(self, mail: InboundMail) -> InboundMail | str:
+        """The mail, or why its answer could never go out: checked before a turn is paid for.
+
+        An address with letters beyond ASCII before the @ needs SMTPUTF8; whether the server
+        offers it is known from the last SMTP session, else asked once. A server that cannot
+        be asked now is no verdict: the turn runs, and the send says what it finds.
+        """
+        context = mail.context
+        unreachable = needs_smtputf8((*context.reply_to, *context.cc))
+        if not unreachable or await self._offers_smtputf8() is not False:
+            return mail
+        return (
+            f"cannot answer {', '.join(unreachable)}: an address with letters beyond ASCII "
+            f"before the @ needs SMTPUTF8, which the SMTP server {self._smtp_where} does not offer"
+        )
+
+    async def _offers_smtputf8(self) -> bool | None:
+        if self._smtputf8 is None:
+            try:
+                async with self._smtp() as smtp:
+                    with smtp_errors(self._smtp_where, *self._secrets):
+                        if smtp.last_ehlo_response is None:
+                            await smtp.ehlo()
+                    self._met(smtp)
+            except ConnectorError as exc:
+                self._log.warning(
+                    "could not ask %s whether it offers SMTPUTF8: %s", self._smtp_where, exc
+                )
+        return self._smtputf8
+
+    def _met(self, smtp: aiosmtplib.SMTP) -> None:
+        """Note what the server offered in its EHLO answer (when it gave one)."""
+        if smtp.last_ehlo_response is not None:
+            self._smtputf8 = smtp.supports_extension("smtputf8")
 
     async def _remember(self, mail: InboundMail) -> NormalizedMessage:
         """Store what a reply will need, and keep the thread of a chain we already know."""
@@ -361,6 +401,7 @@ class EmailConnector(BaseConnector):
                 with smtp_errors(self._smtp_where, *self._secrets):
                     await smtp.mail(self.config.address)
                     await smtp.rset()
+                self._met(smtp)
             result: tuple[str, ConnectorError | None] = (f"SMTP ok ({self._smtp_where})", None)
         except ConnectorError as exc:
             result = (f"SMTP failed: {exc}", exc)
@@ -419,10 +460,13 @@ class EmailConnector(BaseConnector):
             self._check_per_address(answered, now)
         try:
             async with self._smtp() as smtp:
-                with smtp_errors(self._smtp_where, *self._secrets):
-                    refused, _ = await smtp.send_message(
-                        mail, sender=self.config.address, recipients=recipients
-                    )
+                try:
+                    with smtp_errors(self._smtp_where, *self._secrets):
+                        refused, _ = await smtp.send_message(
+                            mail, sender=self.config.address, recipients=recipients
+                        )
+                finally:
+                    self._met(smtp)
         except ConnectorError as exc:
             if resumed is not None and key and exc.retryable:  # still theirs alone to get
                 keep_latest(self._deferred, key, resumed, _DEFERRED_LIMIT)

@@ -322,3 +322,41 @@ async def test_with_authenticated_by_an_approved_pairing_trusts_only_vouched_for
     )
     assert "pairing code" in forged and "forged" not in forged
     assert real == "real"
+
+
+JUERGEN = (
+    "From: =?utf-8?q?J=C3=BCrgen?= <jürgen@example.org>\r\nTo: help@example.com\r\n"
+    "Subject: Drucker\r\nMessage-ID: <j1@example.org>\r\nMIME-Version: 1.0\r\n"
+    "Content-Type: text/plain; charset=utf-8\r\n\r\ngrüß dich\r\n"
+).encode()
+"""A mail from an address with a letter outside ASCII before the @ (RFC 6531/6532)."""
+
+
+async def test_an_address_beyond_ascii_is_answered_with_smtputf8_when_the_server_offers_it(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    smtp.smtputf8 = True
+    await bridge({})
+    dovecot.deliver("help", JUERGEN)
+    await smtp.wait_for(lambda: len(to(smtp, "jürgen@example.org")) == 1)
+    [answer] = smtp.received
+    assert answer.message["To"] == "jürgen@example.org"
+    assert answer.message["In-Reply-To"] == "<j1@example.org>"
+    assert answer.message.get_body(("plain",)).get_content().strip() == "grüß dich"
+
+
+async def test_an_address_beyond_ascii_is_not_answered_by_a_server_without_smtputf8(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    # Known before the turn: no agent is run (and paid) for a reply that can never go out.
+    instance = await bridge({})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", JUERGEN)
+    dovecot.deliver("help", mail(body="after it"))
+    await smtp.wait_for(lambda: len(to(smtp, "ada@example.org")) == 1)
+    await asyncio.wait_for(instance.router.join(), 15)
+    [(_, reason)] = connector.skipped
+    assert "jürgen@example.org" in reason and "SMTPUTF8" in reason
+    assert len(smtp.received) == 1 and await instance.store.failed_sends() == []
+    assert sorted(dovecot.flags("help")) == ["", "S"]  # left unread, for a person

@@ -189,6 +189,21 @@ async def test_send_translates_smtp_failures(
     await smtp.wait_for(lambda: smtp.open_connections == 0)
 
 
+async def test_a_mail_to_an_address_beyond_ascii_goes_with_smtputf8_or_fails_for_good(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    connector = make_connector()
+    out = OutboundMessage(thread_id="jürgen@example.org", text="hi", meta={"subject": "Hallo"})
+    with pytest.raises(PermanentError, match="does not offer SMTPUTF8") as caught:
+        await connector.send(out)  # never retried: the server lacks it on every try
+    assert "127.0.0.1" in str(caught.value)
+    smtp.smtputf8 = True
+    await connector.send(out)
+    [received] = smtp.received
+    assert received.rcpt_tos == ["jürgen@example.org"]
+    assert received.message["To"] == "jürgen@example.org"
+
+
 async def test_a_reply_sent_again_after_a_lost_answer_keeps_its_message_id(
     dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
 ) -> None:
