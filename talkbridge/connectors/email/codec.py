@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.email.authresults import Proof, vouched
-from talkbridge.connectors.email.safety import own_tag, skip_reason
+from talkbridge.connectors.email.safety import contact_form_sender, own_tag, skip_reason
 from talkbridge.connectors.email.text import html_to_text, trim_reply, unflow
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
@@ -357,20 +357,27 @@ def read_mail(
     received_at: datetime,
     uid: int | None = None,
     authenticated_by: str | None = None,
+    contact_forms: bool = False,
 ) -> InboundMail | str:
     """Decode one mail; returns the reason instead when it must not be answered.
 
     With `authenticated_by` (the receiving server's authserv-id) the message says whether
     that server vouches for its From (`sender_verified`); without, it is not checked (None).
+    With `contact_forms`, mail From our own address with a Reply-To elsewhere (a web form's)
+    is answered, its sender being that Reply-To, which nothing vouches for.
     """
     msg = parse_mail(raw)
     message_id = message_id_of(msg, raw)
-    reason = skip_reason(msg, address=address, message_id=message_id)
+    reason = skip_reason(msg, address=address, message_id=message_id, contact_forms=contact_forms)
     if reason is not None:
         return reason
     thread_id = thread_root(msg, message_id)
     own = address.lower()
     senders = addresses(msg, "From") or addresses(msg, "Sender") or addresses(msg, "Return-Path")
+    form = contact_forms and bool(senders) and all(a == own for _, a in senders)
+    if form:  # (`skip_reason` let it through: it has a Reply-To elsewhere)
+        named = contact_form_sender(msg, address)
+        senders = [(d, a) for d, a in addresses(msg, "Reply-To") if a == named][:1]
     display, sender = senders[0] if senders else ("", "unknown")
     participants = {a for _, a in addresses(msg, "From", "To", "Cc") if a != own}
     plain, html = _body_parts(msg)
@@ -387,7 +394,7 @@ def read_mail(
     if not context.reply_to:  # checked before a turn runs: its answer could go nowhere
         return "no address to answer (no usable From or Reply-To)"
     proof: Proof | None = None
-    if authenticated_by is not None:
+    if authenticated_by is not None and not form:
         domains = {a.rpartition("@")[2] for _, a in addresses(msg, "From")}
         if len(domains) == 1:  # (From addresses of several domains: no one proof for all)
             proof = vouched(msg, authenticated_by, domains.pop())
@@ -412,6 +419,7 @@ def read_mail(
             # all), and who else signed the mail: all must be trusted for the mail to be (a
             # trusted From with a stranger's Reply-To or Cc is not: the answer reaches them).
             "answered": sorted({a for _, a in senders} | set(context.reply_to) | set(context.cc)),
+            "contact_form": form,  # From our own address, the sender named by Reply-To
             "from_authenticated": proof,  # "dmarc", "dkim", or None (see `authenticated_by`)
             "full_text": full,
             "html": html_text,

@@ -63,6 +63,10 @@ class EmailConfig(ConnectionConfig):
     """The mailbox's own address: the From of every reply and the domain of our Message-IDs."""
     imap: ImapConfig
     smtp: SmtpConfig
+    answer_contact_forms: bool = False
+    """Answer mail From the mailbox's own address with a Reply-To elsewhere (what many web
+    contact forms send), as mail from that Reply-To; skipped as our own mail otherwise. Our
+    replies are never answered (our Message-ID, `Auto-Submitted`), and the reply limits hold."""
     authenticated_by: str | None = None
     """The authserv-id your receiving mail server writes into `Authentication-Results`
     (`mx.example.com`). Set, a sender is trusted (by `trusted` or a pairing) only when the

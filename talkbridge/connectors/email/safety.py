@@ -43,8 +43,11 @@ def _header(msg: EmailMessage, name: str) -> str:
         return str(raw[0]) if raw else ""
 
 
-def skip_reason(msg: EmailMessage, *, address: str, message_id: str) -> str | None:
-    """Why this mail must not be answered, or None when it may be."""
+def skip_reason(
+    msg: EmailMessage, *, address: str, message_id: str, contact_forms: bool = False
+) -> str | None:
+    """Why this mail must not be answered, or None when it may be. With `contact_forms`,
+    mail From our own address that asks for answers elsewhere (`contact_form_sender`) may be."""
     auto = _header(msg, "Auto-Submitted").split(";")[0].strip().lower()
     if auto and auto != "no":
         return f"Auto-Submitted: {auto}"
@@ -77,9 +80,26 @@ def skip_reason(msg: EmailMessage, *, address: str, message_id: str) -> str | No
         if _is_bounce_sender(sender):
             return f"mailer-daemon mail from {sender}"
         if sender == address.lower():
-            return "mail from our own address"
+            form = contact_form_sender(msg, address)
+            if form is None:
+                return "mail from our own address"
+            if not contact_forms:
+                return (
+                    f"mail from our own address with a Reply-To of {form} (a contact form? "
+                    "answer_contact_forms answers such mail)"
+                )
     if is_own_message_id(message_id, address):
         return "a message we sent (our own Message-ID)"
+    return None
+
+
+def contact_form_sender(msg: EmailMessage, address: str) -> str | None:
+    """For mail From our own address (what many web forms send), the first Reply-To address
+    that is not ours: whom the form says the mail is from. None when there is no such one."""
+    own = address.lower()
+    for _, addr in getaddresses([_header(msg, "Reply-To")]):
+        if addr and "@" in addr and addr.lower() != own and not _is_bounce_sender(addr):
+            return addr.lower()
     return None
 
 

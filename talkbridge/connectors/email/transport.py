@@ -266,6 +266,7 @@ class EmailConnector(BaseConnector):
                 received_at=datetime.now(UTC),
                 uid=uid,
                 authenticated_by=self.config.authenticated_by,
+                contact_forms=self.config.answer_contact_forms,
             )
         except Exception as exc:  # one unreadable mail must not stall the mailbox forever
             self._log.error("skipping mail UID %s that cannot be read: %s", uid, exc)

@@ -99,3 +99,24 @@ def test_without_authenticated_by_nothing_is_checked_and_the_verdict_is_stored()
     unverified = message("")
     stored = NormalizedMessage.model_validate_json(unverified.model_dump_json())
     assert stored.sender_verified is False
+
+
+def test_a_contact_forms_sender_is_never_vouched_for() -> None:
+    # The form's own domain passes DMARC; the customer's address in Reply-To is what anyone
+    # typed into the form.
+    passed = "Authentication-Results: mx.example.com; dmarc=pass header.from=example.com\r\n"
+    raw = (
+        f"{passed}From: help@example.com\r\nReply-To: boss@example.org\r\nTo: help@example.com"
+        "\r\n\r\nhello\r\n"
+    )
+    result = read_mail(
+        raw.encode(),
+        connection_id="help",
+        address="help@example.com",
+        received_at=datetime.now(UTC),
+        authenticated_by="mx.example.com",
+        contact_forms=True,
+    )
+    assert isinstance(result, InboundMail)
+    assert result.message.channel_user_id == "boss@example.org"
+    assert result.message.sender_verified is False

@@ -360,3 +360,49 @@ async def test_an_address_beyond_ascii_is_not_answered_by_a_server_without_smtpu
     assert "jürgen@example.org" in reason and "SMTPUTF8" in reason
     assert len(smtp.received) == 1 and await instance.store.failed_sends() == []
     assert sorted(dovecot.flags("help")) == ["", "S"]  # left unread, for a person
+
+
+def contact_form(body: str) -> bytes:
+    """What many web forms send: From the mailbox itself, the customer in Reply-To."""
+    return mail(
+        sender="Website <help@example.com>", body=body, Reply_To="Carol <carol@example.org>"
+    )
+
+
+async def test_a_contact_form_mail_is_skipped_as_our_own_unless_asked_for(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    instance = await bridge({})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", contact_form("is the shop open?"))
+    await connector.wait_for(lambda: bool(connector.skipped), timeout=15)
+    [(_, reason)] = connector.skipped
+    assert "carol@example.org" in reason and "answer_contact_forms" in reason
+    assert smtp.received == []
+
+
+async def test_a_contact_form_mail_is_answered_to_its_reply_to_when_asked_for(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    smtp.route["carol@example.org"] = lambda raw: dovecot.deliver("help", raw)  # a copy comes back
+    instance = await bridge({"answer_contact_forms": True})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", contact_form("is the shop open?"))
+    await smtp.wait_for(lambda: len(to(smtp, "carol@example.org")) == 1)
+    [answer] = smtp.received
+    assert answer.message["To"] == "carol@example.org"
+    assert answer.message.get_body(("plain",)).get_content().strip() == "is the shop open?"
+    await connector.wait_for(lambda: bool(connector.skipped), timeout=15)  # the copy: ours
+    [(_, reason)] = connector.skipped
+    assert "Auto-Submitted" in reason
+    thread = f"help\x1f{answer.message['In-Reply-To']}"
+    [turn] = [h for h in await instance.store.history(thread, limit=5) if h.role == "user"]
+    assert turn.sender == "Carol"  # the Reply-To's name, not the form's ("Website")
+    # A stranger on the form meets the sentinel, and the pairing is theirs, not our address's.
+    stranger = contact_form("hi").replace(b"carol@example.org", b"dave@elsewhere.test")
+    dovecot.deliver("help", stranger)
+    await smtp.wait_for(lambda: len(to(smtp, "dave@elsewhere.test")) == 1)
+    (pairing,) = await instance.store.pairings()
+    assert pairing.channel_user_id == "dave@elsewhere.test"
