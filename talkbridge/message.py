@@ -136,6 +136,10 @@ class NormalizedMessage(_Frozen):
     routing: MessageRouting | None = None
     edit_of: str | None = None
     """Set when this event edits an earlier message: the native id of the original."""
+    also_answered: tuple[str, ...] = ()
+    """Who besides the sender a reply reaches (an email's Reply-To and reply-all Cc), all of
+    whom must be trusted for the message to be. A field, not part of `raw_event`, so that it is
+    kept when the message is stored: trust is decided again on another node and after a crash."""
     sender_verified: bool | None = None
     """Whether a proof of `channel_user_id` held. None where the platform itself vouches for
     its ids (all but email); False where the connection checks and the check failed (an email

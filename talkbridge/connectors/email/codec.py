@@ -411,14 +411,16 @@ def read_mail(
         text=trim_reply(full) if full else "",
         attachments=tuple(attachments_of(msg, message_id)),
         reply_to=ReplyTo(message_id=in_reply_to[-1]) if in_reply_to else None,
+        # Whom a reply goes to (Reply-To or From, and the others on To/Cc: replies go to all),
+        # and who else signed the mail: all must be trusted for the mail to be (a trusted From
+        # with a stranger's Reply-To or Cc is not: the answer reaches them).
+        also_answered=tuple(
+            sorted({a for _, a in senders} | set(context.reply_to) | set(context.cc))
+        ),
         sender_verified=None if authenticated_by is None else proof is not None,
         raw_event={
             "raw": raw,
             "uid": uid,
-            # Whom a reply goes to (Reply-To or From, and the others on To/Cc: replies go to
-            # all), and who else signed the mail: all must be trusted for the mail to be (a
-            # trusted From with a stranger's Reply-To or Cc is not: the answer reaches them).
-            "answered": sorted({a for _, a in senders} | set(context.reply_to) | set(context.cc)),
             "contact_form": form,  # From our own address, the sender named by Reply-To
             "from_authenticated": proof,  # "dmarc", "dkim", or None (see `authenticated_by`)
             "full_text": full,

@@ -164,8 +164,7 @@ class EmailConfig(ConnectionConfig):
         """Every address a reply-all reaches, in lower case, but the mailbox's own (plus-tagged
         too). Another mailbox at its domain is no exception: at a public provider
         (help@gmail.com) that is anyone; colleagues are trusted by a pattern (`*@acme.com`)."""
-        raw = message.raw_event if isinstance(message.raw_event, dict) else {}
-        answered = (a.lower() for a in raw.get("answered", ()) if isinstance(a, str))
+        answered = (a.lower() for a in message.also_answered)
         return tuple(a for a in answered if not self._is_own(a))
 
     def _is_own(self, address: str) -> bool:

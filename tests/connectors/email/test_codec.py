@@ -27,7 +27,7 @@ from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.imap import body_of, mailbox_name
 from talkbridge.connectors.email.safety import ReplyLimiter, is_own_message_id
 from talkbridge.connectors.email.text import html_to_text, trim_reply
-from talkbridge.message import Attachment, OutboundMessage
+from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage
 
 PAYLOADS = sorted((Path(__file__).parent / "payloads").glob("*.json"))
 ADDRESS = "help@example.com"
@@ -123,19 +123,14 @@ def test_several_people_make_a_group_thread_and_we_do_not_count() -> None:
 def test_a_mail_is_trusted_only_when_everyone_it_answers_to_is(
     headers: bytes, trusted: bool
 ) -> None:
-    config = EmailConfig.model_validate(
-        {
-            "id": "h",
-            "address": ADDRESS,
-            "imap": {"host": "imap.example.com", "username": "h", "password": "p"},
-            "smtp": {"host": "smtp.example.com"},
-            "trusted": ["*@example.org"],
-        }
-    )
+    config = _email_config(["*@example.org"])
     raw = headers + b"To: help@example.com\r\nMessage-ID: <t@x.org>\r\n\r\nhi\r\n"
     msg = decode_mail(raw, connection_id="h", address=ADDRESS, received_at=NOW)
     assert msg is not None and msg.channel_user_id == "alice@example.org"
     assert config.trusts_message(msg) is trusted
+    # As stored (the Redis inbound bus, a message recovered after a crash): the same verdict.
+    stored = NormalizedMessage.model_validate_json(msg.model_dump_json())
+    assert config.trusts_message(stored) is trusted
 
 
 def _email_config(trusted: list[str]) -> EmailConfig:
