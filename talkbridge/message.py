@@ -140,6 +140,9 @@ class NormalizedMessage(_Frozen):
     """Who besides the sender a reply reaches (an email's Reply-To and reply-all Cc), all of
     whom must be trusted for the message to be. A field, not part of `raw_event`, so that it is
     kept when the message is stored: trust is decided again on another node and after a crash."""
+    sender_roles: tuple[str, ...] = ()
+    """Roles the sender holds where it wrote, as `<scope>/<role name>` (Discord: `<server
+    id>/<role>`), for trust by role. Kept when stored, as `also_answered` is."""
     sender_verified: bool | None = None
     """Whether a proof of `channel_user_id` held. None where the platform itself vouches for
     its ids (all but email); False where the connection checks and the check failed (an email

@@ -311,6 +311,7 @@ def decode_message(
         attachments=attachments,
         reply_to=_reply_to(payload, names),
         edit_of=base_id if edited else None,
+        sender_roles=_scoped(payload, role_names),
         raw_event=DiscordEvent(kind, payload, tuple(role_names)),
     )
 
@@ -354,8 +355,15 @@ def decode_interaction(
         timestamp=_snowflake_time(str(payload["id"])),
         text=str(data.get("custom_id") or ""),
         reply_to=reply,
+        sender_roles=_scoped(payload, role_names),
         raw_event=DiscordEvent("INTERACTION_CREATE", payload, tuple(role_names)),
     )
+
+
+def _scoped(payload: Mapping[str, Any], role_names: Sequence[str]) -> tuple[str, ...]:
+    """`<server id>/<role>` for each role: a role's name is its server's only (none in a DM)."""
+    guild = payload.get("guild_id")
+    return tuple(f"{guild}/{role}" for role in role_names) if guild else ()
 
 
 def decode_delete(payload: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -98,10 +97,10 @@ class DiscordConfig(ConnectionConfig):
         """A sender is trusted by id, or by holding a trusted role in the server it names."""
         if self.trusts(message.channel_user_id):
             return True
-        roles = getattr(message.raw_event, "role_names", ())
-        payload = getattr(message.raw_event, "payload", None)
-        guild = str(payload.get("guild_id") or "") if isinstance(payload, Mapping) else ""
-        wanted = [r.casefold() for server, r in self.trusted_roles() if guild and server == guild]
+        # Both `<server id>/<role>`; a server id is digits, so a pattern's `*` stays in the name.
+        wanted = [f"{server}/{role}".casefold() for server, role in self.trusted_roles()]
         return any(
-            fnmatch.fnmatchcase(role.casefold(), pattern) for role in roles for pattern in wanted
+            fnmatch.fnmatchcase(held.casefold(), pattern)
+            for held in message.sender_roles
+            for pattern in wanted
         )

@@ -26,6 +26,7 @@ from talkbridge.connectors.discord.config import DiscordConfig
 from talkbridge.connectors.discord.errors import translate
 from talkbridge.connectors.discord.render import escape_markdown, split_message
 from talkbridge.errors import UnauthorizedError
+from talkbridge.message import NormalizedMessage
 
 PAYLOADS = Path(__file__).parent / "payloads"
 
@@ -165,6 +166,9 @@ def test_role_names_trust_only_in_the_server_the_entry_names() -> None:
     direct = decode_message(load("message_example.json"), connection_id="d", role_names=("x",))
     assert moderator is not None and plain is not None and impostor is not None
     assert config.trusts_message(moderator) and not config.trusts_message(plain)
+    # As stored (the Redis inbound bus, a message recovered after a crash): still trusted.
+    stored = NormalizedMessage.model_validate_json(moderator.model_dump_json())
+    assert config.trusts_message(stored)
     assert not config.trusts_message(impostor)
     assert direct is not None and not config.trusts_message(direct)
     assert config.trusted_roles() == (("4001", "moderators"),)
