@@ -91,6 +91,7 @@ class _Failure:
     drop: bool
     migrate_to: int | None = None
     html: bool = False
+    body: dict[str, Any] | None = None
 
 
 def _strip_html(text: str) -> str:
@@ -193,12 +194,14 @@ class TelegramBotAPIPeer(Waitable):
         drop: bool = False,
         migrate_to: int | None = None,
         html: bool = False,
+        body: dict[str, Any] | None = None,
         after: int = 0,
         token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail: an error answer, or a dropped connection.
         `migrate_to`: the group became the supergroup with that id (a 400 saying so); `html`:
-        a proxy in front answers with its own error page.
+        a proxy in front answers with its own error page; `body`: that JSON, as it is (a body
+        without `description`, which the Bot API documents as optional, or `ok: false` with 200).
 
         `after` lets that many calls succeed first (e.g. fail the second chunk of a split);
         `token` limits the script to one bot (other bots' calls pass untouched).
@@ -214,7 +217,7 @@ class TelegramBotAPIPeer(Waitable):
         }.get(status, "Error")
         queue = self._failures.setdefault(method.lower(), [])
         queue.extend((token, None) for _ in range(after))
-        failure = _Failure(status, text, retry_after, drop, migrate_to, html)
+        failure = _Failure(status, text, retry_after, drop, migrate_to, html, body)
         queue.extend((token, failure) for _ in range(times))
 
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
@@ -321,6 +324,9 @@ class TelegramBotAPIPeer(Waitable):
                         f"<html><body><h1>{failure.status} {failure.description}</h1></body></html>"
                     )
                     return web.Response(status=failure.status, text=page, content_type="text/html")
+                if failure.body is not None:
+                    call.status = failure.status
+                    return web.json_response(failure.body, status=failure.status)
                 extra: dict[str, Any] | None = None
                 if failure.retry_after:
                     extra = {"retry_after": failure.retry_after}

@@ -23,7 +23,6 @@ from typing import Any
 
 from aiogram import Bot
 from aiogram import methods as api
-from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import ClientDecodeError, TelegramBadRequest, TelegramMigrateToChat
 from aiogram.types import (
@@ -70,6 +69,7 @@ from talkbridge.connectors.telegram.codec import (
 from talkbridge.connectors.telegram.config import TelegramConfig
 from talkbridge.connectors.telegram.errors import scrub, translated
 from talkbridge.connectors.telegram.pacing import Pacer
+from talkbridge.connectors.telegram.session import Session
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -102,9 +102,9 @@ class TelegramConnector(BaseConnector):
         self._log = context.logger.getChild(f"telegram.{config.id}")
         server = TelegramAPIServer.from_base(config.api_base) if config.api_base else None
         session = (
-            AiohttpSession(api=server, timeout=config.request_timeout)
+            Session(api=server, timeout=config.request_timeout)
             if server
-            else AiohttpSession(timeout=config.request_timeout)
+            else Session(timeout=config.request_timeout)
         )
         self.bot = Bot(self._token, session=session)
         self.bot_id: int | None = int(self._token.split(":", 1)[0])

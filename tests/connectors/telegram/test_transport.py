@@ -252,6 +252,48 @@ async def test_a_proxys_error_page_is_named_as_such_and_polling_recovers(
     assert "not JSON (a proxy's error page?): <html><body><h1>502 Bad Gateway" in reason
 
 
+async def test_a_5xx_without_description_degrades_polling_which_recovers(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    # The Bot API documents `description` as optional; aiogram read a 5xx without one as a
+    # TypeError of its own, which restarted the connection with that TypeError as the reason.
+    running = await start()
+    peer.fail_next("getUpdates", status=502, body={"ok": False, "error_code": 502})
+    peer.push_update(private_text(777, "before"))
+    await running.inbox.wait_count(1)
+    await peer.wait_for(lambda: len(peer.calls_of("getUpdates", answered=502)) == 1)
+    peer.push_update(private_text(777, "after"))
+    await running.inbox.wait_count(2)
+    assert not running.task.done()
+    [reason] = [r for kind, r in running.status.reports if kind == "degraded"]
+    assert "HTTP 502 with no description" in reason and "NoneType" not in reason
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "said"),
+    [
+        (502, {"ok": False, "error_code": 502}, TransientError, "HTTP 502 with no description"),
+        (503, {"ok": False}, TransientError, "HTTP 503 with no description"),
+        (400, {"ok": False, "error_code": 400}, PermanentError, "HTTP 400 with no description"),
+        (200, {"ok": False}, TransientError, "ok: false with HTTP 200"),
+        (200, {"ok": False, "description": "Proxy says no"}, TransientError, "(Proxy says no)"),
+    ],
+)
+async def test_an_error_answer_without_words_is_translated_with_some(
+    peer: TelegramBotAPIPeer,
+    start: Start,
+    status: int,
+    body: dict[str, Any],
+    error: type[Exception],
+    said: str,
+) -> None:
+    running = await start()
+    peer.fail_next("sendMessage", status=status, body=body)
+    with pytest.raises(error) as caught:
+        await running.connector.send(OutboundMessage(thread_id="777", text="x"))
+    assert said in str(caught.value) and "None" not in str(caught.value)
+
+
 async def test_a_revoked_token_raises_unauthorized_without_the_token(
     peer: TelegramBotAPIPeer, start: Start, make_connector: Callable[..., TelegramConnector]
 ) -> None:
