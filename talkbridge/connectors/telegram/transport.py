@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +63,7 @@ from talkbridge.connectors.telegram.codec import (
     parse_thread_id,
     render,
     render_chunks,
+    skipped_kind,
     update_chat,
     update_to_dict,
     visible_length,
@@ -115,6 +117,8 @@ class TelegramConnector(BaseConnector):
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
         self._recent: OrderedDict[int, None] = OrderedDict()
+        self._skipped_kinds: set[str] = set()
+        """Kinds of message `_note_skipped` has logged at info already."""
         self._migrated: dict[str, int] = {}
         """Groups that became supergroups: old chat id -> new one (Telegram tells on a send)."""
         self._partial = PartialSends()
@@ -289,6 +293,7 @@ class TelegramConnector(BaseConnector):
         """Decode and deliver an update that is no album item."""
         message = self._decode(data)
         if message is None:
+            self._note_skipped(uid, data)
             return
         edited = edited_item(data)
         if edited is not None and message.edit_of is not None:
@@ -308,6 +313,27 @@ class TelegramConnector(BaseConnector):
                 "skipping update %s that cannot be read: %s", data.get("update_id"), exc
             )
             return None
+
+    def _note_skipped(self, uid: int, data: dict[str, Any]) -> None:
+        """Say what was not delivered and why, at info the first time of each kind (the bot
+        seems to ignore whoever sent it), then at debug (a busy group need not fill the log)."""
+        try:
+            found = readable(skipped_kind, data, bot_id=self.bot_id)
+        except ValueError:
+            return  # decoding it said why
+        if found is None:
+            return
+        kind, why = found
+        first = kind not in self._skipped_kinds
+        self._skipped_kinds.add(kind)
+        self._log.log(
+            logging.INFO if first else logging.DEBUG,
+            "update %s in chat %s not delivered: %s%s",
+            uid,
+            update_chat(data),
+            why,
+            " (more of this kind are logged at debug level)" if first else "",
+        )
 
     def _decode_album(self, updates: Sequence[dict[str, Any]]) -> NormalizedMessage | None:
         items = [m for m in map(self._decode, updates) if m is not None]

@@ -185,6 +185,85 @@ async def test_polling_says_when_it_removes_a_webhook(
     await checking.close()
 
 
+def _without_text(update: dict[str, Any], **content: Any) -> dict[str, Any]:
+    """`update`'s message with `content` (a dice, a poll, …) in place of its text."""
+    del update["message"]["text"]
+    update["message"].update(content)
+    return update
+
+
+async def test_kinds_without_text_arrive_as_text_or_are_logged_as_skipped(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Shapes as the Bot API reference gives them (Dice, Poll, Checklist, Contact, Venue, Story).
+    caplog.set_level("DEBUG", logger="test")
+    running = await start()
+    poll = {
+        "id": "5",
+        "question": "Lunch?",
+        "options": [{"text": "Pizza", "voter_count": 0}, {"text": "Sushi", "voter_count": 0}],
+        "total_voter_count": 0,
+        "is_closed": False,
+        "is_anonymous": True,
+        "type": "regular",
+        "allows_multiple_answers": False,
+    }
+    checklist = {
+        "title": "Trip",
+        "tasks": [
+            {"id": 1, "text": "Tickets", "completion_date": 1716907500},
+            {"id": 2, "text": "Bags"},
+        ],
+    }
+    contact = {"phone_number": "+15551234567", "first_name": "Ada", "last_name": "Lovelace"}
+    place = {"latitude": 52.52, "longitude": 13.405}
+    venue = {"location": place, "title": "Alexanderplatz", "address": "Berlin"}
+    story = {"chat": {"id": 99, "type": "channel", "title": "News"}, "id": 7}
+    for content in (
+        {"dice": {"emoji": "🎯", "value": 6}},
+        {"poll": poll},
+        {"checklist": checklist},
+        {"contact": contact},
+        {"venue": venue, "location": place},
+        {"story": story},
+        {"story": story},
+        {"location": {**place, "live_period": 900}},
+    ):
+        peer.push_update(_without_text(private_text(777, ""), **content))
+    moved = _without_text(private_text(777, "", message_id=4242), location=place)
+    moved["edited_message"] = {**moved.pop("message"), "edit_date": 1716907600}
+    peer.push_update(moved)
+    peer.push_update(private_text(777, "after them"))
+    await running.inbox.wait_count(7)
+    assert running.inbox.texts == [
+        "🎯 (dice value 6)",
+        "Poll: Lunch?\n- Pizza\n- Sushi",
+        "Checklist: Trip\n- [x] Tickets\n- [ ] Bags",
+        "Contact: Ada Lovelace, +15551234567",
+        "Venue: Alexanderplatz, Berlin",
+        "Live location: 52.52, 13.405",
+        "after them",
+    ]
+    skips = [r for r in caplog.records if "not delivered:" in r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in skips] == [
+        (
+            "INFO",
+            "a forwarded story, which the Bot API gives bots as an id only, not its content"
+            " (more of this kind are logged at debug level)",
+        ),
+        (
+            "DEBUG",
+            "a forwarded story, which the Bot API gives bots as an id only, not its content",
+        ),
+        (
+            "INFO",
+            "a live location moved; its first position was delivered"
+            " (more of this kind are logged at debug level)",
+        ),
+    ]
+    assert "in chat 777" in skips[0].getMessage()
+
+
 async def test_an_update_not_accepted_is_not_skipped(
     peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
 ) -> None:
