@@ -14,7 +14,8 @@ What it does like Telegram:
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
 - `setWebhook` records url and secret; `post_to_webhook(update)` delivers like Telegram does;
-- 401 for unknown or revoked tokens; scripted failures for the next N calls of a method
+- 401 for unknown or revoked tokens; 400 with `migrate_to_chat_id` for a group that became a
+  supergroup (`migrate_chat`); scripted failures for the next N calls of a method
   (`fail_next`): an error status with `retry_after`, or a dropped connection.
 
 Every call is recorded (`calls`, `calls_of`, `sent_messages`); `wait_for` awaits a condition
@@ -117,6 +118,8 @@ class TelegramBotAPIPeer(Waitable):
         # per method: (only for this token, or None for any; the failure, or None to let one pass)
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.migrated: dict[int, int] = {}
+        """Groups upgraded to supergroups: old chat id -> new one (`migrate_chat`)."""
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
         self._last_update_id: dict[str, int] = {}
@@ -166,6 +169,11 @@ class TelegramBotAPIPeer(Waitable):
     def revoke(self, token: str) -> None:
         """From now on every call with this token answers 401 Unauthorized."""
         self._revoked.add(token)
+
+    def migrate_chat(self, old: int, new: int) -> None:
+        """The group `old` became the supergroup `new`: from now on every call naming `old`
+        answers 400 with `migrate_to_chat_id`, as Telegram does."""
+        self.migrated[old] = new
 
     def push_update(self, update: dict[str, Any], token: str | None = None) -> int:
         """Queue an update for `getUpdates` (an `update_id` is assigned if missing)."""
@@ -333,6 +341,14 @@ class TelegramBotAPIPeer(Waitable):
                 if failure.migrate_to is not None:
                     extra = {"migrate_to_chat_id": failure.migrate_to}
                 return self._error(call, failure.status, failure.description, extra)
+            moved = self.migrated.get(call.params.get("chat_id"))
+            if moved is not None:
+                return self._error(
+                    call,
+                    400,
+                    "Bad Request: group chat was upgraded to a supergroup chat",
+                    {"migrate_to_chat_id": moved},
+                )
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:
                 return self._error(call, 404, "Not Found: method not found")

@@ -41,6 +41,7 @@ __all__ = [
     "html_text",
     "inline_keyboard",
     "merge_album",
+    "migration",
     "native_id",
     "parse_native_id",
     "parse_thread_id",
@@ -354,6 +355,21 @@ def _decode_callback(
         reply_to=reply,
         raw_event=raw,
     )
+
+
+def migration(update: Mapping[str, Any] | Any) -> tuple[int, int] | None:
+    """(old chat id, new one) when `update` is the service message of a group's upgrade to a
+    supergroup: `migrate_to_chat_id` in the old group, `migrate_from_chat_id` in the new."""
+    message = update_to_dict(update).get("message")
+    if not isinstance(message, Mapping):
+        return None
+    chat_id = (message.get("chat") or {}).get("id")
+    to, since = message.get("migrate_to_chat_id"), message.get("migrate_from_chat_id")
+    if isinstance(chat_id, int) and isinstance(to, int):
+        return chat_id, to
+    if isinstance(chat_id, int) and isinstance(since, int):
+        return since, chat_id
+    return None
 
 
 def skipped_kind(

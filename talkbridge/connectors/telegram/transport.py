@@ -58,6 +58,7 @@ from talkbridge.connectors.telegram.codec import (
     edited_item,
     inline_keyboard,
     merge_album,
+    migration,
     native_id,
     parse_native_id,
     parse_thread_id,
@@ -70,6 +71,7 @@ from talkbridge.connectors.telegram.codec import (
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
 from talkbridge.connectors.telegram.errors import scrub, translated
+from talkbridge.connectors.telegram.migrations import Migrations
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.connectors.telegram.session import Session
 from talkbridge.errors import (
@@ -119,8 +121,7 @@ class TelegramConnector(BaseConnector):
         self._recent: OrderedDict[int, None] = OrderedDict()
         self._skipped_kinds: set[str] = set()
         """Kinds of message `_note_skipped` has logged at info already."""
-        self._migrated: dict[str, int] = {}
-        """Groups that became supergroups: old chat id -> new one (Telegram tells on a send)."""
+        self._migrations = Migrations(context.store, config.id)
         self._partial = PartialSends()
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
@@ -293,6 +294,11 @@ class TelegramConnector(BaseConnector):
         """Decode and deliver an update that is no album item."""
         message = self._decode(data)
         if message is None:
+            with contextlib.suppress(ValueError):  # decoding it said why it cannot be read
+                moved = readable(migration, data)
+                if moved is not None:
+                    self._log.info("chat %s is now %s: replies go there", *moved)
+                    await self._migrations.moved(*moved)
             self._note_skipped(uid, data)
             return
         edited = edited_item(data)
@@ -430,25 +436,29 @@ class TelegramConnector(BaseConnector):
     # ---- send ------------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        chat_id, topic = _thread(message.thread_id)
-        chat_id = self._migrated.get(str(chat_id), chat_id)
-        reply = _reply_parameters(message.reply_to, chat_id)
+        thread_chat, topic = _thread(message.thread_id)
+        chat_id = await self._migrations.resolve(thread_chat)
+        # A reply's message is in the old group, which Telegram closed: none in the new one.
+        reply = _reply_parameters(message.reply_to, chat_id) if chat_id == thread_chat else None
         markup = permanent(_keyboard, message.buttons) if message.buttons else None
         steps = self._plan(message, chat_id, topic, reply, markup)
 
         async def step(index: int) -> list[str]:
+            nonlocal chat_id
             await self._pacer.acquire(chat_id)
             with translated(self._token, chat_scoped=True):
                 try:
                     result = await self.bot(steps[index])
                 except TelegramMigrateToChat as exc:
-                    # A group that became a supergroup has a new id: send there instead.
+                    # A group that became a supergroup has a new id: this part and the ones
+                    # after it go there, and so does every later message to the thread.
                     self._log.info(
                         "chat %s is now %s: sending there", chat_id, exc.migrate_to_chat_id
                     )
-                    self._migrated[str(chat_id)] = exc.migrate_to_chat_id
-                    moved = {"chat_id": exc.migrate_to_chat_id, "reply_parameters": None}
-                    steps[index] = steps[index].model_copy(update=moved)
+                    await self._migrations.moved(chat_id, exc.migrate_to_chat_id)
+                    chat_id = exc.migrate_to_chat_id
+                    moved = {"chat_id": chat_id, "reply_parameters": None}
+                    steps[index:] = [s.model_copy(update=moved) for s in steps[index:]]
                     result = await self.bot(steps[index])
             if isinstance(result, Message):
                 return [native_id(result.chat.id, result.message_id)]
@@ -513,6 +523,7 @@ class TelegramConnector(BaseConnector):
 
     async def typing(self, thread_id: str) -> None:
         chat_id, topic = _thread(thread_id)
+        chat_id = await self._migrations.resolve(chat_id)
         with translated(self._token, chat_scoped=True):
             await self.bot.send_chat_action(chat_id, "typing", message_thread_id=topic)
 

@@ -703,6 +703,43 @@ async def test_a_send_to_a_group_that_became_a_supergroup_goes_to_the_new_chat(
     assert [s["text"] for s in peer.sent_messages] == ["first", "second"]
 
 
+async def test_a_group_that_became_a_supergroup_is_remembered_across_restarts_and_parts(
+    peer: TelegramBotAPIPeer, start: Start, make_connector: Callable[..., TelegramConnector]
+) -> None:
+    peer.migrate_chat(-4242, -1009999)
+    first = await start()
+    long_text = "\n\n".join("Paragraph. " * 300 for _ in range(3))
+    await first.connector.send(OutboundMessage(thread_id="-4242", text=long_text))
+    chats = [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)]
+    assert chats == [-4242, -1009999, -1009999, -1009999]  # the later parts go there at once
+    await first.stop()
+    peer.calls.clear()
+    second = await start()  # a restart: the store remembers, not the connector
+    await second.connector.send(OutboundMessage(thread_id="-4242", text="after the restart"))
+    await second.connector.feature("activity").typing("-4242")
+    assert [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)] == [-1009999]
+    assert [c.params["chat_id"] for c in peer.calls_of("sendChatAction", answered=None)] == [
+        -1009999
+    ]
+
+
+async def test_the_upgrade_service_message_moves_replies_before_any_400(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    # Telegram's service message in the old group (Message.migrate_to_chat_id).
+    upgrade = group_text(-4242, 555, "")
+    del upgrade["message"]["text"]
+    upgrade["message"]["chat"]["type"] = "group"
+    upgrade["message"]["migrate_to_chat_id"] = -1009999
+    peer.migrate_chat(-4242, -1009999)
+    peer.push_update(upgrade)
+    peer.push_update(group_text(-1009999, 555, "hello from the supergroup"))
+    await running.inbox.wait_count(1)
+    await running.connector.send(OutboundMessage(thread_id="-4242", text="late answer"))
+    assert [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)] == [-1009999]
+
+
 async def test_a_retry_after_a_failure_mid_split_does_not_repeat_parts(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
