@@ -19,7 +19,7 @@ What it does like Slack:
   `missing_scope` naming it in `needed`, as Slack does) and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
   `disconnect` messages (with `link_disabled` on every new socket once Socket Mode is switched
-  off), redelivers envelopes, and can be dropped without a close frame;
+  off, `too_many_websockets` on one over `socket_limit`), redelivers envelopes, and can be dropped without a close frame;
 - Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
 
 Every call is recorded; `wait_for` awaits a condition without sleeping.
@@ -116,6 +116,9 @@ class SlackPeer(Waitable):
         self._refused_status = 503
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.socket_limit = 10
+        """Sockets Slack allows an app at once; one more is told `disconnect` with reason
+        `too_many_websockets` right after its hello (another deployment on the same token)."""
         self.socket_mode_off = False
         """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
@@ -374,6 +377,8 @@ class SlackPeer(Waitable):
         )
         if self.socket_mode_off:
             await ws.send_str(json.dumps({"type": "disconnect", "reason": "link_disabled"}))
+        elif sum(1 for o in self.open_sockets if o.app_token == app_token) > self.socket_limit:
+            await ws.send_str(json.dumps({"type": "disconnect", "reason": "too_many_websockets"}))
         self._notify()
         try:
             async for message in ws:
