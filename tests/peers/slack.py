@@ -19,7 +19,8 @@ What it does like Slack:
   `missing_scope` naming it in `needed`, as Slack does) and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
   `disconnect` messages (with `link_disabled` on every new socket once Socket Mode is switched
-  off, `too_many_websockets` on one over `socket_limit`), redelivers envelopes, and can be dropped without a close frame;
+  off, `too_many_websockets` on one over `socket_limit`), redelivers envelopes, and can be
+  dropped without a close frame;
 - Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
 
 Every call is recorded; `wait_for` awaits a condition without sleeping.
