@@ -9,7 +9,8 @@ What it does like Telegram:
   JSON bodies, nested objects as JSON strings (as aiogram sends them);
 - `getUpdates` with real offset semantics (confirming by offset forgets older updates; an offset
   more than 10 past the last update id is ignored, as the Bot API server's queue does) and long
-  polling up to `timeout`, released at once by `stop()`; 409 while a webhook is set;
+  polling up to `timeout`, released at once by `stop()`; 409 while a webhook is set, and to a
+  long poll another getUpdates of the same token cut short (two bot instances);
   `restart_update_ids` numbers the next updates anew, as Telegram does after a quiet week;
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
@@ -123,6 +124,7 @@ class TelegramBotAPIPeer(Waitable):
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
         self._last_update_id: dict[str, int] = {}
+        self._polls: dict[str, int] = {}  # per token: getUpdates calls so far
         self._file_ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._stopping = False
@@ -402,6 +404,9 @@ class TelegramBotAPIPeer(Waitable):
             return self._error(
                 call, 409, "Conflict: can't use getUpdates method while webhook is active"
             )
+        # A new getUpdates ends the one waiting with a 409, as Telegram does (two bot
+        # instances polling one token): `Call.status` of the ended one says 409.
+        self._polls[token] = poll = self._polls.get(token, 0) + 1
         offset = int(call.params.get("offset") or 0)
         timeout = float(call.params.get("timeout") or 0)
         limit = int(call.params.get("limit") or 100)
@@ -415,6 +420,13 @@ class TelegramBotAPIPeer(Waitable):
             self._notify()
         deadline = time.monotonic() + timeout
         while not queue and not self._stopping:
+            if self._polls[token] != poll:
+                return self._error(
+                    call,
+                    409,
+                    "Conflict: terminated by other getUpdates request; make sure that only one "
+                    "bot instance is running",
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break

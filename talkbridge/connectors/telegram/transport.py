@@ -70,7 +70,7 @@ from talkbridge.connectors.telegram.codec import (
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import scrub, translated
+from talkbridge.connectors.telegram.errors import PollConflictError, scrub, translated
 from talkbridge.connectors.telegram.migrations import Migrations
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.connectors.telegram.session import Session
@@ -194,6 +194,7 @@ class TelegramConnector(BaseConnector):
         offset = await self._load_offset()
         backoff = Backoff(base=self.retry_base, cap=30.0)
         healthy = True
+        conflict = False
         while True:
             # After a failure, a short poll: recovery shows in the health at once, not after
             # a long poll's whole wait.
@@ -204,10 +205,15 @@ class TelegramConnector(BaseConnector):
             except (TransientError, RateLimitedError) as exc:
                 delay = exc.retry_after if isinstance(exc, RateLimitedError) else backoff.next()
                 healthy = False
+                conflict = isinstance(exc, PollConflictError)
                 status.degraded(f"getUpdates failed: {exc}; retrying in {delay:.1f} s")
                 await asyncio.sleep(delay)
                 continue
-            backoff.reset()
+            # A short poll gets through between another instance's polls: only a long poll
+            # nobody cut short says it is gone, or the two cut each other off twice a second.
+            if timeout or not conflict:
+                backoff.reset()
+                conflict = False
             if not healthy:
                 healthy = True
                 status.up()

@@ -27,7 +27,7 @@ from tests.connectors.telegram.conftest import TOKEN
 from tests.connectors.telegram.test_render import balanced
 from tests.peers.http import free_port, send_and_stall
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
-from tests.support.running import Inbox
+from tests.support.running import Inbox, Starter
 
 Start = Callable[..., Any]
 
@@ -315,6 +315,33 @@ async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     assert len(degraded) == 3 and "Bad Gateway" in degraded[0]
     assert running.status.reports[-1][0] == "up"
     assert all(TOKEN not in reason for reason in degraded)
+
+
+async def test_two_instances_polling_one_token_back_off_instead_of_cutting_each_other_off(
+    peer: TelegramBotAPIPeer, make_connector: Callable[..., TelegramConnector]
+) -> None:
+    # Each getUpdates ends the other's long poll with a 409. A quick poll after each 409 went
+    # through, so the backoff started again from its base: two polls a second, and a warning
+    # each, for as long as both ran.
+    def make(**overrides: Any) -> TelegramConnector:
+        connector = make_connector(**overrides)
+        connector.retry_base = 0.05
+        return connector
+
+    starter = Starter(make)
+    try:
+        running = await starter()
+        await starter()
+
+        def conflicts() -> list[str]:
+            return [r for kind, r in running.status.reports if kind == "degraded"]
+
+        await running.status.wait(lambda: len(conflicts()) >= 4)
+    finally:
+        await starter.stop_all()
+    assert "another process is polling with this token" in conflicts()[0]
+    delays = [float(r.rsplit("retrying in ", 1)[1].split()[0]) for r in conflicts()]
+    assert delays[3] >= 0.2  # 0.05 doubled thrice, jitter keeping at least half
 
 
 async def test_a_proxys_error_page_is_named_as_such_and_polling_recovers(
