@@ -15,10 +15,12 @@ What it does like Slack:
   authenticated download, assistant.threads.setStatus; a block's text over 3,000 characters is
   `invalid_blocks`; each posted message records the `@here`/`@channel`/`@everyone` it would
   notify (`pings`), with Slack's automatic parsing of block text that is not `verbatim`;
-- Socket Mode: apps.connections.open needs an `xapp-` token and hands out one-use URLs; the
+- Socket Mode: apps.connections.open needs an `xapp-` token with `connections:write` (else
+  `missing_scope` naming it in `needed`, as Slack does) and hands out one-use URLs; the
   socket says `hello`, carries `events_api`/`interactive` envelopes, records acks, sends
   `disconnect` messages (with `link_disabled` on every new socket once Socket Mode is switched
-  off), redelivers envelopes, and can be dropped without a close frame;
+  off, `too_many_websockets` on one over `socket_limit`), redelivers envelopes, and can be
+  dropped without a close frame;
 - Events API: `post_event` signs a request like Slack (HMAC-SHA256 over `v0:ts:body`).
 
 Every call is recorded; `wait_for` awaits a condition without sleeping.
@@ -56,6 +58,8 @@ class Workspace:
     bot_user_id: str = "U0BOT0001"
     bot_id: str = "B0BOT0001"
     bot_name: str = "talkbridge"
+    app_scopes: tuple[str, ...] = ("connections:write",)
+    """The app-level token's scopes: without `connections:write` it opens no socket."""
 
 
 @dataclass
@@ -74,6 +78,7 @@ class _Failure:
     retry_after: int | None
     drop: bool
     not_json: bool = False
+    needed: str | None = None
 
 
 @dataclass
@@ -112,6 +117,9 @@ class SlackPeer(Waitable):
         self._refused_status = 503
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.socket_limit = 10
+        """Sockets Slack allows an app at once; one more is told `disconnect` with reason
+        `too_many_websockets` right after its hello (another deployment on the same token)."""
         self.socket_mode_off = False
         """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
@@ -203,19 +211,24 @@ class SlackPeer(Waitable):
         retry_after: int | None = None,
         drop: bool = False,
         not_json: bool = False,
+        needed: str | None = None,
         after: int = 0,
         token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail (after `after` successes); `token` limits it
-        to one workspace (a bot or app token)."""
+        to one workspace (a bot or app token); `needed`: `missing_scope` naming that scope."""
         if status == 429 and retry_after is None:
             retry_after = 1
-        code = error or {429: "ratelimited", 500: "internal_error", 503: "service_unavailable"}.get(
-            status, "fatal_error"
+        code = (
+            error
+            or ("missing_scope" if needed else None)
+            or {429: "ratelimited", 500: "internal_error", 503: "service_unavailable"}.get(
+                status, "fatal_error"
+            )
         )
         queue = self._failures.setdefault(method, [])
         queue.extend((token, None) for _ in range(after))
-        failure = _Failure(status, code, retry_after, drop, not_json)
+        failure = _Failure(status, code, retry_after, drop, not_json, needed)
         queue.extend((token, failure) for _ in range(times))
 
     def hold(self, method: str) -> None:
@@ -365,6 +378,8 @@ class SlackPeer(Waitable):
         )
         if self.socket_mode_off:
             await ws.send_str(json.dumps({"type": "disconnect", "reason": "link_disabled"}))
+        elif sum(1 for o in self.open_sockets if o.app_token == app_token) > self.socket_limit:
+            await ws.send_str(json.dumps({"type": "disconnect", "reason": "too_many_websockets"}))
         self._notify()
         try:
             async for message in ws:
@@ -480,6 +495,10 @@ class SlackPeer(Waitable):
                 if failure.not_json:  # a proxy's page in front of Slack
                     call.error = "not_json"
                     return web.Response(status=200, text="<html>Bad gateway</html>")
+                if failure.needed:
+                    call.error = failure.error
+                    body = {"ok": False, "error": failure.error, "needed": failure.needed}
+                    return web.json_response({**body, "provided": "channels:history"})
                 headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
                 return self._error(call, failure.error, status=failure.status, headers=headers)
             if method in self._held:
@@ -490,6 +509,9 @@ class SlackPeer(Waitable):
             result = await handler(token, params)
             if isinstance(result, str):
                 return self._error(call, result)
+            if result.get("ok") is False:  # an error with fields of its own (`needed`)
+                call.error = str(result["error"])
+                return web.json_response(result)
             return web.json_response({"ok": True, **result})
         finally:
             self._notify()
@@ -529,8 +551,16 @@ class SlackPeer(Waitable):
         }
 
     async def _m_apps_connections_open(self, token: str, params: dict[str, Any]) -> Any:
-        if self._app_token_workspace(token) is None:
+        workspace = self._app_token_workspace(token)
+        if workspace is None:
             return "not_allowed_token_type"  # a bot token cannot open sockets
+        if "connections:write" not in workspace.app_scopes:
+            return {  # as Slack answers a token without the scope a method needs
+                "ok": False,
+                "error": "missing_scope",
+                "needed": "connections:write",
+                "provided": ",".join(workspace.app_scopes),
+            }
         ticket = uuid.uuid4().hex
         self._tickets[ticket] = token
         self.tickets_issued.append(ticket)

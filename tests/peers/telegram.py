@@ -9,12 +9,14 @@ What it does like Telegram:
   JSON bodies, nested objects as JSON strings (as aiogram sends them);
 - `getUpdates` with real offset semantics (confirming by offset forgets older updates; an offset
   more than 10 past the last update id is ignored, as the Bot API server's queue does) and long
-  polling up to `timeout`, released at once by `stop()`; 409 while a webhook is set;
+  polling up to `timeout`, released at once by `stop()`; 409 while a webhook is set, and to a
+  long poll another getUpdates of the same token cut short (two bot instances);
   `restart_update_ids` numbers the next updates anew, as Telegram does after a quiet week;
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
 - `setWebhook` records url and secret; `post_to_webhook(update)` delivers like Telegram does;
-- 401 for unknown or revoked tokens; scripted failures for the next N calls of a method
+- 401 for unknown or revoked tokens; 400 with `migrate_to_chat_id` for a group that became a
+  supergroup (`migrate_chat`); scripted failures for the next N calls of a method
   (`fail_next`): an error status with `retry_after`, or a dropped connection.
 
 Every call is recorded (`calls`, `calls_of`, `sent_messages`); `wait_for` awaits a condition
@@ -91,6 +93,7 @@ class _Failure:
     drop: bool
     migrate_to: int | None = None
     html: bool = False
+    body: dict[str, Any] | None = None
 
 
 def _strip_html(text: str) -> str:
@@ -116,9 +119,12 @@ class TelegramBotAPIPeer(Waitable):
         # per method: (only for this token, or None for any; the failure, or None to let one pass)
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
         self._revoked: set[str] = set()
+        self.migrated: dict[int, int] = {}
+        """Groups upgraded to supergroups: old chat id -> new one (`migrate_chat`)."""
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
         self._last_update_id: dict[str, int] = {}
+        self._polls: dict[str, int] = {}  # per token: getUpdates calls so far
         self._file_ids = itertools.count(1)
         self._changed = asyncio.Event()
         self._stopping = False
@@ -166,6 +172,11 @@ class TelegramBotAPIPeer(Waitable):
         """From now on every call with this token answers 401 Unauthorized."""
         self._revoked.add(token)
 
+    def migrate_chat(self, old: int, new: int) -> None:
+        """The group `old` became the supergroup `new`: from now on every call naming `old`
+        answers 400 with `migrate_to_chat_id`, as Telegram does."""
+        self.migrated[old] = new
+
     def push_update(self, update: dict[str, Any], token: str | None = None) -> int:
         """Queue an update for `getUpdates` (an `update_id` is assigned if missing)."""
         token = token or next(iter(self.bots))
@@ -193,12 +204,14 @@ class TelegramBotAPIPeer(Waitable):
         drop: bool = False,
         migrate_to: int | None = None,
         html: bool = False,
+        body: dict[str, Any] | None = None,
         after: int = 0,
         token: str | None = None,
     ) -> None:
         """The next `times` calls of `method` fail: an error answer, or a dropped connection.
         `migrate_to`: the group became the supergroup with that id (a 400 saying so); `html`:
-        a proxy in front answers with its own error page.
+        a proxy in front answers with its own error page; `body`: that JSON, as it is (a body
+        without `description`, which the Bot API documents as optional, or `ok: false` with 200).
 
         `after` lets that many calls succeed first (e.g. fail the second chunk of a split);
         `token` limits the script to one bot (other bots' calls pass untouched).
@@ -214,7 +227,7 @@ class TelegramBotAPIPeer(Waitable):
         }.get(status, "Error")
         queue = self._failures.setdefault(method.lower(), [])
         queue.extend((token, None) for _ in range(after))
-        failure = _Failure(status, text, retry_after, drop, migrate_to, html)
+        failure = _Failure(status, text, retry_after, drop, migrate_to, html, body)
         queue.extend((token, failure) for _ in range(times))
 
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
@@ -321,12 +334,23 @@ class TelegramBotAPIPeer(Waitable):
                         f"<html><body><h1>{failure.status} {failure.description}</h1></body></html>"
                     )
                     return web.Response(status=failure.status, text=page, content_type="text/html")
+                if failure.body is not None:
+                    call.status = failure.status
+                    return web.json_response(failure.body, status=failure.status)
                 extra: dict[str, Any] | None = None
                 if failure.retry_after:
                     extra = {"retry_after": failure.retry_after}
                 if failure.migrate_to is not None:
                     extra = {"migrate_to_chat_id": failure.migrate_to}
                 return self._error(call, failure.status, failure.description, extra)
+            moved = self.migrated.get(call.params.get("chat_id"))
+            if moved is not None:
+                return self._error(
+                    call,
+                    400,
+                    "Bad Request: group chat was upgraded to a supergroup chat",
+                    {"migrate_to_chat_id": moved},
+                )
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:
                 return self._error(call, 404, "Not Found: method not found")
@@ -380,6 +404,9 @@ class TelegramBotAPIPeer(Waitable):
             return self._error(
                 call, 409, "Conflict: can't use getUpdates method while webhook is active"
             )
+        # A new getUpdates ends the one waiting with a 409, as Telegram does (two bot
+        # instances polling one token): `Call.status` of the ended one says 409.
+        self._polls[token] = poll = self._polls.get(token, 0) + 1
         offset = int(call.params.get("offset") or 0)
         timeout = float(call.params.get("timeout") or 0)
         limit = int(call.params.get("limit") or 100)
@@ -393,6 +420,13 @@ class TelegramBotAPIPeer(Waitable):
             self._notify()
         deadline = time.monotonic() + timeout
         while not queue and not self._stopping:
+            if self._polls[token] != poll:
+                return self._error(
+                    call,
+                    409,
+                    "Conflict: terminated by other getUpdates request; make sure that only one "
+                    "bot instance is running",
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break

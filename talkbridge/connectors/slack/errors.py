@@ -73,6 +73,24 @@ def retry_after(exc: SlackApiError) -> float:
         return DEFAULT_RETRY_AFTER
 
 
+def missing_scope(exc: SlackApiError, *, app_token: bool) -> str:
+    """The scope Slack names in `needed` and where an admin adds it: an app-level token's
+    scopes are set when it is generated, a bot token's in OAuth & Permissions (then the app is
+    reinstalled for them to take effect)."""
+    data = getattr(exc.response, "data", None)
+    needed = data.get("needed") if isinstance(data, dict) else None
+    scope = f"the scope {needed}" if isinstance(needed, str) and needed else "a scope"
+    if app_token:
+        return (
+            f"the app token lacks {scope}: generate one with it in the app's settings under "
+            "Basic Information > App-Level Tokens, and use that token"
+        )
+    return (
+        f"the bot token lacks {scope}: add it in the app's settings under OAuth & Permissions "
+        "> Bot Token Scopes, then reinstall the app to the workspace"
+    )
+
+
 def unauthorized(code: str, what: str = "bot token") -> UnauthorizedError:
     return UnauthorizedError(
         f"Slack rejected the {what} ({code}): it is wrong, was revoked or the app was "
@@ -104,6 +122,9 @@ def translate(exc: BaseException, secrets: Iterable[str], *, method: str = "") -
             return NotFoundError(f"{where}{code or 'not found'}")
         if code in TRANSIENT_CODES or status >= 500:
             return TransientError(f"{where}{code or f'HTTP {status}'} from Slack")
+        if code == "missing_scope":
+            lacking = missing_scope(exc, app_token=method.startswith("apps."))
+            return PermanentError(f"{where}Slack refused the call: {code} ({lacking})")
         if code:
             return PermanentError(f"{where}Slack refused the call: {code}")
         return TransientError(f"{where}Slack answered HTTP {status} without a usable body")

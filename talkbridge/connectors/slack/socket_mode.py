@@ -5,9 +5,10 @@ close frame, a failed ping) or Slack sends a `disconnect` message, it asks for a
 `_Client` turns that request into a signal instead, and `SocketSession.run` reconnects: the old
 socket is closed before a new URL is opened (never two sockets for one connection), a planned
 `disconnect` (`warning`, `refresh_requested`) reconnects at once, and lost sockets back off
-exponentially. `link_disabled` means Socket Mode was switched off for the app: every new socket
-would be told the same at once, so it ends the run with a `TransientError` saying so, and the
-registry retries with its own (growing) backoff. A rejected app token raises
+exponentially. Any other `disconnect` reason would be given again to a socket opened at once:
+`link_disabled` (Socket Mode switched off for the app), `too_many_websockets` (another
+deployment on the same app token). It ends the run with a `TransientError` saying what it means,
+and the registry retries with its own (growing) backoff. A rejected app token raises
 `UnauthorizedError`, so the registry marks the connection down instead of retrying.
 
 Envelopes are taken in arrival order, and each is acknowledged once the bridge has it (stored
@@ -34,8 +35,22 @@ from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import ConnectionStatus
 from talkbridge.errors import ConnectorError, RateLimitedError, TransientError
 
-LINK_DISABLED = "link_disabled"
-"""The `disconnect` reason Slack gives when Socket Mode is switched off in the app's settings."""
+PLANNED = {"warning", "refresh_requested"}
+"""`disconnect` reasons of Slack's own upkeep (a host going away, a socket's age): the next
+socket is welcome at once. Any other reason would be given again to a socket opened at once."""
+
+MEANING = {
+    "link_disabled": (
+        "Slack switched Socket Mode off for this app (disconnect: link_disabled): switch it on "
+        "under Socket Mode in the app's settings, or receive events over HTTP (signing_secret)"
+    ),
+    "too_many_websockets": (
+        "Slack closed the socket (disconnect: too_many_websockets): more Socket Mode sockets "
+        "are open on this app token than Slack allows (10), so another process or deployment "
+        "uses this app token; stop it, or give it an app of its own"
+    ),
+}
+"""What the other `disconnect` reasons mean, and what to do, in the words the run ends with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,15 +201,18 @@ class SocketSession:
                     delay = backoff.next()
                     continue
                 reason = await self._wait_lost(session)
-                if reason == LINK_DISABLED:
-                    raise TransientError(
-                        "Slack switched Socket Mode off for this app (disconnect: link_disabled): "
-                        "switch it on under Socket Mode in the app's settings, or receive events "
-                        "over HTTP (signing_secret)"
-                    )
-                if reason is not None:
+                if reason in PLANNED:
                     delay = 0.0
                     self._log.info("Slack asked for a new socket (%s); reconnecting", reason)
+                elif reason is not None:
+                    # Ended, so the registry retries with its growing backoff (and its hello
+                    # does not reset one as here): never a socket a second, nor a ping-pong
+                    # with another deployment each knocking the other's socket off.
+                    raise TransientError(
+                        MEANING.get(reason)
+                        or f"Slack closed the socket (disconnect: {reason}), a reason it does "
+                        "not give for its own upkeep"
+                    )
                 else:
                     delay = backoff.next()
                     status.degraded(

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from talkbridge.connectors.telegram.kinds import skipped, text_form
 from talkbridge.connectors.telegram.render import (
     TELEGRAM_CAPTION_LIMIT,
     TELEGRAM_TEXT_LIMIT,
@@ -40,11 +41,13 @@ __all__ = [
     "html_text",
     "inline_keyboard",
     "merge_album",
+    "migration",
     "native_id",
     "parse_native_id",
     "parse_thread_id",
     "render",
     "render_chunks",
+    "skipped_kind",
     "split_html",
     "update_chat",
     "update_id",
@@ -284,9 +287,12 @@ def _decode_message(
         text = _with_links(str(message["text"]), message.get("entities"))
     else:
         text = _with_links(str(message.get("caption") or ""), message.get("caption_entities"))
+    if edited and isinstance(message.get("location"), Mapping):
+        return None  # a live location's move (`kinds.skipped`)
+    text = text or text_form(message)
     attachments = _attachments(message)
     if not text and not attachments:
-        return None  # service messages: joins, pins, topic changes …
+        return None  # service messages (joins, pins, topic changes …), and `kinds.SKIPPED`
     # On behalf of a chat (a channel, a group's anonymous admin), `from` is a placeholder user
     # Telegram shares among all such chats: the sender is the chat, and trust is the chat's.
     sender = message.get("sender_chat") or message.get("from") or chat
@@ -349,6 +355,34 @@ def _decode_callback(
         reply_to=reply,
         raw_event=raw,
     )
+
+
+def migration(update: Mapping[str, Any] | Any) -> tuple[int, int] | None:
+    """(old chat id, new one) when `update` is the service message of a group's upgrade to a
+    supergroup: `migrate_to_chat_id` in the old group, `migrate_from_chat_id` in the new."""
+    message = update_to_dict(update).get("message")
+    if not isinstance(message, Mapping):
+        return None
+    chat_id = (message.get("chat") or {}).get("id")
+    to, since = message.get("migrate_to_chat_id"), message.get("migrate_from_chat_id")
+    if isinstance(chat_id, int) and isinstance(to, int):
+        return chat_id, to
+    if isinstance(chat_id, int) and isinstance(since, int):
+        return since, chat_id
+    return None
+
+
+def skipped_kind(
+    update: Mapping[str, Any] | Any, *, bot_id: int | None = None
+) -> tuple[str, str] | None:
+    """(kind, why) when `update` is someone's message that `decode_update` does not deliver
+    (`kinds.SKIPPED`, a live location's move); None otherwise."""
+    data = update_to_dict(update)
+    for kind in MESSAGE_KINDS:
+        message = data.get(kind)
+        if isinstance(message, Mapping) and not _from_bot_itself(message, bot_id):
+            return skipped(message, edited=kind.startswith("edited_"))
+    return None
 
 
 def decode_update(

@@ -31,6 +31,11 @@ UNAUTHORIZED = (
 )
 
 
+class PollConflictError(TransientError):
+    """A 409 to getUpdates: another process polls with this token (each new poll ends the
+    other's), or a webhook is set. Transient, as the other may stop; see `_run_polling`."""
+
+
 def scrub(text: str, token: str) -> str:
     """`text` without the token, nor its secret part (what follows the bot id and `:`)."""
     return boundary.scrub(text, token, token.partition(":")[2])
@@ -61,7 +66,7 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     if isinstance(exc, tg.TelegramServerError):
         return TransientError(message)
     if isinstance(exc, tg.TelegramConflictError):
-        return TransientError(
+        return PollConflictError(
             f"{message} (another process is polling with this token, or a webhook is set)"
         )
     if isinstance(exc, tg.TelegramMigrateToChat):

@@ -17,13 +17,13 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 from aiogram import Bot
 from aiogram import methods as api
-from aiogram.client.session.aiohttp import AiohttpSession
 from aiogram.client.telegram import TelegramAPIServer
 from aiogram.exceptions import ClientDecodeError, TelegramBadRequest, TelegramMigrateToChat
 from aiogram.types import (
@@ -58,18 +58,22 @@ from talkbridge.connectors.telegram.codec import (
     edited_item,
     inline_keyboard,
     merge_album,
+    migration,
     native_id,
     parse_native_id,
     parse_thread_id,
     render,
     render_chunks,
+    skipped_kind,
     update_chat,
     update_to_dict,
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import scrub, translated
+from talkbridge.connectors.telegram.errors import PollConflictError, scrub, translated
+from talkbridge.connectors.telegram.migrations import Migrations
 from talkbridge.connectors.telegram.pacing import Pacer
+from talkbridge.connectors.telegram.session import Session
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -102,9 +106,9 @@ class TelegramConnector(BaseConnector):
         self._log = context.logger.getChild(f"telegram.{config.id}")
         server = TelegramAPIServer.from_base(config.api_base) if config.api_base else None
         session = (
-            AiohttpSession(api=server, timeout=config.request_timeout)
+            Session(api=server, timeout=config.request_timeout)
             if server
-            else AiohttpSession(timeout=config.request_timeout)
+            else Session(timeout=config.request_timeout)
         )
         self.bot = Bot(self._token, session=session)
         self.bot_id: int | None = int(self._token.split(":", 1)[0])
@@ -115,8 +119,9 @@ class TelegramConnector(BaseConnector):
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
         self._recent: OrderedDict[int, None] = OrderedDict()
-        self._migrated: dict[str, int] = {}
-        """Groups that became supergroups: old chat id -> new one (Telegram tells on a send)."""
+        self._skipped_kinds: set[str] = set()
+        """Kinds of message `_note_skipped` has logged at info already."""
+        self._migrations = Migrations(context.store, config.id)
         self._partial = PartialSends()
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
@@ -189,6 +194,7 @@ class TelegramConnector(BaseConnector):
         offset = await self._load_offset()
         backoff = Backoff(base=self.retry_base, cap=30.0)
         healthy = True
+        conflict = False
         while True:
             # After a failure, a short poll: recovery shows in the health at once, not after
             # a long poll's whole wait.
@@ -199,10 +205,15 @@ class TelegramConnector(BaseConnector):
             except (TransientError, RateLimitedError) as exc:
                 delay = exc.retry_after if isinstance(exc, RateLimitedError) else backoff.next()
                 healthy = False
+                conflict = isinstance(exc, PollConflictError)
                 status.degraded(f"getUpdates failed: {exc}; retrying in {delay:.1f} s")
                 await asyncio.sleep(delay)
                 continue
-            backoff.reset()
+            # A short poll gets through between another instance's polls: only a long poll
+            # nobody cut short says it is gone, or the two cut each other off twice a second.
+            if timeout or not conflict:
+                backoff.reset()
+                conflict = False
             if not healthy:
                 healthy = True
                 status.up()
@@ -289,6 +300,12 @@ class TelegramConnector(BaseConnector):
         """Decode and deliver an update that is no album item."""
         message = self._decode(data)
         if message is None:
+            with contextlib.suppress(ValueError):  # decoding it said why it cannot be read
+                moved = readable(migration, data)
+                if moved is not None:
+                    self._log.info("chat %s is now %s: replies go there", *moved)
+                    await self._migrations.moved(*moved)
+            self._note_skipped(uid, data)
             return
         edited = edited_item(data)
         if edited is not None and message.edit_of is not None:
@@ -308,6 +325,27 @@ class TelegramConnector(BaseConnector):
                 "skipping update %s that cannot be read: %s", data.get("update_id"), exc
             )
             return None
+
+    def _note_skipped(self, uid: int, data: dict[str, Any]) -> None:
+        """Say what was not delivered and why, at info the first time of each kind (the bot
+        seems to ignore whoever sent it), then at debug (a busy group need not fill the log)."""
+        try:
+            found = readable(skipped_kind, data, bot_id=self.bot_id)
+        except ValueError:
+            return  # decoding it said why
+        if found is None:
+            return
+        kind, why = found
+        first = kind not in self._skipped_kinds
+        self._skipped_kinds.add(kind)
+        self._log.log(
+            logging.INFO if first else logging.DEBUG,
+            "update %s in chat %s not delivered: %s%s",
+            uid,
+            update_chat(data),
+            why,
+            " (more of this kind are logged at debug level)" if first else "",
+        )
 
     def _decode_album(self, updates: Sequence[dict[str, Any]]) -> NormalizedMessage | None:
         items = [m for m in map(self._decode, updates) if m is not None]
@@ -404,25 +442,29 @@ class TelegramConnector(BaseConnector):
     # ---- send ------------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        chat_id, topic = _thread(message.thread_id)
-        chat_id = self._migrated.get(str(chat_id), chat_id)
-        reply = _reply_parameters(message.reply_to, chat_id)
+        thread_chat, topic = _thread(message.thread_id)
+        chat_id = await self._migrations.resolve(thread_chat)
+        # A reply's message is in the old group, which Telegram closed: none in the new one.
+        reply = _reply_parameters(message.reply_to, chat_id) if chat_id == thread_chat else None
         markup = permanent(_keyboard, message.buttons) if message.buttons else None
         steps = self._plan(message, chat_id, topic, reply, markup)
 
         async def step(index: int) -> list[str]:
+            nonlocal chat_id
             await self._pacer.acquire(chat_id)
             with translated(self._token, chat_scoped=True):
                 try:
                     result = await self.bot(steps[index])
                 except TelegramMigrateToChat as exc:
-                    # A group that became a supergroup has a new id: send there instead.
+                    # A group that became a supergroup has a new id: this part and the ones
+                    # after it go there, and so does every later message to the thread.
                     self._log.info(
                         "chat %s is now %s: sending there", chat_id, exc.migrate_to_chat_id
                     )
-                    self._migrated[str(chat_id)] = exc.migrate_to_chat_id
-                    moved = {"chat_id": exc.migrate_to_chat_id, "reply_parameters": None}
-                    steps[index] = steps[index].model_copy(update=moved)
+                    await self._migrations.moved(chat_id, exc.migrate_to_chat_id)
+                    chat_id = exc.migrate_to_chat_id
+                    moved = {"chat_id": chat_id, "reply_parameters": None}
+                    steps[index:] = [s.model_copy(update=moved) for s in steps[index:]]
                     result = await self.bot(steps[index])
             if isinstance(result, Message):
                 return [native_id(result.chat.id, result.message_id)]
@@ -487,6 +529,7 @@ class TelegramConnector(BaseConnector):
 
     async def typing(self, thread_id: str) -> None:
         chat_id, topic = _thread(thread_id)
+        chat_id = await self._migrations.resolve(chat_id)
         with translated(self._token, chat_scoped=True):
             await self.bot.send_chat_action(chat_id, "typing", message_thread_id=topic)
 

@@ -78,3 +78,29 @@ connections:
     assert "Failed to connect" in err and "ticket=***" in err  # the refusal is logged, masked
     for ticket in peer.tickets_issued:
         assert ticket not in err
+
+
+async def test_check_names_the_scope_a_token_lacks_and_where_to_add_it(tmp_path: Path) -> None:
+    # An app-level token made without `connections:write`: Slack names it in `needed`.
+    scopeless = Workspace("xoxb-good-bot", app_token="xapp-no-scope", app_scopes=())
+    async with SlackPeer(scopeless) as peer:
+        config = tmp_path / "talkbridge.yaml"
+        config.write_text(
+            f"""
+store: sqlite:///{tmp_path}/talkbridge.db
+connections:
+  - id: team
+    channel: slack
+    bot_token: {scopeless.bot_token}
+    app_token: {scopeless.app_token}
+    api_base: {peer.api_base}
+""",
+            encoding="utf-8",
+        )
+        process = await talkbridge("check", "--config", str(config))
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, err.decode()
+    [line] = [line for line in out.decode().splitlines() if "team" in line]
+    assert line.startswith("FAIL") and "missing_scope" in line
+    assert "the app token lacks the scope connections:write" in line
+    assert "Basic Information > App-Level Tokens" in line

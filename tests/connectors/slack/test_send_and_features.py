@@ -155,6 +155,21 @@ async def test_a_revoked_bot_token_is_unauthorized_and_never_quoted(
     await connector.close()
 
 
+async def test_a_missing_bot_scope_is_named_with_where_to_add_it(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    peer.fail_next("chat.postMessage", needed="chat:write")
+    with pytest.raises(PermanentError) as caught:
+        await connector.send(OutboundMessage(thread_id=DM, text="hi"))
+    assert str(caught.value) == (
+        "chat.postMessage: Slack refused the call: missing_scope (the bot token lacks the scope "
+        "chat:write: add it in the app's settings under OAuth & Permissions > Bot Token Scopes, "
+        "then reinstall the app to the workspace)"
+    )
+    await connector.close()
+
+
 async def test_bad_targets_are_refused_with_a_clear_error(
     peer: SlackPeer, make_connector: Callable[..., Any]
 ) -> None:

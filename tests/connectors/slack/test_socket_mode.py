@@ -151,6 +151,26 @@ async def test_socket_mode_switched_off_ends_the_run_saying_so_instead_of_reconn
     assert len(peer.sockets) == 1 and len(peer.calls_of("apps.connections.open")) == 1
 
 
+async def test_too_many_websockets_backs_off_saying_why_instead_of_reconnecting_at_once(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    # Another deployment holds the sockets Slack allows this app token: reconnecting at once
+    # would be told the same at once, for good (or knock the other one off, and back).
+    peer.socket_limit = 1
+    other = await start()
+    run = await start(wait=False)
+    await asyncio.wait({run.task}, timeout=peer.wait_timeout)
+    assert run.task.done(), f"still reconnecting: {len(peer.sockets)} sockets opened"
+    with pytest.raises(TransientError) as caught:
+        run.task.result()
+    assert "too_many_websockets" in str(caught.value)
+    assert "another process or deployment uses this app token" in str(caught.value)
+    # the registry retries with its growing backoff; one socket was tried, the other stays
+    assert len(peer.sockets) == 2 and len(peer.open_sockets) == 1
+    await peer.send_event(message_event("U0ADA0001", "still served"))
+    await other.inbox.wait_count(1)
+
+
 async def test_a_dropped_socket_is_replaced_and_traffic_resumes(
     peer: SlackPeer, start: Callable[..., Any]
 ) -> None:

@@ -347,3 +347,24 @@ def test_the_chat_of_an_update() -> None:
     assert update_chat(album_update(1, "A")) == "-100777"
     assert update_chat(load("callback_query_group.json")) == "-1001234567890"
     assert update_chat(load("docs_inline_query.json")) is None
+
+
+def test_a_venue_and_a_contact_read_as_text_and_keep_their_attachments() -> None:
+    venue, contact = must("venue.json"), must("contact.json")
+    assert venue.text == "Venue: Alexanderplatz, Berlin" and venue.attachments[0].kind == "location"
+    assert contact.text.startswith("Contact: Ada Lovelace") and contact.attachments
+
+
+def test_a_quiz_and_a_web_apps_data_read_as_text() -> None:
+    base = load("docs_text.json")
+    del base["message"]["text"]
+    quiz = {"question": "2+2?", "type": "quiz", "options": [{"text": "4"}, {"text": "5"}]}
+    asked = decode_update(
+        {**base, "message": {**base["message"], "poll": quiz}}, connection_id="tg"
+    )
+    assert asked is not None and asked.text == "Quiz: 2+2?\n- 4\n- 5"
+    sent = {"data": '{"size": "L"}', "button_text": "Order"}
+    data = decode_update(
+        {**base, "message": {**base["message"], "web_app_data": sent}}, connection_id="tg"
+    )
+    assert data is not None and data.text == '{"size": "L"}'

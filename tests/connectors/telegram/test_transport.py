@@ -27,7 +27,7 @@ from tests.connectors.telegram.conftest import TOKEN
 from tests.connectors.telegram.test_render import balanced
 from tests.peers.http import free_port, send_and_stall
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
-from tests.support.running import Inbox
+from tests.support.running import Inbox, Starter
 
 Start = Callable[..., Any]
 
@@ -185,6 +185,85 @@ async def test_polling_says_when_it_removes_a_webhook(
     await checking.close()
 
 
+def _without_text(update: dict[str, Any], **content: Any) -> dict[str, Any]:
+    """`update`'s message with `content` (a dice, a poll, …) in place of its text."""
+    del update["message"]["text"]
+    update["message"].update(content)
+    return update
+
+
+async def test_kinds_without_text_arrive_as_text_or_are_logged_as_skipped(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Shapes as the Bot API reference gives them (Dice, Poll, Checklist, Contact, Venue, Story).
+    caplog.set_level("DEBUG", logger="test")
+    running = await start()
+    poll = {
+        "id": "5",
+        "question": "Lunch?",
+        "options": [{"text": "Pizza", "voter_count": 0}, {"text": "Sushi", "voter_count": 0}],
+        "total_voter_count": 0,
+        "is_closed": False,
+        "is_anonymous": True,
+        "type": "regular",
+        "allows_multiple_answers": False,
+    }
+    checklist = {
+        "title": "Trip",
+        "tasks": [
+            {"id": 1, "text": "Tickets", "completion_date": 1716907500},
+            {"id": 2, "text": "Bags"},
+        ],
+    }
+    contact = {"phone_number": "+15551234567", "first_name": "Ada", "last_name": "Lovelace"}
+    place = {"latitude": 52.52, "longitude": 13.405}
+    venue = {"location": place, "title": "Alexanderplatz", "address": "Berlin"}
+    story = {"chat": {"id": 99, "type": "channel", "title": "News"}, "id": 7}
+    for content in (
+        {"dice": {"emoji": "🎯", "value": 6}},
+        {"poll": poll},
+        {"checklist": checklist},
+        {"contact": contact},
+        {"venue": venue, "location": place},
+        {"story": story},
+        {"story": story},
+        {"location": {**place, "live_period": 900}},
+    ):
+        peer.push_update(_without_text(private_text(777, ""), **content))
+    moved = _without_text(private_text(777, "", message_id=4242), location=place)
+    moved["edited_message"] = {**moved.pop("message"), "edit_date": 1716907600}
+    peer.push_update(moved)
+    peer.push_update(private_text(777, "after them"))
+    await running.inbox.wait_count(7)
+    assert running.inbox.texts == [
+        "🎯 (dice value 6)",
+        "Poll: Lunch?\n- Pizza\n- Sushi",
+        "Checklist: Trip\n- [x] Tickets\n- [ ] Bags",
+        "Contact: Ada Lovelace, +15551234567",
+        "Venue: Alexanderplatz, Berlin",
+        "Live location: 52.52, 13.405",
+        "after them",
+    ]
+    skips = [r for r in caplog.records if "not delivered:" in r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in skips] == [
+        (
+            "INFO",
+            "a forwarded story, which the Bot API gives bots as an id only, not its content"
+            " (more of this kind are logged at debug level)",
+        ),
+        (
+            "DEBUG",
+            "a forwarded story, which the Bot API gives bots as an id only, not its content",
+        ),
+        (
+            "INFO",
+            "a live location moved; its first position was delivered"
+            " (more of this kind are logged at debug level)",
+        ),
+    ]
+    assert "in chat 777" in skips[0].getMessage()
+
+
 async def test_an_update_not_accepted_is_not_skipped(
     peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
 ) -> None:
@@ -238,6 +317,33 @@ async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     assert all(TOKEN not in reason for reason in degraded)
 
 
+async def test_two_instances_polling_one_token_back_off_instead_of_cutting_each_other_off(
+    peer: TelegramBotAPIPeer, make_connector: Callable[..., TelegramConnector]
+) -> None:
+    # Each getUpdates ends the other's long poll with a 409. A quick poll after each 409 went
+    # through, so the backoff started again from its base: two polls a second, and a warning
+    # each, for as long as both ran.
+    def make(**overrides: Any) -> TelegramConnector:
+        connector = make_connector(**overrides)
+        connector.retry_base = 0.05
+        return connector
+
+    starter = Starter(make)
+    try:
+        running = await starter()
+        await starter()
+
+        def conflicts() -> list[str]:
+            return [r for kind, r in running.status.reports if kind == "degraded"]
+
+        await running.status.wait(lambda: len(conflicts()) >= 4)
+    finally:
+        await starter.stop_all()
+    assert "another process is polling with this token" in conflicts()[0]
+    delays = [float(r.rsplit("retrying in ", 1)[1].split()[0]) for r in conflicts()]
+    assert delays[3] >= 0.2  # 0.05 doubled thrice, jitter keeping at least half
+
+
 async def test_a_proxys_error_page_is_named_as_such_and_polling_recovers(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
@@ -250,6 +356,48 @@ async def test_a_proxys_error_page_is_named_as_such_and_polling_recovers(
     await running.inbox.wait_count(2)
     [reason] = [r for kind, r in running.status.reports if kind == "degraded"]
     assert "not JSON (a proxy's error page?): <html><body><h1>502 Bad Gateway" in reason
+
+
+async def test_a_5xx_without_description_degrades_polling_which_recovers(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    # The Bot API documents `description` as optional; aiogram read a 5xx without one as a
+    # TypeError of its own, which restarted the connection with that TypeError as the reason.
+    running = await start()
+    peer.fail_next("getUpdates", status=502, body={"ok": False, "error_code": 502})
+    peer.push_update(private_text(777, "before"))
+    await running.inbox.wait_count(1)
+    await peer.wait_for(lambda: len(peer.calls_of("getUpdates", answered=502)) == 1)
+    peer.push_update(private_text(777, "after"))
+    await running.inbox.wait_count(2)
+    assert not running.task.done()
+    [reason] = [r for kind, r in running.status.reports if kind == "degraded"]
+    assert "HTTP 502 with no description" in reason and "NoneType" not in reason
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "said"),
+    [
+        (502, {"ok": False, "error_code": 502}, TransientError, "HTTP 502 with no description"),
+        (503, {"ok": False}, TransientError, "HTTP 503 with no description"),
+        (400, {"ok": False, "error_code": 400}, PermanentError, "HTTP 400 with no description"),
+        (200, {"ok": False}, TransientError, "ok: false with HTTP 200"),
+        (200, {"ok": False, "description": "Proxy says no"}, TransientError, "(Proxy says no)"),
+    ],
+)
+async def test_an_error_answer_without_words_is_translated_with_some(
+    peer: TelegramBotAPIPeer,
+    start: Start,
+    status: int,
+    body: dict[str, Any],
+    error: type[Exception],
+    said: str,
+) -> None:
+    running = await start()
+    peer.fail_next("sendMessage", status=status, body=body)
+    with pytest.raises(error) as caught:
+        await running.connector.send(OutboundMessage(thread_id="777", text="x"))
+    assert said in str(caught.value) and "None" not in str(caught.value)
 
 
 async def test_a_revoked_token_raises_unauthorized_without_the_token(
@@ -580,6 +728,43 @@ async def test_a_send_to_a_group_that_became_a_supergroup_goes_to_the_new_chat(
     chats = [str(c.params["chat_id"]) for c in peer.calls_of("sendMessage", answered=None)]
     assert chats == ["-4242", "-1009999", "-1009999"]  # asked once, then remembered
     assert [s["text"] for s in peer.sent_messages] == ["first", "second"]
+
+
+async def test_a_group_that_became_a_supergroup_is_remembered_across_restarts_and_parts(
+    peer: TelegramBotAPIPeer, start: Start, make_connector: Callable[..., TelegramConnector]
+) -> None:
+    peer.migrate_chat(-4242, -1009999)
+    first = await start()
+    long_text = "\n\n".join("Paragraph. " * 300 for _ in range(3))
+    await first.connector.send(OutboundMessage(thread_id="-4242", text=long_text))
+    chats = [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)]
+    assert chats == [-4242, -1009999, -1009999, -1009999]  # the later parts go there at once
+    await first.stop()
+    peer.calls.clear()
+    second = await start()  # a restart: the store remembers, not the connector
+    await second.connector.send(OutboundMessage(thread_id="-4242", text="after the restart"))
+    await second.connector.feature("activity").typing("-4242")
+    assert [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)] == [-1009999]
+    assert [c.params["chat_id"] for c in peer.calls_of("sendChatAction", answered=None)] == [
+        -1009999
+    ]
+
+
+async def test_the_upgrade_service_message_moves_replies_before_any_400(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    # Telegram's service message in the old group (Message.migrate_to_chat_id).
+    upgrade = group_text(-4242, 555, "")
+    del upgrade["message"]["text"]
+    upgrade["message"]["chat"]["type"] = "group"
+    upgrade["message"]["migrate_to_chat_id"] = -1009999
+    peer.migrate_chat(-4242, -1009999)
+    peer.push_update(upgrade)
+    peer.push_update(group_text(-1009999, 555, "hello from the supergroup"))
+    await running.inbox.wait_count(1)
+    await running.connector.send(OutboundMessage(thread_id="-4242", text="late answer"))
+    assert [c.params["chat_id"] for c in peer.calls_of("sendMessage", answered=None)] == [-1009999]
 
 
 async def test_a_retry_after_a_failure_mid_split_does_not_repeat_parts(
