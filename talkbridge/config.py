@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import yaml
 from pydantic import (
@@ -463,7 +463,7 @@ class BridgeConfig(_Model):
         return next((c for c in self.connections if c.id == connection_id), None)
 
     def hook_folders(self) -> list[Path]:
-        return [(self.base_dir / h).resolve() for h in self.hooks]
+        return [(self.base_dir / Path(h).expanduser()).resolve() for h in self.hooks]
 
 
 def _id_clash(connection_id: str, taken: Iterable[str]) -> str | None:
@@ -484,11 +484,14 @@ def _substitute(
     secrets: Secrets,
     inside: frozenset[int] = frozenset(),
     unset: list[str] | None = None,
+    base_dir: Path = Path("."),
 ) -> Any:
     """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
     it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion.
     Variables that are not set, and `${...}` that name none, are listed in `unset` (all of
-    them, not just the first), or raise at once without it."""
+    them, not just the first), or raise at once without it. A relative secret file is found
+    in `base_dir` (the config file's folder), as hook folders and the SQLite file are: the
+    same config works whatever directory the bridge is started from."""
     if isinstance(value, dict | list):
         if id(value) in inside:
             raise ConfigError(
@@ -521,15 +524,19 @@ def _substitute(
         return _ENV_REF.sub(env, value)
     if isinstance(value, dict):
         if set(value) == {"file"} and isinstance(value["file"], str):
-            file = Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
+            file = base_dir / Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
             secret = _read_text(file, f"{path}: cannot read secret file").strip()
             secrets.add(secret)
             return secret
         return {
-            k: _substitute(v, _join(path, str(k)), secrets, inside, unset) for k, v in value.items()
+            k: _substitute(v, _join(path, str(k)), secrets, inside, unset, base_dir)
+            for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_substitute(v, f"{path}[{i}]", secrets, inside, unset) for i, v in enumerate(value)]
+        return [
+            _substitute(v, f"{path}[{i}]", secrets, inside, unset, base_dir)
+            for i, v in enumerate(value)
+        ]
     return value
 
 
@@ -627,7 +634,7 @@ def parse_config(
         data = {key: value for key, value in data.items() if key in only}
     unset: list[str] = []
     try:
-        data = _substitute(data, "", secrets, unset=unset)
+        data = _substitute(data, "", secrets, unset=unset, base_dir=base_dir or Path("."))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
     if unset:  # the values they stand for are missing: checking those would only add noise
@@ -682,16 +689,35 @@ def parse_config(
     return config, secrets
 
 
-def _anchor_sqlite_path(config: BridgeConfig) -> BridgeConfig:
-    """A relative SQLite path is relative to the config file (like hook folders), so the same
-    config finds the same database whatever directory the bridge is started from."""
+_STORE_FILE_PARAMS = frozenset({"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile"})
+"""Query parameters of a `rediss://` store URL that name files: redis-py opens them from the
+working directory at the first connection."""
+
+
+def _anchor_store_paths(config: BridgeConfig) -> BridgeConfig:
+    """Every relative path in the store URL is relative to the config file (like hook folders
+    and secret files): a SQLite file, and a `rediss://` URL's certificate files. So the same
+    config finds the same files whatever directory the bridge is started from."""
+    store, base = config.store, config.base_dir
     prefix = "sqlite:///"
-    if not config.store.startswith(prefix):
+    if store.startswith(prefix):
+        path = store[len(prefix) :]
+        if not path or path == ":memory:" or path.startswith("/"):
+            return config
+        return config.model_copy(update={"store": prefix + str((base / path).resolve())})
+    where, question, query = store.partition("?")
+    if not question or not store.lower().startswith(("redis://", "rediss://")):
         return config
-    path = config.store[len(prefix) :]
-    if not path or path == ":memory:" or path.startswith("/"):
-        return config
-    return config.model_copy(update={"store": prefix + str((config.base_dir / path).resolve())})
+    query, hash_, fragment = query.partition("#")
+    params = []
+    for param in re.split(r"([&;])", query):
+        name, equals, value = param.partition("=")
+        if equals and name in _STORE_FILE_PARAMS and value:
+            file = base / Path(unquote(value)).expanduser()
+            param = f"{name}={quote(str(file.resolve()), safe='/')}"
+        params.append(param)
+    anchored = f"{where}{question}{''.join(params)}{hash_}{fragment}"
+    return config.model_copy(update={"store": anchored})
 
 
 def load_config(
@@ -710,7 +736,7 @@ def load_config(
     file = Path(path)
     data = read_yaml(file, "cannot read config file")
     config, secrets = parse_config(data, file.resolve().parent, source=str(file), only=only)
-    return _anchor_sqlite_path(config), secrets
+    return _anchor_store_paths(config), secrets
 
 
 def read_yaml(file: Path, what: str) -> Any:

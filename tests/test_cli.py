@@ -1287,3 +1287,34 @@ async def test_init_says_how_to_run_talkbridge_as_it_was_run(tmp_path: Path) -> 
     code, out, _ = await finish(process)
     # Not on PATH (a venv not activated): the next step names the script itself.
     assert code == 0 and f"next: cd bot && {script.resolve()} run --config talkbridge.yaml" in out
+
+
+async def test_every_relative_path_in_the_config_is_found_from_any_working_directory(
+    tmp_path: Path,
+) -> None:
+    """A `{file: x}` secret was read from the working directory, though hook folders and the
+    SQLite file are found beside the config: `check -c tb/talkbridge.yaml` failed from above."""
+    folder = tmp_path / "tb"
+    (folder / "secrets").mkdir(parents=True)
+    (folder / "secrets/webchat").write_text("a-token-from-a-secret-file\n")
+    (folder / "ca.pem").write_text("")  # no certificate in it: the client says so
+    (folder / "talkbridge.yaml").write_text(
+        "webchat: {tokens: [{file: secrets/webchat}]}\nhooks: [hooks/channel-message]\n"
+    )
+    hook = folder / "hooks/channel-message/mark"
+    hook.mkdir(parents=True)
+    (hook / "hook.py").write_text("def create_hook(deps):\n    return lambda msg: None\n")
+    code, out, err = await finish(
+        await talkbridge("check", "-c", "tb/talkbridge.yaml", cwd=tmp_path)
+    )
+    assert code == 0 and "config: ok" in out, err
+
+    port = free_port()
+    (folder / "redis.yaml").write_text(
+        f'store: "rediss://127.0.0.1:{port}/0?ssl_ca_certs=ca.pem"\n'
+    )
+    code, out, err = await finish(
+        await talkbridge("check", "-c", "tb/redis.yaml", "--timeout", "5", cwd=tmp_path)
+    )
+    assert code == 1 and "FAIL  store" in out, err
+    assert "No such file" not in out and "certificate" in out  # ca.pem was found, and read
