@@ -7,11 +7,14 @@ before it is logged or shown. Errors name the key path and the reason, never the
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import ipaddress
 import os
 import re
+import types
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -137,20 +140,9 @@ class ConnectionConfig(_Model):
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
     enabled: bool = True
 
-    def _no_handles(self, what: str, id_chars: str) -> None:
-        """For channels whose `trusted` holds ids: a `@name`, or any entry with a character
-        no id of the channel has (`id_chars`, besides the pattern's `*?[]!`), would never
-        match anyone."""
-        handles = [t for t in self.trusted if t.startswith("@")]
-        if handles:
-            raise ValueError(
-                f"trusted holds {what}, not @names ({', '.join(handles)} would never match)"
-            )
-        shape = re.compile(f"[{id_chars}*?\\[\\]!]+")
-        odd = [t for t in self.trusted if not shape.fullmatch(t)]
-        if odd:
-            shown = ", ".join(repr(t) for t in odd)
-            raise ValueError(f"trusted holds {what}: {shown} would never match")
+    trusted_ids: ClassVar[tuple[str, str] | None] = None
+    """For channels whose `trusted` holds ids: what they are, said in the error, and the
+    characters an id of the channel has (a regex class body, such as `0-9-`)."""
 
     @field_validator("trusted", mode="before")
     @classmethod
@@ -165,7 +157,22 @@ class ConnectionConfig(_Model):
     def _no_empty_entry(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if any(not entry.strip() for entry in value):
             raise ValueError("an empty entry would never match (an unset ${VARIABLE}?)")
+        if cls.trusted_ids is not None:
+            cls._no_handles(value, *cls.trusted_ids)
         return value
+
+    @staticmethod
+    def _no_handles(trusted: tuple[str, ...], what: str, id_chars: str) -> None:
+        """A `@name`, or any entry with a character no id of the channel has (`id_chars`,
+        besides the pattern's `*?[]!`), would never match anyone."""
+        handles = [t for t in trusted if t.startswith("@")]
+        if handles:
+            raise ValueError(f"{', '.join(handles)} would never match: it holds {what}, not @names")
+        shape = re.compile(f"[{id_chars}*?\\[\\]!]+")
+        odd = [t for t in trusted if not shape.fullmatch(t)]
+        if odd:
+            shown = ", ".join(repr(t) for t in odd)
+            raise ValueError(f"{shown} would never match: it holds {what}")
 
     def trusts(self, channel_user_id: str) -> bool:
         if channel_user_id in self.trusted:  # an exact id: most entries, and no pattern work
@@ -544,15 +551,61 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One `key.path: reason` line per problem pydantic found, never the value."""
+def format_errors(
+    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> list[str]:
+    """One `key.path: reason` line per problem pydantic found, never the value. With the
+    `model` validated, an unknown key close to a known one (`chanel`) names it."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         loc = prefix
         for part in error["loc"]:
             loc = f"{loc}[{part}]" if isinstance(part, int) else _join(loc, str(part))
-        lines.append(f"{loc or '(top level)'}: {_config_reason(error)}")
+        reason = _config_reason(error)
+        if error["type"] == "extra_forbidden" and model is not None and error["loc"]:
+            *above, key = error["loc"]
+            reason += near_key(str(key), _keys_at(model, above))
+        lines.append(f"{loc or '(top level)'}: {reason}")
     return lines
+
+
+def near_key(key: str, known: Iterable[str]) -> str:
+    """`; did you mean channel?` for a misspelt key, or nothing when none is close."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.7)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _keys_at(model: type[BaseModel], loc: Iterable[str | int]) -> list[str]:
+    """The keys of the mapping at `loc` in `model`'s data (none when it is not a model)."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _step(annotation, part)
+    for option in _options(annotation):
+        if isinstance(option, type) and issubclass(option, BaseModel):
+            return [name for name, f in option.model_fields.items() if not f.exclude]
+    return []
+
+
+def _step(annotation: Any, part: str | int) -> Any:
+    """The type of the value at `part` in a value of `annotation` (None when unknown)."""
+    for option in _options(annotation):
+        origin = typing.get_origin(option)
+        if isinstance(option, type) and issubclass(option, BaseModel):
+            field = option.model_fields.get(str(part))
+            if field is not None:
+                return field.annotation
+        elif origin in (tuple, list) and isinstance(part, int):
+            return typing.get_args(option)[0]
+        elif origin is dict and isinstance(part, str):
+            return typing.get_args(option)[1]
+    return None
+
+
+def _options(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union (`X | None`), or the annotation alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def error_reason(error: ErrorDetails) -> str:
@@ -651,6 +704,11 @@ def parse_config(
             problems.append(f"{where}: must be a mapping with id and channel")
             continue
         channel = raw.get("channel")
+        if channel is None:  # `chanel: telegram`: the key that is there is the problem
+            misspelt = [k for k in raw if isinstance(k, str) and near_key(k, ["channel"])]
+            if misspelt:
+                problems.append(f"{where}.{misspelt[0]}: unknown key; did you mean channel?")
+                continue
         if not isinstance(channel, str) or channel not in known_channels():
             problem = "required" if channel is None else f"unknown channel {channel!r}"
             problems.append(
@@ -660,7 +718,7 @@ def parse_config(
         try:
             connection = connection_model(channel).model_validate(raw)
         except ValidationError as exc:
-            problems.extend(format_errors(exc, where))
+            problems.extend(format_errors(exc, where, connection_model(channel)))
             continue
         clash = _id_clash(connection.id, (c.id for c in connections))
         if clash is not None:  # named here, where the index is known
@@ -672,7 +730,7 @@ def parse_config(
             {**data, "connections": connections, "base_dir": base_dir or Path(".")}
         )
     except ValidationError as exc:
-        problems.extend(format_errors(exc))
+        problems.extend(format_errors(exc, model=BridgeConfig))
         config = None
     if problems or config is None:
         raise ConfigError(secrets.redact(invalid_config(problems, source)))

@@ -800,7 +800,17 @@ _BROKEN = {
             "h/channel-message/hook.py": "def create_hook(deps): ...\n",
             "h/channel-message/hook.yaml": "ordr: 1\n",
         },
-        "hook.yaml: ordr: unknown key",
+        "hook.yaml: ordr: unknown key; did you mean order?",
+    ),
+    "a misspelt channel key": (
+        "connections: [{id: bot, chanel: telegram, token: '1:abc'}]\n",
+        {},
+        "connections[0].chanel: unknown key; did you mean channel?",
+    ),
+    "a Telegram username in trusted": (
+        "connections: [{id: bot, channel: telegram, token: '1:abc', trusted: [bob]}]\n",
+        {},
+        "connections[0].trusted: 'bob' would never match",
     ),
     "a hook filter naming a channel that does not exist": (
         "hooks: [h]\n",

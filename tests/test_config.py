@@ -122,6 +122,42 @@ def test_errors_name_the_key_path_and_never_the_value(monkeypatch: pytest.Monkey
     assert "hunter2" not in text
 
 
+def test_a_misspelt_key_is_named_with_the_key_it_is_close_to() -> None:
+    """`chanel: telegram` said only `channel: required`, and an unknown key never named the one
+    meant; a Telegram `trusted: [bob]` was reported at `connections[0]`, not at `trusted`."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "webchta": {},
+                "router": {"send_atempts": 3},
+                "agents": {"definitions": {"x": {"kind": "echo", "knd": "echo"}}},
+                "connections": [
+                    {"id": "a", "chanel": "telegram", "token": "1:abc"},
+                    {"id": "b", "channel": "telegram", "token": "1:abc", "trusted": ["bob"]},
+                    {
+                        "id": "c",
+                        "channel": "email",
+                        "address": "help@example.com",
+                        "imap": {"host": "h", "username": "u", "password": "p", "fodler": "X"},
+                        "smtp": {"host": "h"},
+                    },
+                    {"id": "d", "channel": "telegram", "token": "1:abc", "tokne": "x"},
+                ],
+            }
+        )
+    lines = str(err.value).splitlines()[1:]
+    assert lines == [
+        "  connections[0].chanel: unknown key; did you mean channel?",
+        "  connections[1].trusted: 'bob' would never match: it holds numeric Telegram user ids "
+        "(a username can change hands)",
+        "  connections[2].imap.fodler: unknown key; did you mean folder?",
+        "  connections[3].tokne: unknown key; did you mean token?",
+        "  agents.definitions.x.knd: unknown key; did you mean kind?",
+        "  router.send_atempts: unknown key; did you mean send_attempts?",
+        "  webchta: unknown key; did you mean webchat?",
+    ]
+
+
 def test_unknown_channel_and_duplicate_ids() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.channel: unknown channel 'icq'"):
         parse_config({"connections": [{"id": "a", "channel": "icq"}]})

@@ -169,7 +169,7 @@ def _read_spec(folder: Path) -> HookSpec:
     try:
         return HookSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(format_errors(exc))
+        problems = "; ".join(format_errors(exc, model=HookSpec))
         raise HookLoadError(f"hook folder {folder}: {SPEC_FILE}: {problems}") from None
 
 

@@ -331,7 +331,7 @@ def test_unknown_kind_names_folder_and_lists_kinds(tmp_path: Path) -> None:
 def test_bad_yaml_keys_missing_and_empty_folders(tmp_path: Path) -> None:
     registry = HookRegistry()
     folder = write_hook(tmp_path / "chat", ROUTER, "kind: chat\nordr: 3\n")
-    with pytest.raises(HookLoadError, match=r"hook.yaml: ordr: unknown key"):
+    with pytest.raises(HookLoadError, match=r"hook.yaml: ordr: unknown key; did you mean order\?"):
         load_hooks([folder], deps(registry), registry)
     with pytest.raises(HookLoadError, match="does not exist"):
         load_hooks([tmp_path / "nowhere"], deps(registry), registry)
