@@ -889,6 +889,15 @@ _BROKEN = {
         },
         "agents.definitions.a.target: boom:A.stream must yield its events",
     ),
+    "an agent whose stream is a plain generator": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {
+            "boom.py": "class A:\n    name = 'a'\n"
+            "    def stream(self, ctx):\n        yield 'hello'\n"
+        },
+        "agents.definitions.a.target: boom:A.stream must be an `async def` that yields its "
+        "events (TextDelta…, then a Result): it is a plain `def`",
+    ),
     "an openai agent whose base_url is no http URL": (
         "agents: {definitions: {a: {kind: openai, base_url: ftp://models.example, model: m}}}\n",
         {},
