@@ -762,7 +762,8 @@ def _anchor_store_paths(config: BridgeConfig) -> BridgeConfig:
         path = store[len(prefix) :]
         if not path or path == ":memory:" or path.startswith("/"):
             return config
-        return config.model_copy(update={"store": prefix + str((base / path).resolve())})
+        file = (base / Path(path).expanduser()).resolve()
+        return config.model_copy(update={"store": prefix + str(file)})
     where, question, query = store.partition("?")
     if not question or not store.lower().startswith(("redis://", "rediss://")):
         return config

@@ -459,3 +459,20 @@ def test_a_retention_a_date_cannot_hold_is_a_config_error(key: str) -> None:
         parse_config({"retention": {key: 1e9}})
     config, _ = parse_config({"retention": {key: 36_500}})
     assert getattr(config.retention, key) == 36_500
+
+
+def test_a_tilde_in_a_path_of_the_config_is_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`store: sqlite:///~/bridge.db` made a folder named `~` beside the config."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "talkbridge.yaml").write_text(
+        "store: sqlite:///~/bridge.db\nhooks: [~/hooks/audit]\n"
+        "webchat: {tokens: [{file: ~/token}]}\n"
+    )
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home/token").write_text("a-token-in-the-home-folder")
+    config, _ = load_config(tmp_path / "talkbridge.yaml")
+    assert config.store == f"sqlite:///{tmp_path}/home/bridge.db"
+    assert config.hook_folders() == [tmp_path / "home/hooks/audit"]
+    assert config.webchat.tokens[0].get_secret_value() == "a-token-in-the-home-folder"
