@@ -625,12 +625,19 @@ _SHAPES = {
     "dict_type": "must be a mapping",
     "model_type": "must be a mapping",
     "model_attributes_type": "must be a mapping",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
 }
-"""pydantic's wordings that name Python types (`a valid tuple`, `instance of WebchatConfig`),
-in the YAML words a config's author knows."""
+"""pydantic's wordings that name Python types (`a valid tuple`, `instance of WebchatConfig`,
+`unable to interpret input`), in the YAML words a config's author knows."""
 
 
 def _config_reason(error: ErrorDetails) -> str:
+    context = error.get("ctx") or {}
+    if error["type"] == "string_too_short" and context.get("min_length") == 1:
+        return "must not be empty"
+    if error["type"] == "string_pattern_mismatch" and context.get("pattern") == "^/":
+        return "must be a path starting with / (such as /hooks/in)"
     reason = _SHAPES.get(error["type"]) or error_reason(error)
     if reason.startswith("Input should be "):
         return "must be " + reason.removeprefix("Input should be ")

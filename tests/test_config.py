@@ -476,3 +476,34 @@ def test_a_tilde_in_a_path_of_the_config_is_the_home_folder(
     assert config.store == f"sqlite:///{tmp_path}/home/bridge.db"
     assert config.hook_folders() == [tmp_path / "home/hooks/audit"]
     assert config.webchat.tokens[0].get_secret_value() == "a-token-in-the-home-folder"
+
+
+def test_reasons_are_in_the_words_of_the_yaml_not_of_pydantic() -> None:
+    """`String should match pattern '^/'`, `String should have at least 1 character` and
+    `must be a valid boolean, unable to interpret input` spoke pydantic, not YAML."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "connections": [
+                    {
+                        "id": "a",
+                        "channel": "telegram",
+                        "token": "1:abc",
+                        "webhook_path": "hook",
+                        "enabled": "maybe",
+                    },
+                    {
+                        "id": "b",
+                        "channel": "email",
+                        "address": "help@example.com",
+                        "imap": {"host": "", "username": "u", "password": "p"},
+                        "smtp": {"host": "h"},
+                    },
+                ]
+            }
+        )
+    assert str(err.value).splitlines()[1:] == [
+        "  connections[0].enabled: must be true or false",
+        "  connections[0].webhook_path: must be a path starting with / (such as /hooks/in)",
+        "  connections[1].imap.host: must not be empty",
+    ]
