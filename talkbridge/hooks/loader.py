@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from talkbridge.config import format_errors, read_yaml
 from talkbridge.errors import ConfigError, HookLoadError
-from talkbridge.hooks.channel_message import ChannelMessageHook
+from talkbridge.hooks.channel_message import EDIT_EVENT, MESSAGE_EVENT, ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
 from talkbridge.hooks.registry import (
     KIND_OPTIONS,
@@ -116,6 +116,7 @@ def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
     for key, given, known in (
         ("channels", spec.channels, {*known_channels(), "webchat"}),  # the bundled one too
         ("connection_ids", spec.connection_ids, connection_ids),
+        ("event_types", spec.event_types, {MESSAGE_EVENT, EDIT_EVENT}),
     ):
         unknown = sorted(set(given or ()) - known)
         if unknown:

@@ -414,3 +414,28 @@ def test_a_hook_yaml_key_the_kind_does_not_take_names_the_keys_it_does(tmp_path:
         f"hook folder {folder}: hook.yaml: timeout: does not apply to kind turn-middleware, "
         "which takes kind, name, on_error, order (see docs/hooks.md)"
     )
+
+
+async def test_a_filter_takes_numeric_thread_ids_and_refuses_an_event_type_that_never_comes(
+    tmp_path: Path,
+) -> None:
+    """`thread_ids: [-100123]` (a Telegram group, unquoted) was refused as no string, and
+    `event_types: [edit]` loaded a hook that never ran: the types are message and
+    message.edited."""
+    registry = HookRegistry()
+    code = "def create_hook(deps):\n    return lambda msg: None\n"
+    folder = write_hook(
+        tmp_path / "hooks/channel-message/one", code, "filter: {event_types: edit}\n"
+    )
+    with pytest.raises(HookLoadError) as err:
+        load_hook_folders([folder], deps(registry), registry, connection_ids=[])
+    assert str(err.value) == (
+        f"hook folder {folder}: hook.yaml: filter.event_types: edit matches nothing here "
+        "(known: message, message.edited); the hook would never run"
+    )
+
+    registry = HookRegistry()
+    (folder / "hook.yaml").write_text("filter: {thread_ids: [-100123], event_types: message}\n")
+    [loaded] = load_hooks([folder], deps(registry), registry)
+    assert loaded.filter is not None and loaded.filter.thread_ids == {"-100123"}
+    assert loaded.filter.event_types == {"message"}
