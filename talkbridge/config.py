@@ -7,15 +7,18 @@ before it is logged or shown. Errors name the key path and the reason, never the
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import importlib
 import ipaddress
 import os
 import re
+import types
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import yaml
 from pydantic import (
@@ -137,20 +140,9 @@ class ConnectionConfig(_Model):
     """Sender ids or shell-style patterns (`*@example.com`) trusted on this connection."""
     enabled: bool = True
 
-    def _no_handles(self, what: str, id_chars: str) -> None:
-        """For channels whose `trusted` holds ids: a `@name`, or any entry with a character
-        no id of the channel has (`id_chars`, besides the pattern's `*?[]!`), would never
-        match anyone."""
-        handles = [t for t in self.trusted if t.startswith("@")]
-        if handles:
-            raise ValueError(
-                f"trusted holds {what}, not @names ({', '.join(handles)} would never match)"
-            )
-        shape = re.compile(f"[{id_chars}*?\\[\\]!]+")
-        odd = [t for t in self.trusted if not shape.fullmatch(t)]
-        if odd:
-            shown = ", ".join(repr(t) for t in odd)
-            raise ValueError(f"trusted holds {what}: {shown} would never match")
+    trusted_ids: ClassVar[tuple[str, str] | None] = None
+    """For channels whose `trusted` holds ids: what they are, said in the error, and the
+    characters an id of the channel has (a regex class body, such as `0-9-`)."""
 
     @field_validator("trusted", mode="before")
     @classmethod
@@ -165,7 +157,22 @@ class ConnectionConfig(_Model):
     def _no_empty_entry(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if any(not entry.strip() for entry in value):
             raise ValueError("an empty entry would never match (an unset ${VARIABLE}?)")
+        if cls.trusted_ids is not None:
+            cls._no_handles(value, *cls.trusted_ids)
         return value
+
+    @staticmethod
+    def _no_handles(trusted: tuple[str, ...], what: str, id_chars: str) -> None:
+        """A `@name`, or any entry with a character no id of the channel has (`id_chars`,
+        besides the pattern's `*?[]!`), would never match anyone."""
+        handles = [t for t in trusted if t.startswith("@")]
+        if handles:
+            raise ValueError(f"{', '.join(handles)} would never match: it holds {what}, not @names")
+        shape = re.compile(f"[{id_chars}*?\\[\\]!]+")
+        odd = [t for t in trusted if not shape.fullmatch(t)]
+        if odd:
+            shown = ", ".join(repr(t) for t in odd)
+            raise ValueError(f"{shown} would never match: it holds {what}")
 
     def trusts(self, channel_user_id: str) -> bool:
         if channel_user_id in self.trusted:  # an exact id: most entries, and no pattern work
@@ -463,7 +470,7 @@ class BridgeConfig(_Model):
         return next((c for c in self.connections if c.id == connection_id), None)
 
     def hook_folders(self) -> list[Path]:
-        return [(self.base_dir / h).resolve() for h in self.hooks]
+        return [(self.base_dir / Path(h).expanduser()).resolve() for h in self.hooks]
 
 
 def _id_clash(connection_id: str, taken: Iterable[str]) -> str | None:
@@ -484,11 +491,14 @@ def _substitute(
     secrets: Secrets,
     inside: frozenset[int] = frozenset(),
     unset: list[str] | None = None,
+    base_dir: Path = Path("."),
 ) -> Any:
     """`value` with `${NAME}` and `{file: PATH}` resolved; `inside` holds the containers above
     it, so a YAML alias inside its own anchor (`a: &x [*x]`) is an error, not a recursion.
     Variables that are not set, and `${...}` that name none, are listed in `unset` (all of
-    them, not just the first), or raise at once without it."""
+    them, not just the first), or raise at once without it. A relative secret file is found
+    in `base_dir` (the config file's folder), as hook folders and the SQLite file are: the
+    same config works whatever directory the bridge is started from."""
     if isinstance(value, dict | list):
         if id(value) in inside:
             raise ConfigError(
@@ -521,15 +531,19 @@ def _substitute(
         return _ENV_REF.sub(env, value)
     if isinstance(value, dict):
         if set(value) == {"file"} and isinstance(value["file"], str):
-            file = Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
+            file = base_dir / Path(_substitute(value["file"], f"{path}.file", secrets)).expanduser()
             secret = _read_text(file, f"{path}: cannot read secret file").strip()
             secrets.add(secret)
             return secret
         return {
-            k: _substitute(v, _join(path, str(k)), secrets, inside, unset) for k, v in value.items()
+            k: _substitute(v, _join(path, str(k)), secrets, inside, unset, base_dir)
+            for k, v in value.items()
         }
     if isinstance(value, list):
-        return [_substitute(v, f"{path}[{i}]", secrets, inside, unset) for i, v in enumerate(value)]
+        return [
+            _substitute(v, f"{path}[{i}]", secrets, inside, unset, base_dir)
+            for i, v in enumerate(value)
+        ]
     return value
 
 
@@ -537,15 +551,61 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One `key.path: reason` line per problem pydantic found, never the value."""
+def format_errors(
+    exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> list[str]:
+    """One `key.path: reason` line per problem pydantic found, never the value. With the
+    `model` validated, an unknown key close to a known one (`chanel`) names it."""
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         loc = prefix
         for part in error["loc"]:
             loc = f"{loc}[{part}]" if isinstance(part, int) else _join(loc, str(part))
-        lines.append(f"{loc or '(top level)'}: {_config_reason(error)}")
+        reason = _config_reason(error)
+        if error["type"] == "extra_forbidden" and model is not None and error["loc"]:
+            *above, key = error["loc"]
+            reason += near_key(str(key), _keys_at(model, above))
+        lines.append(f"{loc or '(top level)'}: {reason}")
     return lines
+
+
+def near_key(key: str, known: Iterable[str]) -> str:
+    """`; did you mean channel?` for a misspelt key, or nothing when none is close."""
+    match = difflib.get_close_matches(key, list(known), n=1, cutoff=0.7)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _keys_at(model: type[BaseModel], loc: Iterable[str | int]) -> list[str]:
+    """The keys of the mapping at `loc` in `model`'s data (none when it is not a model)."""
+    annotation: Any = model
+    for part in loc:
+        annotation = _step(annotation, part)
+    for option in _options(annotation):
+        if isinstance(option, type) and issubclass(option, BaseModel):
+            return [name for name, f in option.model_fields.items() if not f.exclude]
+    return []
+
+
+def _step(annotation: Any, part: str | int) -> Any:
+    """The type of the value at `part` in a value of `annotation` (None when unknown)."""
+    for option in _options(annotation):
+        origin = typing.get_origin(option)
+        if isinstance(option, type) and issubclass(option, BaseModel):
+            field = option.model_fields.get(str(part))
+            if field is not None:
+                return field.annotation
+        elif origin in (tuple, list) and isinstance(part, int):
+            return typing.get_args(option)[0]
+        elif origin is dict and isinstance(part, str):
+            return typing.get_args(option)[1]
+    return None
+
+
+def _options(annotation: Any) -> tuple[Any, ...]:
+    """The members of a union (`X | None`), or the annotation alone."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
 def error_reason(error: ErrorDetails) -> str:
@@ -565,12 +625,19 @@ _SHAPES = {
     "dict_type": "must be a mapping",
     "model_type": "must be a mapping",
     "model_attributes_type": "must be a mapping",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
 }
-"""pydantic's wordings that name Python types (`a valid tuple`, `instance of WebchatConfig`),
-in the YAML words a config's author knows."""
+"""pydantic's wordings that name Python types (`a valid tuple`, `instance of WebchatConfig`,
+`unable to interpret input`), in the YAML words a config's author knows."""
 
 
 def _config_reason(error: ErrorDetails) -> str:
+    context = error.get("ctx") or {}
+    if error["type"] == "string_too_short" and context.get("min_length") == 1:
+        return "must not be empty"
+    if error["type"] == "string_pattern_mismatch" and context.get("pattern") == "^/":
+        return "must be a path starting with / (such as /hooks/in)"
     reason = _SHAPES.get(error["type"]) or error_reason(error)
     if reason.startswith("Input should be "):
         return "must be " + reason.removeprefix("Input should be ")
@@ -627,7 +694,7 @@ def parse_config(
         data = {key: value for key, value in data.items() if key in only}
     unset: list[str] = []
     try:
-        data = _substitute(data, "", secrets, unset=unset)
+        data = _substitute(data, "", secrets, unset=unset, base_dir=base_dir or Path("."))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
     if unset:  # the values they stand for are missing: checking those would only add noise
@@ -644,6 +711,11 @@ def parse_config(
             problems.append(f"{where}: must be a mapping with id and channel")
             continue
         channel = raw.get("channel")
+        if channel is None:  # `chanel: telegram`: the key that is there is the problem
+            misspelt = [k for k in raw if isinstance(k, str) and near_key(k, ["channel"])]
+            if misspelt:
+                problems.append(f"{where}.{misspelt[0]}: unknown key; did you mean channel?")
+                continue
         if not isinstance(channel, str) or channel not in known_channels():
             problem = "required" if channel is None else f"unknown channel {channel!r}"
             problems.append(
@@ -653,7 +725,7 @@ def parse_config(
         try:
             connection = connection_model(channel).model_validate(raw)
         except ValidationError as exc:
-            problems.extend(format_errors(exc, where))
+            problems.extend(format_errors(exc, where, connection_model(channel)))
             continue
         clash = _id_clash(connection.id, (c.id for c in connections))
         if clash is not None:  # named here, where the index is known
@@ -665,7 +737,7 @@ def parse_config(
             {**data, "connections": connections, "base_dir": base_dir or Path(".")}
         )
     except ValidationError as exc:
-        problems.extend(format_errors(exc))
+        problems.extend(format_errors(exc, model=BridgeConfig))
         config = None
     if problems or config is None:
         raise ConfigError(secrets.redact(invalid_config(problems, source)))
@@ -682,16 +754,36 @@ def parse_config(
     return config, secrets
 
 
-def _anchor_sqlite_path(config: BridgeConfig) -> BridgeConfig:
-    """A relative SQLite path is relative to the config file (like hook folders), so the same
-    config finds the same database whatever directory the bridge is started from."""
+_STORE_FILE_PARAMS = frozenset({"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile"})
+"""Query parameters of a `rediss://` store URL that name files: redis-py opens them from the
+working directory at the first connection."""
+
+
+def _anchor_store_paths(config: BridgeConfig) -> BridgeConfig:
+    """Every relative path in the store URL is relative to the config file (like hook folders
+    and secret files): a SQLite file, and a `rediss://` URL's certificate files. So the same
+    config finds the same files whatever directory the bridge is started from."""
+    store, base = config.store, config.base_dir
     prefix = "sqlite:///"
-    if not config.store.startswith(prefix):
+    if store.startswith(prefix):
+        path = store[len(prefix) :]
+        if not path or path == ":memory:" or path.startswith("/"):
+            return config
+        file = (base / Path(path).expanduser()).resolve()
+        return config.model_copy(update={"store": prefix + str(file)})
+    where, question, query = store.partition("?")
+    if not question or not store.lower().startswith(("redis://", "rediss://")):
         return config
-    path = config.store[len(prefix) :]
-    if not path or path == ":memory:" or path.startswith("/"):
-        return config
-    return config.model_copy(update={"store": prefix + str((config.base_dir / path).resolve())})
+    query, hash_, fragment = query.partition("#")
+    params = []
+    for param in re.split(r"([&;])", query):
+        name, equals, value = param.partition("=")
+        if equals and name in _STORE_FILE_PARAMS and value:
+            file = base / Path(unquote(value)).expanduser()
+            param = f"{name}={quote(str(file.resolve()), safe='/')}"
+        params.append(param)
+    anchored = f"{where}{question}{''.join(params)}{hash_}{fragment}"
+    return config.model_copy(update={"store": anchored})
 
 
 def load_config(
@@ -710,7 +802,7 @@ def load_config(
     file = Path(path)
     data = read_yaml(file, "cannot read config file")
     config, secrets = parse_config(data, file.resolve().parent, source=str(file), only=only)
-    return _anchor_sqlite_path(config), secrets
+    return _anchor_store_paths(config), secrets
 
 
 def read_yaml(file: Path, what: str) -> Any:

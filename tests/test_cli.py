@@ -800,7 +800,17 @@ _BROKEN = {
             "h/channel-message/hook.py": "def create_hook(deps): ...\n",
             "h/channel-message/hook.yaml": "ordr: 1\n",
         },
-        "hook.yaml: ordr: unknown key",
+        "hook.yaml: ordr: unknown key; did you mean order?",
+    ),
+    "a misspelt channel key": (
+        "connections: [{id: bot, chanel: telegram, token: '1:abc'}]\n",
+        {},
+        "connections[0].chanel: unknown key; did you mean channel?",
+    ),
+    "a Telegram username in trusted": (
+        "connections: [{id: bot, channel: telegram, token: '1:abc', trusted: [bob]}]\n",
+        {},
+        "connections[0].trusted: 'bob' would never match",
     ),
     "a hook filter naming a channel that does not exist": (
         "hooks: [h]\n",
@@ -878,6 +888,15 @@ _BROKEN = {
             "    async def stream(self, ctx):\n        return 'hello'\n"
         },
         "agents.definitions.a.target: boom:A.stream must yield its events",
+    ),
+    "an agent whose stream is a plain generator": (
+        'agents: {definitions: {a: {kind: python, target: "boom:A"}}}\n',
+        {
+            "boom.py": "class A:\n    name = 'a'\n"
+            "    def stream(self, ctx):\n        yield 'hello'\n"
+        },
+        "agents.definitions.a.target: boom:A.stream must be an `async def` that yields its "
+        "events (TextDelta…, then a Result): it is a plain `def`",
     ),
     "an openai agent whose base_url is no http URL": (
         "agents: {definitions: {a: {kind: openai, base_url: ftp://models.example, model: m}}}\n",
@@ -1287,3 +1306,34 @@ async def test_init_says_how_to_run_talkbridge_as_it_was_run(tmp_path: Path) -> 
     code, out, _ = await finish(process)
     # Not on PATH (a venv not activated): the next step names the script itself.
     assert code == 0 and f"next: cd bot && {script.resolve()} run --config talkbridge.yaml" in out
+
+
+async def test_every_relative_path_in_the_config_is_found_from_any_working_directory(
+    tmp_path: Path,
+) -> None:
+    """A `{file: x}` secret was read from the working directory, though hook folders and the
+    SQLite file are found beside the config: `check -c tb/talkbridge.yaml` failed from above."""
+    folder = tmp_path / "tb"
+    (folder / "secrets").mkdir(parents=True)
+    (folder / "secrets/webchat").write_text("a-token-from-a-secret-file\n")
+    (folder / "ca.pem").write_text("")  # no certificate in it: the client says so
+    (folder / "talkbridge.yaml").write_text(
+        "webchat: {tokens: [{file: secrets/webchat}]}\nhooks: [hooks/channel-message]\n"
+    )
+    hook = folder / "hooks/channel-message/mark"
+    hook.mkdir(parents=True)
+    (hook / "hook.py").write_text("def create_hook(deps):\n    return lambda msg: None\n")
+    code, out, err = await finish(
+        await talkbridge("check", "-c", "tb/talkbridge.yaml", cwd=tmp_path)
+    )
+    assert code == 0 and "config: ok" in out, err
+
+    port = free_port()
+    (folder / "redis.yaml").write_text(
+        f'store: "rediss://127.0.0.1:{port}/0?ssl_ca_certs=ca.pem"\n'
+    )
+    code, out, err = await finish(
+        await talkbridge("check", "-c", "tb/redis.yaml", "--timeout", "5", cwd=tmp_path)
+    )
+    assert code == 1 and "FAIL  store" in out, err
+    assert "No such file" not in out and "certificate" in out  # ca.pem was found, and read

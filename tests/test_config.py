@@ -122,6 +122,42 @@ def test_errors_name_the_key_path_and_never_the_value(monkeypatch: pytest.Monkey
     assert "hunter2" not in text
 
 
+def test_a_misspelt_key_is_named_with_the_key_it_is_close_to() -> None:
+    """`chanel: telegram` said only `channel: required`, and an unknown key never named the one
+    meant; a Telegram `trusted: [bob]` was reported at `connections[0]`, not at `trusted`."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "webchta": {},
+                "router": {"send_atempts": 3},
+                "agents": {"definitions": {"x": {"kind": "echo", "knd": "echo"}}},
+                "connections": [
+                    {"id": "a", "chanel": "telegram", "token": "1:abc"},
+                    {"id": "b", "channel": "telegram", "token": "1:abc", "trusted": ["bob"]},
+                    {
+                        "id": "c",
+                        "channel": "email",
+                        "address": "help@example.com",
+                        "imap": {"host": "h", "username": "u", "password": "p", "fodler": "X"},
+                        "smtp": {"host": "h"},
+                    },
+                    {"id": "d", "channel": "telegram", "token": "1:abc", "tokne": "x"},
+                ],
+            }
+        )
+    lines = str(err.value).splitlines()[1:]
+    assert lines == [
+        "  connections[0].chanel: unknown key; did you mean channel?",
+        "  connections[1].trusted: 'bob' would never match: it holds numeric Telegram user ids "
+        "(a username can change hands)",
+        "  connections[2].imap.fodler: unknown key; did you mean folder?",
+        "  connections[3].tokne: unknown key; did you mean token?",
+        "  agents.definitions.x.knd: unknown key; did you mean kind?",
+        "  router.send_atempts: unknown key; did you mean send_attempts?",
+        "  webchta: unknown key; did you mean webchat?",
+    ]
+
+
 def test_unknown_channel_and_duplicate_ids() -> None:
     with pytest.raises(ConfigError, match=r"connections\[0\]\.channel: unknown channel 'icq'"):
         parse_config({"connections": [{"id": "a", "channel": "icq"}]})
@@ -423,3 +459,51 @@ def test_a_retention_a_date_cannot_hold_is_a_config_error(key: str) -> None:
         parse_config({"retention": {key: 1e9}})
     config, _ = parse_config({"retention": {key: 36_500}})
     assert getattr(config.retention, key) == 36_500
+
+
+def test_a_tilde_in_a_path_of_the_config_is_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`store: sqlite:///~/bridge.db` made a folder named `~` beside the config."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "talkbridge.yaml").write_text(
+        "store: sqlite:///~/bridge.db\nhooks: [~/hooks/audit]\n"
+        "webchat: {tokens: [{file: ~/token}]}\n"
+    )
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home/token").write_text("a-token-in-the-home-folder")
+    config, _ = load_config(tmp_path / "talkbridge.yaml")
+    assert config.store == f"sqlite:///{tmp_path}/home/bridge.db"
+    assert config.hook_folders() == [tmp_path / "home/hooks/audit"]
+    assert config.webchat.tokens[0].get_secret_value() == "a-token-in-the-home-folder"
+
+
+def test_reasons_are_in_the_words_of_the_yaml_not_of_pydantic() -> None:
+    """`String should match pattern '^/'`, `String should have at least 1 character` and
+    `must be a valid boolean, unable to interpret input` spoke pydantic, not YAML."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            {
+                "connections": [
+                    {
+                        "id": "a",
+                        "channel": "telegram",
+                        "token": "1:abc",
+                        "webhook_path": "hook",
+                        "enabled": "maybe",
+                    },
+                    {
+                        "id": "b",
+                        "channel": "email",
+                        "address": "help@example.com",
+                        "imap": {"host": "", "username": "u", "password": "p"},
+                        "smtp": {"host": "h"},
+                    },
+                ]
+            }
+        )
+    assert str(err.value).splitlines()[1:] == [
+        "  connections[0].enabled: must be true or false",
+        "  connections[0].webhook_path: must be a path starting with / (such as /hooks/in)",
+        "  connections[1].imap.host: must not be empty",
+    ]

@@ -110,3 +110,17 @@ def test_the_readme_chooses_a_webchat_token_in_the_starter_config_and_exports_it
     block = starter.split("\nwebchat:\n", 1)[1].split("\n\n", 1)[0]
     assert shown == "webchat:\n" + block.replace("  # tokens:", "  tokens:") + "\n"
     assert "export WEBCHAT_TOKEN=" in section
+
+
+def test_the_hooks_doc_lists_the_hook_yaml_keys_each_kind_takes() -> None:
+    from talkbridge.hooks.registry import KIND_OPTIONS
+
+    doc = (ROOT / "docs" / "hooks.md").read_text()
+    table = doc.split("| kind | `hook.yaml` keys besides `kind` and `name` |", 1)[1]
+    rows = re.findall(r"^\| (`[^|]+`) \| ([^|]+) \|$", table.split("\n\n", 1)[0], re.MULTILINE)
+    listed: dict[str, set[str]] = {}
+    for kinds, keys in rows:
+        taken = set(re.findall(r"`(\w+)`", keys.split(" (")[0].split(":")[0]))
+        for kind in re.findall(r"`([\w-]+)`", kinds):
+            listed[kind] = taken
+    assert listed == {kind: set(options) - {"scope"} for kind, options in KIND_OPTIONS.items()}

@@ -83,6 +83,11 @@ def build_agent(
                 f"{where}.target: {spec.target}.stream must yield its events (TextDelta…, then "
                 "a Result): it is an `async def` that never yields"
             )
+        if inspect.isgeneratorfunction(agent.stream):  # a `def` that yields: no `async`
+            raise ConfigError(
+                f"{where}.target: {spec.target}.stream must be an `async def` that yields its "
+                "events (TextDelta…, then a Result): it is a plain `def`"
+            )
         return agent
     if spec.kind == "openai":
         if not spec.base_url or not spec.model:

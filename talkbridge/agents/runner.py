@@ -106,6 +106,9 @@ class AgentRunner:
             async def innermost(ctx: TurnContext) -> None:
                 ctx.state["agent_ran"] = True
                 stream = agent.stream(ctx)
+                if not hasattr(stream, "__aiter__"):
+                    await ctx.emit(Error(message=not_a_stream(agent_name, agent, stream)))
+                    return
                 calls: dict[str, ToolCall] = {}
                 emit = ctx.emit
                 try:
@@ -347,6 +350,25 @@ def _position(entries: list[HistoryEntry], message_id: str) -> int | None:
 
 _EVENTS = (TextDelta, ToolCall, ToolResult, Result, Error)
 _EVENT_TYPES = frozenset(_EVENTS)
+
+
+def not_a_stream(agent_name: str, agent: Any, returned: Any) -> str:
+    """Why an agent whose `stream(ctx)` gave no async iterator (a plain `def` returning a
+    list, a generator without `async`) cannot answer, in words that say what to write.
+    A coroutine it returned is closed, so Python does not warn it was never awaited."""
+    if inspect.iscoroutine(returned):
+        returned.close()
+    what = (
+        "a generator (a `def` that yields: it needs `async def`)"
+        if inspect.isgenerator(returned)
+        else f"a {type(returned).__name__}"
+    )
+    kind = type(agent)
+    return (
+        f"agent {agent_name!r} ({kind.__module__}.{kind.__qualname__}): stream(ctx) returned "
+        f"{what}, not an async iterator: write it as `async def stream(self, ctx)` that "
+        "yields TextDelta(...) and a final Result(...)"
+    )
 
 
 def _ignore(ctx: TurnContext, agent_name: str, event: Any) -> None:

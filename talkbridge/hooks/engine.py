@@ -99,8 +99,12 @@ def describe_event(event: Any) -> EventAttrs:
 
 
 def _as_set(value: Any) -> Any:
-    if isinstance(value, str):
-        return [value]
+    """One value or a list of them; numbers as text, since YAML reads a Telegram group's id
+    (`-100123`) unquoted as a number, as `trusted` takes them."""
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
     return value
 
 

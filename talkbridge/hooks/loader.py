@@ -34,9 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from talkbridge.config import format_errors, read_yaml
 from talkbridge.errors import ConfigError, HookLoadError
-from talkbridge.hooks.channel_message import ChannelMessageHook
+from talkbridge.hooks.channel_message import EDIT_EVENT, MESSAGE_EVENT, ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
-from talkbridge.hooks.registry import KINDS, HookDeps, HookRegistry, is_connection_hook
+from talkbridge.hooks.registry import (
+    KIND_OPTIONS,
+    KINDS,
+    HookDeps,
+    HookRegistry,
+    is_connection_hook,
+)
 
 HOOK_FILE = "hook.py"
 SPEC_FILE = "hook.yaml"
@@ -110,6 +116,7 @@ def _check_filter(item: LoadedHook, connection_ids: set[str]) -> None:
     for key, given, known in (
         ("channels", spec.channels, {*known_channels(), "webchat"}),  # the bundled one too
         ("connection_ids", spec.connection_ids, connection_ids),
+        ("event_types", spec.event_types, {MESSAGE_EVENT, EDIT_EVENT}),
     ):
         unknown = sorted(set(given or ()) - known)
         if unknown:
@@ -132,7 +139,7 @@ def load_hooks(paths: list[Path], deps: HookDeps, registry: HookRegistry) -> lis
     try:
         for path in paths:
             for folder in _hook_folders(Path(path)):
-                loaded.append(_load_folder(folder, deps, registry))
+                loaded.append(_load_folder(folder, deps, registry, loaded))
     except BaseException:
         for item in reversed(loaded):
             registry.unregister(item.name, missing_ok=True)
@@ -169,7 +176,7 @@ def _read_spec(folder: Path) -> HookSpec:
     try:
         return HookSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(format_errors(exc))
+        problems = "; ".join(format_errors(exc, model=HookSpec))
         raise HookLoadError(f"hook folder {folder}: {SPEC_FILE}: {problems}") from None
 
 
@@ -232,9 +239,45 @@ def _where(exc: BaseException, file: Path) -> str:
     return f" at {file.name} line {frames[-1].lineno}" if frames else ""
 
 
-def _load_folder(folder: Path, deps: HookDeps, registry: HookRegistry) -> LoadedHook:
+def _check_options(folder: Path, kind: str, spec: HookSpec) -> None:
+    """A hook.yaml key the kind does not take (`timeout:` for turn middleware) is named with
+    what the kind does take, before the module is imported."""
+    given = spec.model_dump(exclude_none=True, exclude={"kind", "name"})
+    wrong = sorted(set(given) - KIND_OPTIONS[kind])
+    if wrong:
+        takes = ", ".join(["kind", "name", *sorted(KIND_OPTIONS[kind] - {"scope"})])
+        raise HookLoadError(
+            f"hook folder {folder}: {SPEC_FILE}: {', '.join(wrong)}: does not apply to kind "
+            f"{kind}, which takes {takes} (see docs/hooks.md)"
+        )
+
+
+def _check_name_free(
+    folder: Path, kind: str, name: str, registry: HookRegistry, loaded: list[LoadedHook]
+) -> None:
+    """Hook names are unique across kinds (`unregister(name)` and the log name one hook), so
+    `agent-turn-started/log` beside `agent-turn-finished/log` needs a `name:`: say so, naming
+    the folder that has the name, before this one's module is imported."""
+    owner = registry.kind_of(name)
+    if owner is None:
+        return
+    holder = next((item for item in loaded if item.name == name), None)
+    where = f"hook folder {holder.folder}" if holder else "a hook the app registered"
+    suggestion = f"{name}-{folder.parent.name}" if folder.parent.name != name else f"{name}-2"
+    raise HookLoadError(
+        f"hook folder {folder} ({kind}): the name {name!r} is taken by {where} ({owner}); "
+        f"hook names are unique, whatever their kind: give this one its own in {SPEC_FILE} "
+        f"(name: {suggestion})"
+    )
+
+
+def _load_folder(
+    folder: Path, deps: HookDeps, registry: HookRegistry, loaded: list[LoadedHook]
+) -> LoadedHook:
     spec = _read_spec(folder)
     kind = _resolve_kind(folder, spec)
+    _check_options(folder, kind, spec)
+    _check_name_free(folder, kind, spec.name or folder.name, registry, loaded)
     module = _import(folder)
     create = getattr(module, "create_hook", None)
     file = folder / HOOK_FILE

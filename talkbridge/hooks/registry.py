@@ -50,7 +50,7 @@ HookKind = Literal[
 KINDS: Final[tuple[str, ...]] = HookKind.__args__  # type: ignore[attr-defined]
 Environment = Literal["production", "development"]
 
-_OPTIONS: Final[dict[str, frozenset[str]]] = {
+KIND_OPTIONS: Final[dict[str, frozenset[str]]] = {
     "channel-message": frozenset(
         {"order", "timeout", "on_error", "filter", "scope", "needs_thread_lock", "observer"}
     ),
@@ -62,6 +62,8 @@ _OPTIONS: Final[dict[str, frozenset[str]]] = {
     "reply": frozenset({"on_error", "timeout"}),
     "durable": frozenset(),
 }
+"""The options each kind takes (`register(kind, hook, **options)`, and hook.yaml's keys
+besides `kind` and `name`; `scope` is for code only). docs/hooks.md has them as a table."""
 # the method an object hook of each kind provides when it is not itself callable
 _METHOD: Final[dict[str, str]] = {
     "channel-message": "on_message",
@@ -160,12 +162,12 @@ class HookRegistry:
         self, kind: str, hook: Any, *, name: str | None = None, **options: Any
     ) -> RegisteredHook:
         """Register `hook` as a hook of `kind` (see `KINDS`) with the kind's options."""
-        if kind not in _OPTIONS:
+        if kind not in KIND_OPTIONS:
             raise ValueError(f"unknown hook kind {kind!r}; kinds: {', '.join(KINDS)}")
         name = name or _default_name(hook)
-        unknown = set(options) - _OPTIONS[kind]
+        unknown = set(options) - KIND_OPTIONS[kind]
         if unknown:
-            allowed = ", ".join(sorted(_OPTIONS[kind])) or "none"
+            allowed = ", ".join(sorted(KIND_OPTIONS[kind])) or "none"
             raise TypeError(
                 f"{kind} hook {name!r}: option(s) {', '.join(sorted(unknown))} do not apply; "
                 f"allowed: {allowed}"

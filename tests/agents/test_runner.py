@@ -147,3 +147,29 @@ async def test_the_history_a_turn_reads_ends_before_its_message_however_far_back
     unrecorded = make_msg("never stored", id="m999")
     entries = await earlier_entries(sqlite_store, unrecorded, 2)
     assert [e.text for e in entries] == ["m299", "m300"]
+
+
+class _Lister:
+    """Its `stream` is a plain `def` returning a list: no async iterator."""
+
+    name = "lister"
+
+    def stream(self, ctx: TurnContext) -> Any:
+        return [TextDelta(text="hi"), Result(text="hi")]
+
+
+async def test_an_agent_whose_stream_is_no_async_iterator_fails_its_turn_saying_so(
+    sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each turn logged a traceback ending in "'async for' requires an object with
+    __aiter__", naming neither the agent nor what its `stream` must be."""
+    runner = AgentRunner({"helper": _Lister()}, sqlite_store, environment="development")
+    outcome = await runner.run_turn(make_msg("x"), "helper")
+    assert outcome.status == "error"
+    assert outcome.text == (
+        f"agent 'helper' ({__name__}._Lister): stream(ctx) returned a list, not an async "
+        "iterator: write it as `async def stream(self, ctx)` that yields TextDelta(...) and a "
+        "final Result(...)"
+    )
+    assert "Traceback" not in caplog.text and "__aiter__" not in caplog.text
+    assert all(record.exc_info is None for record in caplog.records)

@@ -331,7 +331,7 @@ def test_unknown_kind_names_folder_and_lists_kinds(tmp_path: Path) -> None:
 def test_bad_yaml_keys_missing_and_empty_folders(tmp_path: Path) -> None:
     registry = HookRegistry()
     folder = write_hook(tmp_path / "chat", ROUTER, "kind: chat\nordr: 3\n")
-    with pytest.raises(HookLoadError, match=r"hook.yaml: ordr: unknown key"):
+    with pytest.raises(HookLoadError, match=r"hook.yaml: ordr: unknown key; did you mean order\?"):
         load_hooks([folder], deps(registry), registry)
     with pytest.raises(HookLoadError, match="does not exist"):
         load_hooks([tmp_path / "nowhere"], deps(registry), registry)
@@ -372,3 +372,70 @@ def test_a_durable_hook_that_is_not_async_is_a_load_error_naming_the_fix(tmp_pat
     registry = HookRegistry()
     with pytest.raises(HookLoadError, match="must be an async function"):
         load_hooks([tmp_path / "durable"], deps(registry), registry)
+
+
+def test_one_name_under_two_kinds_says_which_folder_has_it_and_how_to_rename(
+    tmp_path: Path,
+) -> None:
+    """`log` under agent-turn-started and agent-turn-finished said only that a hook named
+    'log' was already registered: names are unique across kinds, and the error says where
+    the other one is and what to write in hook.yaml."""
+    registry = HookRegistry()
+    watcher = "def create_hook(deps):\n    return lambda event: None\n"
+    started = write_hook(tmp_path / "hooks/agent-turn-started/log", watcher)
+    finished = write_hook(tmp_path / "hooks/agent-turn-finished/log", watcher)
+    with pytest.raises(HookLoadError) as err:
+        load_hooks([started, finished], deps(registry), registry)
+    assert str(err.value) == (
+        f"hook folder {finished} (agent-turn-finished): the name 'log' is taken by hook folder "
+        f"{started} (agent-turn-started); hook names are unique, whatever their kind: give "
+        "this one its own in hook.yaml (name: log-agent-turn-finished)"
+    )
+    assert registry.names() == {}  # the first one is unregistered again
+
+    (finished / "hook.yaml").write_text("name: log-agent-turn-finished\n")
+    loaded = load_hooks([started, finished], deps(registry), registry)
+    assert [(h.kind, h.name) for h in loaded] == [
+        ("agent-turn-started", "log"),
+        ("agent-turn-finished", "log-agent-turn-finished"),
+    ]
+
+
+def test_a_hook_yaml_key_the_kind_does_not_take_names_the_keys_it_does(tmp_path: Path) -> None:
+    registry = HookRegistry()
+    folder = write_hook(
+        tmp_path / "hooks/turn-middleware/polite",
+        "async def mw(ctx, next):\n    await next()\n\ndef create_hook(deps):\n    return mw\n",
+        "order: 1\ntimeout: 5\n",
+    )
+    with pytest.raises(HookLoadError) as err:
+        load_hooks([folder], deps(registry), registry)
+    assert str(err.value) == (
+        f"hook folder {folder}: hook.yaml: timeout: does not apply to kind turn-middleware, "
+        "which takes kind, name, on_error, order (see docs/hooks.md)"
+    )
+
+
+async def test_a_filter_takes_numeric_thread_ids_and_refuses_an_event_type_that_never_comes(
+    tmp_path: Path,
+) -> None:
+    """`thread_ids: [-100123]` (a Telegram group, unquoted) was refused as no string, and
+    `event_types: [edit]` loaded a hook that never ran: the types are message and
+    message.edited."""
+    registry = HookRegistry()
+    code = "def create_hook(deps):\n    return lambda msg: None\n"
+    folder = write_hook(
+        tmp_path / "hooks/channel-message/one", code, "filter: {event_types: edit}\n"
+    )
+    with pytest.raises(HookLoadError) as err:
+        load_hook_folders([folder], deps(registry), registry, connection_ids=[])
+    assert str(err.value) == (
+        f"hook folder {folder}: hook.yaml: filter.event_types: edit matches nothing here "
+        "(known: message, message.edited); the hook would never run"
+    )
+
+    registry = HookRegistry()
+    (folder / "hook.yaml").write_text("filter: {thread_ids: [-100123], event_types: message}\n")
+    [loaded] = load_hooks([folder], deps(registry), registry)
+    assert loaded.filter is not None and loaded.filter.thread_ids == {"-100123"}
+    assert loaded.filter.event_types == {"message"}

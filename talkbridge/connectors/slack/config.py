@@ -18,6 +18,7 @@ DEFAULT_API_BASE = "https://slack.com/api/"
 
 
 class SlackConfig(ConnectionConfig):
+    trusted_ids = ("Slack user ids (U012ABCDEF: a profile's 'Copy member ID')", "A-Z0-9")
     channel: Literal["slack"] = "slack"
     bot_token: SecretStr
     """The app's bot token (`xoxb-…`): every Web API call is made with it."""
@@ -66,11 +67,6 @@ class SlackConfig(ConnectionConfig):
     def _trailing_slash(cls, value: str) -> str:
         value = without_login(http_base_url(value, "https://slack.com/api/"), "Slack's Web API")
         return value if value.endswith("/") else value + "/"
-
-    @model_validator(mode="after")
-    def _trusted_ids(self) -> SlackConfig:
-        self._no_handles("Slack user ids (U012ABCDEF: a profile's 'Copy member ID')", "A-Z0-9")
-        return self
 
     @model_validator(mode="after")
     def _one_inbound_route(self) -> SlackConfig:

@@ -14,6 +14,7 @@ _TOKEN = re.compile(r"[0-9]+:[A-Za-z0-9_-]+")
 
 
 class TelegramConfig(ConnectionConfig):
+    trusted_ids = ("numeric Telegram user ids (a username can change hands)", "0-9-")
     channel: Literal["telegram"] = "telegram"
     token: SecretStr
     mode: Literal["polling", "webhook"] = "polling"
@@ -54,6 +55,18 @@ class TelegramConfig(ConnectionConfig):
             )
         return value
 
+    @field_validator("webhook_secret")
+    @classmethod
+    def _secret_shape(cls, value: SecretStr | None) -> SecretStr | None:
+        allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+        secret = "" if value is None else value.get_secret_value()
+        if value is not None and (not 1 <= len(secret) <= 256 or not set(secret) <= allowed):
+            raise ValueError(
+                "must be 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule for "
+                "secret_token)"
+            )
+        return value
+
     @field_validator("api_base")
     @classmethod
     def _api_base_url(cls, value: str | None) -> str | None:
@@ -68,11 +81,6 @@ class TelegramConfig(ConnectionConfig):
             if path not in ("", "/"):
                 return {**data, "webhook_path": path}
         return data
-
-    @model_validator(mode="after")
-    def _trusted_ids(self) -> TelegramConfig:
-        self._no_handles("numeric Telegram user ids (a username can change hands)", "0-9-")
-        return self
 
     @model_validator(mode="after")
     def _webhook_needs_url_and_secret(self) -> TelegramConfig:
@@ -97,14 +105,5 @@ class TelegramConfig(ConnectionConfig):
                 raise ValueError(
                     "webhook_url must be an https:// URL: Telegram posts updates only over "
                     "HTTPS (a self-hosted Bot API server, set in api_base, also takes http://)"
-                )
-
-        if self.webhook_secret is not None:
-            secret = self.webhook_secret.get_secret_value()
-            allowed = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-            if not 1 <= len(secret) <= 256 or not set(secret) <= allowed:
-                raise ValueError(
-                    "webhook_secret must be 1-256 characters of A-Z, a-z, 0-9, _ and - "
-                    "(Telegram's rule for secret_token)"
                 )
         return self

@@ -43,7 +43,7 @@ def test_bad_values_are_named_without_echoing_secrets() -> None:
         parse_config(connection(token="not a token 12345"))
     assert "connections[0].token" in str(caught.value)
     assert "not a token" not in str(caught.value)
-    with pytest.raises(ConfigError, match="webhook_secret must be"):
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.webhook_secret: must be 1-256"):
         parse_config(
             connection(mode="webhook", webhook_url="https://x.example", webhook_secret="no spaces!")
         )
@@ -107,14 +107,15 @@ def test_pacer_limits_groups_per_minute_but_not_private_chats() -> None:
 
 def test_a_username_in_trusted_is_refused_since_it_would_never_match() -> None:
     with pytest.raises(
-        ConfigError, match=r"numeric Telegram user ids .*\(@bob would never match\)"
+        ConfigError,
+        match=r"connections\[0\]\.trusted: @bob would never match: it holds numeric Telegram",
     ):
         parse_config(connection(trusted=["42", "@bob"]))
 
 
 @pytest.mark.parametrize("entry", ["bob_user", "bob", "42 ", ""])
 def test_a_trusted_entry_no_numeric_id_can_match_is_refused(entry: str) -> None:
-    with pytest.raises(ConfigError, match="would never match"):
+    with pytest.raises(ConfigError, match=r"connections\[0\]\.trusted: .*would never match"):
         parse_config(connection(trusted=["42", entry]))
 
 
