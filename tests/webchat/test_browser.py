@@ -694,3 +694,62 @@ async def test_markdown_links_and_marks(
     )
     assert html in rendered, rendered
     assert "javascript:" not in rendered.split("href=", 1)[-1] or "href=" not in rendered
+
+
+HOSTILE = 64 * 1024
+"""A reply as long as a frame may be, made of what sends a naive inline scanner to the end of
+the line from every character: it rendered in quadratic time, again at every streamed piece."""
+
+
+async def test_markdown_renders_hostile_replies_in_steps_linear_in_their_length(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await context.new_page()
+    await page.goto(page_url(webchat))
+    results = await page.evaluate(
+        """async (n) => {
+            const { renderMarkdown, work } = await import('/static/markdown.js');
+            const inputs = {
+                brackets: '['.repeat(n),
+                images: '!['.repeat(n / 2),
+                'brackets then a link': '['.repeat(n / 2) + '](https://example.com/)',
+                'brackets, an unclosed target': '['.repeat(n / 2) + '](' + 'a'.repeat(n / 2),
+                'a link each': '[a](https://x.example/)'.repeat(n / 23),
+                'unclosed targets': '[a]('.repeat(n / 4),
+                'a URL then parentheses': 'https://example.com/' + ')'.repeat(n),
+                'code marks': '`a'.repeat(n / 2),
+                'bold marks': '**a'.repeat(n / 3),
+                'unclosed autolinks': '<https://a'.repeat(n / 10),
+                'underscores': ' _a'.repeat(n / 3),
+                'strikes': '~~a'.repeat(n / 3),
+                'stars then an underscore': '*'.repeat(n) + '_',
+                'h then a backtick': 'h'.repeat(n) + '`',
+                'marks then their closers': '<*_~`!['.repeat(n / 7) + '>*_~`])',
+            };
+            const out = {};
+            for (const [name, text] of Object.entries(inputs)) {
+                work.steps = 0;
+                const box = document.createElement('div');
+                box.append(renderMarkdown(text));
+                out[name] = {
+                    length: text.length,
+                    steps: work.steps,
+                    text: box.textContent === text,
+                    links: box.querySelectorAll('a').length,
+                };
+            }
+            return out;
+        }""",
+        HOSTILE,
+    )
+    for name, result in results.items():
+        # Each character is looked at a few times (by each rule it may start or end, at each
+        # of up to five levels of nested marks), never once per earlier character (which made
+        # 32,768 steps a character for 64 KiB of `[`).
+        assert result["steps"] <= 40 * result["length"], (name, result)
+    plain = ["brackets", "images", "brackets, an unclosed target", "unclosed targets"]
+    assert all(results[name]["text"] for name in plain), results  # shown as they came
+    assert results["brackets then a link"]["links"] == 1
+    assert results["a link each"]["links"] == HOSTILE // 23
+    assert results["a URL then parentheses"]["links"] == 1
+    assert results["brackets"]["links"] == results["unclosed targets"]["links"] == 0
