@@ -160,33 +160,36 @@ def fork_server(control_fd: int, preload: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    control = socket.socket(fileno=control_fd)
-    while True:
-        try:
-            header, fds, _, _ = socket.recv_fds(control, _HEADER.size, 1)
-        except OSError:
-            return
-        if len(header) < _HEADER.size or not fds:
-            return  # the parent is gone
-        (size,) = _HEADER.unpack(header)
-        body = b""
-        while len(body) < size:
-            chunk = control.recv(size - len(body))
-            if not chunk:
-                return
-            body += chunk
-        setup, args = pickle.loads(body)
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            code = 0
+    # Sockets are closed by `with`, not left to the collector: under `-W default` (or
+    # PYTHONWARNINGS) each one left open printed a ResourceWarning as the bridge stopped.
+    with socket.socket(fileno=control_fd) as control:
+        while True:
             try:
-                _serve(socket.socket(fileno=fds[0]), setup, args)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        os.close(fds[0])
-        control.sendall(_HEADER.pack(pid))
+                header, fds, _, _ = socket.recv_fds(control, _HEADER.size, 1)
+            except OSError:
+                return
+            if len(header) < _HEADER.size or not fds:
+                return  # the parent is gone
+            (size,) = _HEADER.unpack(header)
+            body = b""
+            while len(body) < size:
+                chunk = control.recv(size - len(body))
+                if not chunk:
+                    return
+                body += chunk
+            setup, args = pickle.loads(body)
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                code = 0
+                try:
+                    with socket.socket(fileno=fds[0]) as sock:
+                        _serve(sock, setup, args)
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            os.close(fds[0])
+            control.sendall(_HEADER.pack(pid))
 
 
 def op_name(fn: Callable[..., Any]) -> str:

@@ -35,6 +35,7 @@ from talkbridge.store.base import HistoryEntry
 from talkbridge.webchat.auth import GENERATED_IDENTITY, TokenAuth
 from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
+    CLOSE_TOO_MANY_SESSIONS,
     CLOSE_UNAUTHORIZED,
     PROTOCOL_VERSION,
     AuthFrame,
@@ -52,7 +53,7 @@ from talkbridge.webchat.protocol import (
     parse_frame,
     reply_frame,
 )
-from talkbridge.webchat.routes import HttpRoutes, cookie_token, foreign_origin
+from talkbridge.webchat.routes import HttpRoutes, cookie_refusal, cookie_token
 from talkbridge.webchat.sessions import Conversation, Sessions, split_thread, token_hash
 from talkbridge.webchat.socket_writes import keeping_up, write_frames
 from talkbridge.webchat.streams import DELTA_WINDOW, DeltaCoalescer
@@ -142,7 +143,7 @@ class WebchatConnector(BaseConnector):
         self._auth = TokenAuth(self._tokens, config.issuer, generated=generated_token)
         self._routes = HttpRoutes(self._auth, health, node_info=node_info)
         self._fanout: WebchatFanout | None = None
-        self._sessions = Sessions(context.store)
+        self._sessions = Sessions(context.store, max_per_identity=config.max_sessions_per_token)
         self._sockets: dict[str, set[ServerConnection]] = {}
         self._unpublished: OrderedDict[str, Conversation | None] = OrderedDict()
         """Messages stored whose hand-over to the router failed, so no tab was sent them yet:
@@ -292,17 +293,11 @@ class WebchatConnector(BaseConnector):
             return None
         token = frame.token
         if token is None and ws.request is not None:
-            foreign = foreign_origin(ws.request.headers)
-            if foreign is not None:
-                await _refuse(
-                    ws,
-                    "unauthorized",
-                    f"the token cookie is only for this server's own page, not for {foreign}: "
-                    "give the token in the auth frame",
-                    frame.ref,
-                )
-                return None
             token = cookie_token(ws.request.headers)
+            refusal = cookie_refusal(ws.request.headers) if token else None
+            if refusal is not None:
+                await _refuse(ws, "unauthorized", refusal, frame.ref)
+                return None
         if not token:
             await _refuse(
                 ws,
@@ -324,7 +319,8 @@ class WebchatConnector(BaseConnector):
                 identity, frame.session_id, earlier_identity=earlier
             )
         except FrameError as exc:
-            await _refuse(ws, exc.code, str(exc), frame.ref, CLOSE_FORBIDDEN)
+            close = CLOSE_TOO_MANY_SESSIONS if exc.code == "too_many_sessions" else CLOSE_FORBIDDEN
+            await _refuse(ws, exc.code, str(exc), frame.ref, close)
             return None
         conversations = await self._sessions.conversations(session_id)
         ready: dict[str, Any] = {
@@ -542,18 +538,23 @@ class WebchatConnector(BaseConnector):
         more = forward and len(entries) > limit
         if more:
             entries = entries[:limit]
+        # The direction asked, and only that one: a `before_seq` page said `after_seq: 0`
+        # too, which a client reads as the answer to a first load.
+        direction = (
+            {"after_seq": frame.after_seq}
+            if frame.before_seq is None
+            else {"before_seq": frame.before_seq}
+        )
         out: dict[str, Any] = {
             "type": "history",
             "thread_id": frame.thread_id,
-            "after_seq": frame.after_seq,
+            **direction,
             "messages": [message_frame(frame.thread_id, e) for e in entries],
             # `more`: newer entries remain, ask again after the last seq; `earlier`: older
             # entries exist than the first one returned (ask with `before_seq` = its seq).
             "more": more,
             "earlier": bool(entries) and entries[0].seq > 1,
         }
-        if frame.before_seq is not None:
-            out["before_seq"] = frame.before_seq
         await ws.send(dumps(reply_frame(out, frame.ref)))
         # A reply under way: its text so far, for a tab that joins (or comes back) mid-stream;
         # the deltas after it continue from there.

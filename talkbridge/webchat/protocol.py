@@ -20,7 +20,6 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -37,12 +36,20 @@ ErrorCode = Literal[
     "not_found",
     "rate_limited",
     "internal",
+    "empty_message",
+    "too_many_sessions",
 ]
 
 CLOSE_UNAUTHORIZED = 4401
 """Close code: no auth frame first, or a token that is missing or wrong."""
 CLOSE_FORBIDDEN = 4403
 """Close code: the session id presented belongs to another token."""
+CLOSE_TOO_MANY_SESSIONS = 4429
+"""Close code: a new session was needed, and the token has all it may have."""
+EMPTY_MESSAGE = (
+    "the message is only spaces or invisible characters (such as zero-width spaces): "
+    "there is nothing to show"
+)
 
 REF_MAX = 64
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -82,14 +89,8 @@ class SendFrame(_ClientFrame):
     type: Literal["send"]
     thread_id: ThreadId
     client_id: ClientId
-    text: str = Field(min_length=1)
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, text: str) -> str:
-        if not visible(text):
-            raise ValueError("text is only spaces or invisible characters: nothing to send")
-        return text
+    text: str
+    """Not blank: `parse_frame` refuses one that shows nothing (`empty_message`)."""
 
 
 class HistoryFrame(_ClientFrame):
@@ -185,9 +186,14 @@ def parse_frame(data: str | bytes, max_bytes: int) -> ClientFrame:
             problem = f"unknown frame type {kind[:40]!r}"
         raise FrameError("bad_frame", f"{problem}; known types: {known}", **ids)
     try:
-        return _adapter.validate_python(raw)
+        frame = _adapter.validate_python(raw)
     except ValidationError as exc:
         raise FrameError("bad_frame", _describe(kind, exc), **ids) from None
+    # A code of its own, in words for the person who typed it: the page shows the message as
+    # the reason the text was not sent (it read `bad send frame: text: …`).
+    if isinstance(frame, SendFrame) and not visible(frame.text):
+        raise FrameError("empty_message", EMPTY_MESSAGE, **ids)
+    return frame
 
 
 def visible(text: str) -> bool:

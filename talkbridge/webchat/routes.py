@@ -93,16 +93,31 @@ def cookie_token(headers: Headers) -> str:
     return ""
 
 
-def foreign_origin(headers: Headers) -> str | None:
-    """The `Origin` of a browser socket opened by another site's page, else None.
+def cookie_refusal(headers: Headers) -> str | None:
+    """Why the token cookie may not log this socket in, or None when it may: it is for the
+    server's own page only, whose socket says so in its `Origin` (every browser sends one).
 
-    The token cookie goes with every socket a browser opens to this host, whichever page opens
-    it, and `SameSite` does not tell ports apart: without this, a page on another port of the
-    same host could chat (and read history) as the cookie's holder. A client that sends no
-    `Origin` is not a browser, and holds the cookie only if it was given the token.
+    The cookie goes with every socket a browser opens to this host, whichever page opens it,
+    and `SameSite` does not tell ports apart: without this, a page on another port of the same
+    host could chat (and read history) as the cookie's holder. A client without `Origin` is
+    not a browser: it gives the token in its auth frame, as the protocol doc says.
     """
     if not headers.get_all("Origin"):
+        return (
+            "the token cookie is only for this server's own page, and this socket sent no "
+            "Origin (a browser always does): give the token in the auth frame"
+        )
+    foreign = foreign_origin(headers)
+    if foreign is None:
         return None
+    return (
+        f"the token cookie is only for this server's own page, not for {foreign}: "
+        "give the token in the auth frame"
+    )
+
+
+def foreign_origin(headers: Headers) -> str | None:
+    """The `Origin` of a socket (one is required) opened by another site's page, else None."""
     origin = header(headers, "Origin")  # websockets refuses a handshake with two (400)
     # Proxies in a chain may each add an X-Forwarded-Host line rather than extend the one.
     named = [header(headers, "Host"), *header(headers, "X-Forwarded-Host").split(",")]

@@ -23,6 +23,8 @@ from talkbridge.store.base import Store
 from talkbridge.webchat.protocol import FrameError
 
 MAX_CONVERSATIONS = 1000
+MAX_SESSIONS_PER_TOKEN = 1000
+"""The default of `webchat.max_sessions_per_token`."""
 TITLE_LENGTH = 60
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CONVERSATION_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -64,8 +66,11 @@ class Sessions:
     a conversation made through another node is still found.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, max_per_identity: int = MAX_SESSIONS_PER_TOKEN) -> None:
         self._store = store
+        self._max_per_identity = max_per_identity
+        """Sessions one identity may create: each is kept for good, and a client holding a
+        static token made a new one with every unknown `session_id` it sent."""
         self._conversations: dict[str, list[Conversation]] = {}
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -116,8 +121,23 @@ class Sessions:
         return new_id, True
 
     async def _new_session(self, identity: str) -> str:
-        new_id = secrets.token_hex(16)
-        await self._store.set_state(_session_key(new_id), identity)
+        """A new session bound to `identity`, or `FrameError("too_many_sessions")` when the
+        identity has made all it may (counted per identity, so per static token)."""
+        count_key = _count_key(identity)
+        async with self.lock(count_key):
+            made = int(await self._store.get_state(count_key) or 0)
+            if made >= self._max_per_identity:
+                raise FrameError(
+                    "too_many_sessions",
+                    f"this access token has opened the most sessions it may "
+                    f"({self._max_per_identity}: one per browser), so it cannot start another; "
+                    "open the link in a browser that used it before, or ask the person who "
+                    "runs this bridge for a link of your own (or to raise "
+                    "webchat.max_sessions_per_token)",
+                )
+            new_id = secrets.token_hex(16)
+            await self._store.set_state(_session_key(new_id), identity)
+            await self._store.set_state(count_key, str(made + 1))
         await self.new_conversation(new_id)
         return new_id
 
@@ -207,6 +227,10 @@ def _joins_previous(ch: str) -> bool:
 
 def _identity_key(identity: str) -> str:
     return f"webchat:identity:{token_hash(identity)}"  # never the identity (a sub) itself
+
+
+def _count_key(identity: str) -> str:
+    return f"webchat:sessions-made:{token_hash(identity)}"
 
 
 def _session_key(session_id: str) -> str:

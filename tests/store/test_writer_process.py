@@ -272,3 +272,29 @@ async def test_results_confirm_the_writes_sent_before_them(
     assert len(await db.history("k", limit=20)) == 10
     assert len(writer._unconfirmed) <= 1  # only the frame of that last call may remain
     assert not writer._syncing
+
+
+def test_the_writer_processes_leave_no_socket_open_for_the_collector(tmp_path: Path) -> None:
+    # Under `-W default` each socket the fork server or a writer child left to the collector
+    # printed a ResourceWarning (`unclosed <socket.socket …>`) as the bridge stopped.
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path[:0] = {[p for p in sys.path if p]!r}
+        from talkbridge.store import SqliteStore
+
+        async def main():
+            store = SqliteStore({str(tmp_path / "x.db")!r})
+            await store.open()
+            await store.set_state("k", "v")
+            await store.close()
+
+        asyncio.run(main())
+        """
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ResourceWarning" not in done.stderr, done.stderr

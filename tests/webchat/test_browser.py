@@ -22,6 +22,7 @@ from tests.webchat.conftest import (
     CHROMIUM_ARGS,
     TIMEOUT,
     TOKEN_A,
+    TOKEN_B,
     Webchat,
     require_chromium,
 )
@@ -694,3 +695,164 @@ async def test_markdown_links_and_marks(
     )
     assert html in rendered, rendered
     assert "javascript:" not in rendered.split("href=", 1)[-1] or "href=" not in rendered
+
+
+def _wipe(folder: Path, pattern: str) -> None:
+    for path in folder.glob(pattern):
+        path.unlink()
+
+
+HOSTILE = 64 * 1024
+"""A reply as long as a frame may be, made of what sends a naive inline scanner to the end of
+the line from every character: it rendered in quadratic time, again at every streamed piece."""
+
+
+async def test_markdown_renders_hostile_replies_in_steps_linear_in_their_length(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await context.new_page()
+    await page.goto(page_url(webchat))
+    results = await page.evaluate(
+        """async (n) => {
+            const { renderMarkdown, work } = await import('/static/markdown.js');
+            const inputs = {
+                brackets: '['.repeat(n),
+                images: '!['.repeat(n / 2),
+                'brackets then a link': '['.repeat(n / 2) + '](https://example.com/)',
+                'brackets, an unclosed target': '['.repeat(n / 2) + '](' + 'a'.repeat(n / 2),
+                'a link each': '[a](https://x.example/)'.repeat(n / 23),
+                'unclosed targets': '[a]('.repeat(n / 4),
+                'a URL then parentheses': 'https://example.com/' + ')'.repeat(n),
+                'code marks': '`a'.repeat(n / 2),
+                'bold marks': '**a'.repeat(n / 3),
+                'unclosed autolinks': '<https://a'.repeat(n / 10),
+                'underscores': ' _a'.repeat(n / 3),
+                'strikes': '~~a'.repeat(n / 3),
+                'stars then an underscore': '*'.repeat(n) + '_',
+                'h then a backtick': 'h'.repeat(n) + '`',
+                'marks then their closers': '<*_~`!['.repeat(n / 7) + '>*_~`])',
+            };
+            const out = {};
+            for (const [name, text] of Object.entries(inputs)) {
+                work.steps = 0;
+                const box = document.createElement('div');
+                box.append(renderMarkdown(text));
+                out[name] = {
+                    length: text.length,
+                    steps: work.steps,
+                    text: box.textContent === text,
+                    links: box.querySelectorAll('a').length,
+                };
+            }
+            return out;
+        }""",
+        HOSTILE,
+    )
+    for name, result in results.items():
+        # Each character is looked at a few times (by each rule it may start or end, at each
+        # of up to five levels of nested marks), never once per earlier character (which made
+        # 32,768 steps a character for 64 KiB of `[`).
+        assert result["steps"] <= 40 * result["length"], (name, result)
+    plain = ["brackets", "images", "brackets, an unclosed target", "unclosed targets"]
+    assert all(results[name]["text"] for name in plain), results  # shown as they came
+    assert results["brackets then a link"]["links"] == 1
+    assert results["a link each"]["links"] == HOSTILE // 23
+    assert results["a URL then parentheses"]["links"] == 1
+    assert results["brackets"]["links"] == results["unclosed targets"]["links"] == 0
+
+
+async def test_what_waited_to_be_sent_when_the_store_was_wiped_stays_to_send_again(
+    context: Any, tmp_path: Path
+) -> None:
+    """A static token: the wiped store gives the page a new session, whose conversations are
+    not the ones the waiting message was typed in. It was deleted without a word."""
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    db = tmp_path / "talkbridge.db"
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{db}", "webchat": {"port": port, "tokens": [TOKEN_A]}}
+    )
+    first = Bridge(config)
+    await first.start()
+    page = await context.new_page()
+    await page.goto(f"http://127.0.0.1:{port}/?token={quote(TOKEN_A)}")
+    await say(page, "before")
+    await expect(page.locator(".msg .bubble")).to_have_text(["before", "before"])
+    await first.stop()
+    await expect(page.locator("#status")).not_to_have_attribute("data-state", "online")
+    await say(page, "while down")
+    await asyncio.to_thread(_wipe, tmp_path, "talkbridge.db*")
+    second = Bridge(config)
+    await second.start()
+    try:
+        await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+        unsent = page.locator(".msg.failed")
+        await expect(unsent.locator(".bubble")).to_have_text(["while down"])
+        await expect(unsent.locator(".meta")).to_contain_text("Not sent")
+        await page.reload()  # kept across a reload too
+        await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+        await unsent.get_by_role("button", name="Send again").click()
+        await expect(page.locator(".msg .bubble")).to_have_text(["while down", "while down"])
+        await expect(unsent).to_have_count(0)
+    finally:
+        await second.stop()
+
+
+async def test_what_waited_to_be_sent_when_another_tokens_link_opened_stays_to_send_again(
+    webchat: Webchat, context: Any
+) -> None:
+    """The stored session is the other token's (closed with 4403): the page starts a new
+    session, and what waited for the old one is shown as not sent, not deleted."""
+    first = await open_chat(context, webchat)
+    await context.set_offline(True)
+    await expect(first.locator("#status")).to_have_attribute("data-state", "offline")
+    await say(first, "typed with the first link")
+    await expect(first.locator(".msg.pending .bubble")).to_have_text(["typed with the first link"])
+    await first.close()
+    await context.set_offline(False)
+    page = await context.new_page()
+    await page.goto(page_url(webchat, TOKEN_B))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    unsent = page.locator(".msg.failed")
+    await expect(unsent.locator(".bubble")).to_have_text(["typed with the first link"])
+    await unsent.get_by_role("button", name="Send again").click()
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["typed with the first link", "echo: typed with the first link"]
+    )
+    (turn,) = webchat.echo.turns
+    assert turn.channel_user_id == await page.evaluate("localStorage['talkbridge.session']")
+
+
+async def test_a_message_of_invisible_characters_is_not_sent_and_the_page_says_why(
+    webchat: Webchat, context: Any
+) -> None:
+    # Zero-width spaces and joiners are no whitespace to `trim()`: the page sent them, and
+    # showed the server's `bad send frame: text: …` as the reason it was not sent.
+    page = await open_chat(context, webchat)
+    await say(page, "\u200b\u2060\u200d")
+    await expect(page.locator("#toast")).to_contain_text("Nothing to send")
+    await expect(page.get_by_role("textbox", name="Message")).to_have_value("\u200b\u2060\u200d")
+    await say(page, "shown")
+    await expect(page.locator(".msg .bubble")).to_have_text(["shown", "echo: shown"])
+    await expect(page.locator(".msg.failed")).to_have_count(0)
+    assert [t.text for t in webchat.echo.turns] == ["shown"]
+
+
+async def test_a_browser_past_the_tokens_session_limit_is_told_so_and_others_go_on(
+    start_webchat: Any, context: Any, browser: Any
+) -> None:
+    chat = await start_webchat(max_sessions_per_token=1)
+    page = await open_chat(context, chat)  # the one session the token may start
+    other = await browser.new_context()
+    try:
+        refused = await other.new_page()
+        await refused.goto(page_url(chat))
+        await expect(refused.locator("#fatal-title")).to_have_text(
+            "This link cannot start another session", timeout=MS
+        )
+        await expect(refused.locator("#fatal-text")).to_contain_text("a link of your own")
+    finally:
+        await other.close()
+    await page.reload()  # the browser that has its session goes on
+    await say(page, "still here")
+    await expect(page.locator(".msg .bubble")).to_have_text(["still here", "echo: still here"])

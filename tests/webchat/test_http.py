@@ -137,9 +137,16 @@ async def test_the_link_leaves_a_cookie_so_the_plain_address_opens_the_page(
 
 async def test_the_page_socket_logs_in_with_the_links_cookie(webchat: Webchat) -> None:
     cookie = {"Cookie": f"talkbridge_token_{webchat.port}={quote(TOKEN_A)}"}
-    async with websockets.connect(webchat.ws_url, additional_headers=cookie) as ws:
+    page = {**cookie, "Origin": webchat.http}  # a browser's socket says which page opened it
+    async with websockets.connect(webchat.ws_url, additional_headers=page) as ws:
         await ws.send(json.dumps({"type": "auth"}))  # no token of its own
         assert json.loads(await ws.recv())["type"] == "ready"
+    # A client that sends no Origin is no browser: the protocol doc has it give the token.
+    async with websockets.connect(webchat.ws_url, additional_headers=cookie) as ws:
+        await ws.send(json.dumps({"type": "auth", "ref": "a"}))
+        error = json.loads(await ws.recv())
+        assert error["code"] == "unauthorized" and error["ref"] == "a"
+        assert "sent no Origin" in error["message"] and "auth frame" in error["message"]
     async with websockets.connect(webchat.ws_url) as ws:  # neither: refused, saying why
         await ws.send(json.dumps({"type": "auth"}))
         error = json.loads(await ws.recv())
@@ -159,7 +166,8 @@ async def test_another_sites_odd_cookie_does_not_hide_the_token_cookie(
     headers = {"Cookie": cookie.decode("latin-1")}
     async with aiohttp.ClientSession() as http, http.get(f"{webchat.http}/", headers=headers) as r:
         assert r.status == 200 and "<title>talkbridge</title>" in await r.text()
-    async with websockets.connect(webchat.ws_url, additional_headers=headers) as ws:
+    page = {**headers, "Origin": webchat.http}
+    async with websockets.connect(webchat.ws_url, additional_headers=page) as ws:
         await ws.send(json.dumps({"type": "auth"}))
         assert json.loads(await ws.recv())["type"] == "ready"
 

@@ -147,6 +147,7 @@ async def test_history_pages_say_when_more_remain(start_webchat: StartWebchat) -
     page = await client.expect("history", ref="b")
     assert [m["seq"] for m in page["messages"]] == [2, 3, 4] and page["before_seq"] == 5
     assert page["earlier"] is True
+    assert "after_seq" not in page  # `after_seq: 0` is how a first load is answered
     await client.send({**back, "before_seq": 2})
     page = await client.expect("history", ref="b")
     assert [m["seq"] for m in page["messages"]] == [1] and page["earlier"] is False
@@ -345,6 +346,45 @@ async def test_a_session_id_presented_with_another_token_is_refused(webchat: Web
 async def test_an_unknown_session_id_gets_a_fresh_session(webchat: Webchat, stale: str) -> None:
     client = await webchat.authed(TOKEN_A, stale)
     assert client.session_id != stale and client.ready["new_session"] is True
+
+
+async def test_a_token_starts_at_most_max_sessions_per_token(
+    start_webchat: StartWebchat,
+) -> None:
+    # Each unknown session id (or none) made a new session, kept in the store for good: a
+    # client looping over auth filled the store.
+    chat = await start_webchat(max_sessions_per_token=2)
+    first = await chat.authed(TOKEN_A)
+    await chat.authed(TOKEN_A, "0" * 32)
+    refused = await chat.client()
+    await refused.send({"type": "auth", "token": TOKEN_A, "session_id": "1" * 32, "ref": "a"})
+    error = await refused.recv()
+    assert error["code"] == "too_many_sessions" and error["ref"] == "a"
+    assert "max_sessions_per_token" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(refused.ws.recv(), TIMEOUT)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4429
+    # The browsers that have a session go on (a reload, a new conversation), and another
+    # token counts its own.
+    again = await chat.authed(TOKEN_A, first.session_id)
+    assert again.session_id == first.session_id
+    await again.send({"type": "new_conversation", "ref": "n"})
+    assert (await again.expect("conversation", ref="n"))["conversation"]["title"] == ""
+    assert (await chat.authed(TOKEN_B)).ready["new_session"] is True
+
+
+async def test_a_message_that_shows_nothing_is_refused_in_words_with_its_own_code(
+    webchat: Webchat,
+) -> None:
+    client = await webchat.authed()
+    for text in ("", " \n\t", "\u200b\u200b", "\u00a0\u2060\u200d\ufeff"):
+        frame = {"type": "send", "thread_id": client.thread_id, "client_id": "c1", "text": text}
+        await client.send(frame)
+        error = await client.expect("error")
+        assert error["code"] == "empty_message", text
+        assert error["message"].startswith("the message is only spaces or invisible characters")
+        assert "bad send frame" not in error["message"] and error["client_id"] == "c1"
+    assert webchat.echo.turns == []
 
 
 async def test_every_socket_of_a_session_gets_every_message(webchat: Webchat) -> None:

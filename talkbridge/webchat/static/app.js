@@ -8,7 +8,10 @@
 //   acknowledges it; after a reconnect or a reload the outbox is sent again with the same ids,
 //   and the server never makes a second turn of a client id it has seen;
 // - tabs share the outbox, but each message is sent by the tab it was typed in while that tab
-//   lives; another tab takes it over once that tab is gone (its Web Lock is released).
+//   lives; another tab takes it over once that tab is gone (its Web Lock is released);
+// - what can no longer be sent as it was (refused, or its session or conversation is gone) is
+//   never dropped: it stays on screen as "Not sent" (kept in localStorage too), to send again
+//   in the conversation shown, copy, or dismiss.
 
 import { renderMarkdown, renderPlain } from "./markdown.js";
 
@@ -17,6 +20,7 @@ const KEY = {
   session: "talkbridge.session",
   active: "talkbridge.active",
   outbox: "talkbridge.outbox",
+  unsent: "talkbridge.unsent",
 };
 const TYPING_MS = 8000;
 const PING_EVERY_MS = 20000;
@@ -85,7 +89,7 @@ const state = {
   conversations: [],
   threads: new Map(),
   outbox: loadOutbox(),
-  failed: [],
+  failed: loadUnsent(),
   ws: null,
   ready: false,
   attempt: 0,
@@ -95,6 +99,7 @@ const state = {
   pendingConversation: null,
   limits: { max_frame_bytes: 65536 },
   refusal: null, // why the server refused our token, when it did
+  lastAuthError: null, // why it refused this socket before it was ready (a new session)
   typingTimer: null,
 };
 
@@ -108,6 +113,38 @@ function loadOutbox() {
 }
 function writeOutbox(items) {
   storageSet(KEY.outbox, items.length ? JSON.stringify(items) : null);
+}
+
+// Messages that will not go out as they are: the server refused them, or the session or the
+// conversation they were typed in is gone (a wiped store, another token's link). Shared by the
+// tabs and kept across reloads like the outbox: what the user typed is never lost in silence.
+function loadUnsent() {
+  try {
+    const items = JSON.parse(storageGet(KEY.unsent) || "[]");
+    const usable = (m) => m && m.client_id && typeof m.text === "string";
+    return Array.isArray(items) ? items.filter(usable) : [];
+  } catch {
+    return [];
+  }
+}
+function keepUnsent(items, reason, { detach = false } = {}) {
+  if (!items.length) return;
+  const fresh = items.map((m) => ({
+    client_id: m.client_id,
+    text: m.text,
+    reason,
+    // Detached: its conversation is gone, so it shows in whichever one is open.
+    thread_id: detach ? null : m.thread_id,
+  }));
+  const ids = new Set(fresh.map((m) => m.client_id));
+  const kept = [...loadUnsent().filter((m) => !ids.has(m.client_id)), ...fresh];
+  storageSet(KEY.unsent, JSON.stringify(kept));
+  state.failed = kept;
+}
+function forgetUnsent(clientId) {
+  const kept = loadUnsent().filter((m) => m.client_id !== clientId);
+  storageSet(KEY.unsent, kept.length ? JSON.stringify(kept) : null);
+  state.failed = kept;
 }
 // Every tab of the browser shares the stored outbox: each change is read-modify-write of the
 // stored list, never a copy of this tab's own, so a tab that reconnects later does not wipe
@@ -127,6 +164,11 @@ function dropFromOutbox(unwanted) {
 // Another tab added or sent something: take its outbox over. What it typed is its own to send
 // (`transmit` leaves it to that tab, and takes it over if that tab goes before it could).
 window.addEventListener("storage", (event) => {
+  if (event.key === KEY.unsent) {
+    state.failed = loadUnsent();
+    renderThread({ keep: true });
+    return;
+  }
   if (event.key !== KEY.outbox) return;
   const mine = new Set(state.outbox.map((m) => m.client_id));
   state.outbox = loadOutbox();
@@ -286,6 +328,13 @@ function connect() {
       connect();
       return;
     }
+    if (event.code === 4429) {
+      showFatal(
+        "This link cannot start another session",
+        `${capitalize(state.lastAuthError || "the webchat refused a new session")}.`,
+      );
+      return;
+    }
     scheduleReconnect();
   });
 }
@@ -343,6 +392,11 @@ function scheduleReconnect() {
 }
 
 function resetSession() {
+  // What waited to be sent belongs to the old session's conversations: kept as "Not sent",
+  // to send again in the new one, never dropped.
+  keepUnsent(loadOutbox(), "the chat started a new session before the bridge confirmed it", {
+    detach: true,
+  });
   state.sessionId = null;
   state.active = null;
   state.conversations = [];
@@ -394,6 +448,8 @@ function onReady(frame) {
   const known = new Set(state.conversations.map((c) => c.thread_id));
   // Taken from storage again: another tab may have added to it while this one was away.
   state.outbox = loadOutbox();
+  const orphans = state.outbox.filter((m) => !known.has(m.thread_id));
+  keepUnsent(orphans, "its conversation is no longer on the server", { detach: true });
   dropFromOutbox((m) => !known.has(m.thread_id));
   if (!known.has(state.active)) state.active = newest()?.thread_id ?? null;
   // Replies that were streaming when the connection dropped: the history answer brings each
@@ -549,6 +605,7 @@ function capitalize(text) {
 
 function onError(frame) {
   if (frame.code === "unauthorized") state.refusal = frame.message;
+  if (!state.ready) state.lastAuthError = frame.message;
   if (askHistoryAgain(frame)) return;
   if (frame.client_id) {
     const item = state.outbox.find((m) => m.client_id === frame.client_id);
@@ -559,8 +616,8 @@ function onError(frame) {
       return;
     }
     if (item) {
+      keepUnsent([item], frame.message || "the bridge refused it");
       dropFromOutbox((m) => m.client_id === item.client_id);
-      state.failed.push({ ...item, reason: frame.message });
       if (item.thread_id === state.active) renderThread();
     }
     return;
@@ -579,9 +636,27 @@ function transmit(item) {
   send({ type: "send", thread_id: item.thread_id, client_id: item.client_id, text: item.text });
 }
 
+/** Whether `text` shows anything: not only spaces and invisible characters (zero-width spaces,
+ * joiners, direction marks), which the server refuses as `empty_message`. */
+function visible(text) {
+  return /[^\p{C}\p{Z}\s]/u.test(text);
+}
+
 function submit() {
   const text = ui.input.value.replace(/\s+$/, "");
-  if (!text.trim() || !state.active) return;
+  if (!state.active) return;
+  if (!visible(text)) {
+    if (text) notify("Nothing to send: the message is only spaces or invisible characters.");
+    return;
+  }
+  if (queue(text)) {
+    ui.input.value = "";
+    autosize();
+  }
+}
+
+/** Send `text` in the conversation shown (from the message box, or a "Not sent" one again). */
+function queue(text) {
   const frame = { type: "send", thread_id: state.active, client_id: randomId(), text };
   const size = new TextEncoder().encode(JSON.stringify(frame)).length;
   if (size > state.limits.max_frame_bytes) {
@@ -591,14 +666,34 @@ function submit() {
         `characters (the limit is ${state.limits.max_frame_bytes.toLocaleString()} bytes; ` +
         "accented letters and emoji count as 2–4).",
     );
-    return;
+    return false;
   }
   const item = { thread_id: frame.thread_id, client_id: frame.client_id, text, tab: TAB };
   addToOutbox(item);
-  ui.input.value = "";
-  autosize();
   transmit(item);
   renderThread({ follow: true });
+  return true;
+}
+
+function sendAgain(item) {
+  if (!state.active) {
+    notify("Open a conversation first; the message stays here meanwhile.");
+    return;
+  }
+  if (queue(item.text)) forgetUnsent(item.client_id);
+}
+
+async function copyText(item) {
+  try {
+    await navigator.clipboard.writeText(item.text);
+    notify("Copied.");
+  } catch {
+    // No clipboard (plain http from another host): into the message box, where it can be copied.
+    ui.input.value = ui.input.value ? `${ui.input.value}\n${item.text}` : item.text;
+    autosize();
+    ui.input.focus();
+    notify("The message is back in the message box.");
+  }
 }
 
 function startConversation() {
@@ -700,6 +795,29 @@ function messageNode(role, content, meta, extraClass = "") {
   return article;
 }
 
+function unsentNode(item) {
+  const node = messageNode("user", renderPlain(item.text), `Not sent: ${item.reason}`, "failed");
+  node.dataset.client = item.client_id;
+  const actions = document.createElement("div");
+  actions.className = "unsent-actions";
+  const button = (label, action) => {
+    const b = Object.assign(document.createElement("button"), { type: "button" });
+    b.textContent = label;
+    b.addEventListener("click", action);
+    return b;
+  };
+  actions.append(
+    button("Send again", () => sendAgain(item)),
+    button("Copy", () => copyText(item)),
+    button("Dismiss", () => {
+      forgetUnsent(item.client_id);
+      renderThread({ keep: true });
+    }),
+  );
+  node.append(actions);
+  return node;
+}
+
 function render(role, text, markup) {
   return role === "user" || markup === "plain" ? renderPlain(text) : renderMarkdown(text);
 }
@@ -744,8 +862,8 @@ function renderThread({ follow = false, keep = false } = {}) {
     nodes.push(node);
   }
   for (const item of state.failed) {
-    if (item.thread_id !== state.active) continue;
-    nodes.push(messageNode("user", renderPlain(item.text), `Not sent: ${item.reason}`, "failed"));
+    if (item.thread_id && item.thread_id !== state.active) continue;
+    nodes.push(unsentNode(item));
   }
   if (!nodes.length) nodes.push(ui.empty);
   box.replaceChildren(...nodes);

@@ -8,23 +8,134 @@
 // characters it is. Links keep only http:, https: and mailto: URLs; anything else (javascript:,
 // data:) stays plain text.
 
-// A link target: no spaces, parentheses only in balanced pairs (one level deep).
-const TARGET = String.raw`([^()\s]*(?:\([^()\s]*\)[^()\s]*)*)`;
+// Linear time, whatever the text: a reply streams in, and the page renders it again at every
+// piece, so a rule that scans to the end of the line from each of its triggers (64 KiB of `[`
+// or `![` took half a second a render) freezes the page. So every rule finds where it could
+// end first (`find`: the next closing mark, remembered per mark, so each stretch of text is
+// searched once), and its regex runs on that stretch alone. A rule's text never holds its
+// closing mark, so only a few triggers share a stretch. `work.steps` counts the characters
+// looked at, for the tests.
+export const work = { steps: 0 };
+
+const ENDS_AUTOLINK = /[\s<>]/g;
+const ENDS_URL = /[\s<>"'`]/g;
 const INLINE = [
-  { kind: "code", re: /(`{1,3})([^`\n]+?)\1(?!`)/y, text: 2 },
-  { kind: "image", re: new RegExp(String.raw`!\[([^\]\n]*)\]\(` + TARGET + String.raw`\)`, "y") },
-  { kind: "link", re: new RegExp(String.raw`\[([^\]\n]+)\]\(` + TARGET + String.raw`\)`, "y") },
-  { kind: "autolink", re: /<((?:https?:\/\/|mailto:)[^\s<>]+)>/y },
-  { kind: "both", re: /\*\*\*([^\n]+?)\*\*\*/y },
-  { kind: "bold", re: /\*\*([^\n]+?)\*\*/y },
-  { kind: "bold", re: /__([^\n]+?)__/y },
-  { kind: "italic", re: /\*([^*\s][^*\n]*?)\*/y },
-  { kind: "italic", re: /(?<![\w])_([^_\s][^_\n]*?)_(?![\w])/y },
-  { kind: "struck", re: /~~([^~\n]+?)~~/y },
-  { kind: "url", re: /https?:\/\/[^\s<>"'`]+/y },
+  { kind: "code", re: /(`{1,3})([^`\n]+?)\1(?!`)/y, text: 2, until: codeEnd },
+  { kind: "image" },
+  { kind: "link" },
+  {
+    kind: "autolink",
+    re: /<((?:https?:\/\/|mailto:)[^\s<>]+)>/y,
+    until: (find, i, text) => {
+      if (!/^<(?:https?:\/\/|mailto:)/.test(text.slice(i, i + 9))) return -1;
+      const k = find(ENDS_AUTOLINK, i + 1);
+      return k >= 0 && text[k] === ">" ? k + 1 : -1;
+    },
+  },
+  { kind: "both", re: /\*\*\*([^\n]+?)\*\*\*/y, until: closedBy("***", 1) },
+  { kind: "bold", re: /\*\*([^\n]+?)\*\*/y, until: closedBy("**", 1) },
+  { kind: "bold", re: /__([^\n]+?)__/y, until: closedBy("__", 1) },
+  { kind: "italic", re: /\*([^*\s][^*\n]*?)\*/y, until: closedBy("*", 1) },
+  {
+    kind: "italic",
+    re: /_([^_\s][^_\n]*?)_(?![\w])/y,
+    // Not inside a word (snake_case_names), before or after: one character of context each.
+    until: (find, i, text) => (/\w/.test(text[i - 1] ?? "") ? -1 : underscored(find, i, text)),
+  },
+  { kind: "struck", re: /~~([^~\n]+?)~~/y, until: closedBy("~~", 1) },
+  {
+    kind: "url",
+    re: /https?:\/\/[^\s<>"'`]+/y,
+    until: (find, i, text) => {
+      if (!/^https?:\/\//.test(text.slice(i, i + 8))) return -1;
+      const k = find(ENDS_URL, i);
+      return k < 0 ? text.length : k;
+    },
+  },
 ];
 const TRIGGERS = /[`!\[<*_~h]/g;
 const TAGS = { bold: "strong", italic: "em", struck: "del" };
+
+/** A rule opened by `mark` at `i` and closed by the same, around at least `least` characters
+ * (and `after` characters past the close, which a lookahead reads): where its stretch ends,
+ * or -1. Every rule is tried at every trigger, so one whose mark is not there is out at once. */
+function closedBy(mark, least, after = 0) {
+  return (find, i, text) => {
+    if (!text.startsWith(mark, i)) return -1;
+    const close = find(mark, i + mark.length + least);
+    return close < 0 ? -1 : close + mark.length + after;
+  };
+}
+const underscored = closedBy("_", 1, 1);
+
+/** `code` between runs of one to three backticks: its stretch ends at the next backtick
+ * (code holds none), past the closing run and the character after it. */
+function codeEnd(find, i, text) {
+  let run = 0;
+  while (run < 4 && text[i + run] === "`") run += 1;
+  if (run === 0 || run > 3) return -1;
+  const close = find("`", i + run);
+  return close < 0 ? -1 : close + run + 1;
+}
+
+/** Where `mark` (a string, or a global regex of characters) next occurs in `text` from
+ * `from`, or -1. Answers are remembered per mark: the triggers come in order, so each stretch
+ * of the text is searched once per mark, however many triggers ask. */
+function finder(text) {
+  const known = new Map();
+  return (mark, from) => {
+    const last = known.get(mark);
+    if (last && last[0] <= from && (last[1] < 0 || last[1] >= from)) return last[1];
+    let found;
+    if (typeof mark === "string") {
+      found = text.indexOf(mark, from);
+    } else {
+      mark.lastIndex = from;
+      found = mark.exec(text)?.index ?? -1;
+    }
+    work.steps += (found < 0 ? text.length : found) - from + 1;
+    known.set(mark, [from, found]);
+    return found;
+  };
+}
+
+/** Where a link target that starts at `from` ends (the index of its closing `)`), or -1: no
+ * spaces, parentheses only in balanced pairs, one level deep (Wikipedia's `Foo_(bar)`). */
+function targetEnd(text, from) {
+  let open = false;
+  for (let k = from; k < text.length; k += 1) {
+    work.steps += 1;
+    const c = text[k];
+    if (/\s/.test(c)) return -1;
+    if (c === "(") {
+      if (open) return -1;
+      open = true;
+    } else if (c === ")") {
+      if (!open) return k;
+      open = false;
+    }
+  }
+  return -1;
+}
+
+/** `[label](target)` at `i` (`![label](target)` when `image`): `[whole, label, target]`, or
+ * null. The label runs to the next `]`, and every `[` before that `]` shares its target, so
+ * a target is read once (`targets`), not once per `[` of `[[[[…`. */
+function bracketLink(text, i, image, find, targets) {
+  const open = image ? i + 1 : i;
+  if ((image && text[i] !== "!") || text[open] !== "[") return null;
+  const close = find("]", open + 1);
+  if (close < 0 || (!image && close === open + 1) || text[close + 1] !== "(") return null;
+  const line = find("\n", open + 1);
+  if (line >= 0 && line < close) return null;
+  let end = targets.get(close);
+  if (end === undefined) {
+    end = targetEnd(text, close + 2);
+    targets.set(close, end);
+  }
+  if (end < 0) return null;
+  return [text.slice(i, end + 1), text.slice(open + 1, close), text.slice(close + 2, end)];
+}
 
 export function safeHref(raw) {
   try {
@@ -36,16 +147,23 @@ export function safeHref(raw) {
 }
 
 /** A bare URL without the punctuation that ends its sentence: a trailing ")" stays only when
- * it closes a "(" of the URL itself. */
+ * it closes a "(" of the URL itself. Parentheses are counted once, not again at each one
+ * trimmed (a URL followed by 64 KiB of `)` took a minute). */
 function trimUrl(url) {
+  let opened = 0;
+  let closed = 0;
+  for (const c of url) {
+    if (c === "(") opened += 1;
+    else if (c === ")") closed += 1;
+  }
+  work.steps += url.length;
   let end = url.length;
-  for (;;) {
+  while (end > 0) {
     const last = url[end - 1];
     if (".,;:!?'\"]".includes(last)) {
       end -= 1;
-    } else if (last === ")") {
-      const part = url.slice(0, end);
-      if (part.split("(").length >= part.split(")").length) break;
+    } else if (last === ")" && closed > opened) {
+      closed -= 1;
       end -= 1;
     } else {
       break;
@@ -63,21 +181,36 @@ function link(href, text) {
   return a;
 }
 
+/** The match of `rule` at `i`, with its regex run on the only stretch it could match. */
+function matchAt(rule, text, i, find, targets) {
+  if (rule.kind === "image" || rule.kind === "link") {
+    return bracketLink(text, i, rule.kind === "image", find, targets);
+  }
+  const end = rule.until(find, i, text);
+  if (end < 0) return null;
+  const stretch = text.slice(i, Math.min(end, text.length));
+  work.steps += stretch.length;
+  rule.re.lastIndex = 0;
+  return rule.re.exec(stretch);
+}
+
 function renderInline(text, parent, depth = 0) {
   let plainStart = 0;
   let i = 0;
+  const find = finder(text);
+  const targets = new Map();
   const flush = (end) => {
     if (end > plainStart) parent.append(document.createTextNode(text.slice(plainStart, end)));
   };
   while (i < text.length) {
     TRIGGERS.lastIndex = i;
     const hit = TRIGGERS.exec(text);
+    work.steps += (hit ? hit.index : text.length) - i + 1;
     if (!hit) break;
     i = hit.index;
     let matched = false;
     for (const rule of INLINE) {
-      rule.re.lastIndex = i;
-      const m = rule.re.exec(text);
+      const m = matchAt(rule, text, i, find, targets);
       if (!m) continue;
       let node = null;
       let length = m[0].length;
