@@ -290,8 +290,10 @@ class WebchatConfig(_Model):
     """Webchat users hold a token the operator gave them, so they are trusted by default."""
     max_frame_bytes: int = Field(default=64 * 1024, ge=1024)
     history_limit: int = Field(default=200, ge=1)
-    max_sessions_per_token: int = Field(default=1000, ge=1)
-    """Sessions (browsers) one token may start: each is kept in the store for good."""
+    max_sessions_per_token: int | None = Field(default=None, ge=1)
+    """Sessions (browsers) one token may start, each kept in the store for good; none by
+    default: a static token on a public page starts one per visitor, and a limit would turn
+    away every visitor after the last it allows."""
 
     @field_validator("tokens")
     @classmethod

@@ -23,8 +23,6 @@ from talkbridge.store.base import Store
 from talkbridge.webchat.protocol import FrameError
 
 MAX_CONVERSATIONS = 1000
-MAX_SESSIONS_PER_TOKEN = 1000
-"""The default of `webchat.max_sessions_per_token`."""
 TITLE_LENGTH = 60
 _SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 _CONVERSATION_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -66,7 +64,7 @@ class Sessions:
     a conversation made through another node is still found.
     """
 
-    def __init__(self, store: Store, *, max_per_identity: int = MAX_SESSIONS_PER_TOKEN) -> None:
+    def __init__(self, store: Store, *, max_per_identity: int | None = None) -> None:
         self._store = store
         self._max_per_identity = max_per_identity
         """Sessions one identity may create: each is kept for good, and a client holding a
@@ -123,6 +121,10 @@ class Sessions:
     async def _new_session(self, identity: str) -> str:
         """A new session bound to `identity`, or `FrameError("too_many_sessions")` when the
         identity has made all it may (counted per identity, so per static token)."""
+        if self._max_per_identity is None:
+            new_id = await self._bind_new(identity)
+            await self.new_conversation(new_id)
+            return new_id
         count_key = _count_key(identity)
         async with self.lock(count_key):
             made = int(await self._store.get_state(count_key) or 0)
@@ -135,10 +137,14 @@ class Sessions:
                     "runs this bridge for a link of your own (or to raise "
                     "webchat.max_sessions_per_token)",
                 )
-            new_id = secrets.token_hex(16)
-            await self._store.set_state(_session_key(new_id), identity)
+            new_id = await self._bind_new(identity)
             await self._store.set_state(count_key, str(made + 1))
         await self.new_conversation(new_id)
+        return new_id
+
+    async def _bind_new(self, identity: str) -> str:
+        new_id = secrets.token_hex(16)
+        await self._store.set_state(_session_key(new_id), identity)
         return new_id
 
     async def conversations(self, session_id: str, *, refresh: bool = False) -> list[Conversation]:
