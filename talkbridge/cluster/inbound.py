@@ -34,13 +34,21 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import SURE_OF_LEASE, Lease, Membership
-from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
+from talkbridge.cluster.streams import (
+    Cycles,
+    Entry,
+    claim_all,
+    ensure_group,
+    group_gone,
+    read_entries,
+    remake_groups,
+)
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
 from talkbridge.outage import Outage
@@ -406,14 +414,12 @@ class InboundBus:
                 result = await self._client.xreadgroup(
                     GROUP, self._node, streams, count=READ_COUNT, block=self.block_ms
                 )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                for name in streams:  # the stream was deleted under us: make it again
-                    await ensure_group(self._client, name, GROUP)
-                continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
+                if group_gone(exc):
+                    with contextlib.suppress(RedisError, OSError):  # else: the next read
+                        await remake_groups(self._client, streams, GROUP, log)
+                        continue
                 reading.failed(exc)
                 self._cycles.bump()
                 await asyncio.sleep(self.block_ms / 1000)
