@@ -306,8 +306,14 @@ class InboundBus:
         """The lease ran out or another node took it: its new holder answers the shard's
         messages, so the turns under way here stop (their agents' work would be thrown away)."""
         self._drop(shard)
-        if shard.turns:
-            log.info("shard %d: cancelling %d turn(s) under way", shard.number, len(shard.turns))
+        if shard.inflight:  # one line, not one per message: a busy shard holds thousands
+            log.info(
+                "shard %d: cancelling %d turn(s) under way; its %d unfinished message(s) are "
+                "left to its new holder",
+                shard.number,
+                len(shard.turns),
+                len(shard.inflight),
+            )
         for ack in list(shard.turns):
             ack.interrupt()
 
@@ -490,7 +496,7 @@ class _EntryAck:
             self._bus._finished(self._shard, self._entry_id)
 
     def abandon(self) -> None:
-        log.info(
+        log.debug(  # `_lost` said how many
             "shard %d: lost while %s was being answered; its new holder answers it",
             self._shard.number,
             self._entry_id,
