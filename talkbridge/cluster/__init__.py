@@ -58,7 +58,7 @@ class Cluster:
         )
         self.client: aioredis.Redis = aioredis.Redis(connection_pool=pool)
         self.membership = Membership(
-            self.client, self.keys.nodes(), self.node_id, self.config.lease_ttl
+            self.client, self.keys, self.node_id, self.config.lease_ttl, self.config.shards
         )
         self.inbound = InboundBus(
             self.client,
@@ -98,7 +98,16 @@ class Cluster:
                     f"another running node has the node id {self.node_id!r}: give each node "
                     "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
                 )
-            await self.membership.beat()
+            shards = self.config.shards
+            theirs = await self.membership.join()
+            if theirs is not None:
+                await self.client.aclose()
+                raise ConfigError(
+                    f"cluster.shards: the running nodes split the inbound bus into {theirs} "
+                    f"shards, this node's config says {shards}: messages would wait on shards "
+                    f"no node reads. Give every node the same value (change it only with every "
+                    f"node stopped)"
+                )
             await self.outbound.start()
         except (RedisError, OSError) as exc:
             await self.client.aclose()

@@ -34,13 +34,21 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import SURE_OF_LEASE, Lease, Membership
-from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
+from talkbridge.cluster.streams import (
+    Cycles,
+    Entry,
+    claim_all,
+    ensure_group,
+    group_gone,
+    read_entries,
+    remake_groups,
+)
 from talkbridge.config import ClusterConfig
 from talkbridge.message import NormalizedMessage
 from talkbridge.outage import Outage
@@ -298,8 +306,14 @@ class InboundBus:
         """The lease ran out or another node took it: its new holder answers the shard's
         messages, so the turns under way here stop (their agents' work would be thrown away)."""
         self._drop(shard)
-        if shard.turns:
-            log.info("shard %d: cancelling %d turn(s) under way", shard.number, len(shard.turns))
+        if shard.inflight:  # one line, not one per message: a busy shard holds thousands
+            log.info(
+                "shard %d: cancelling %d turn(s) under way; its %d unfinished message(s) are "
+                "left to its new holder",
+                shard.number,
+                len(shard.turns),
+                len(shard.inflight),
+            )
         for ack in list(shard.turns):
             ack.interrupt()
 
@@ -406,14 +420,12 @@ class InboundBus:
                 result = await self._client.xreadgroup(
                     GROUP, self._node, streams, count=READ_COUNT, block=self.block_ms
                 )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                for name in streams:  # the stream was deleted under us: make it again
-                    await ensure_group(self._client, name, GROUP)
-                continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
+                if group_gone(exc):
+                    with contextlib.suppress(RedisError, OSError):  # else: the next read
+                        await remake_groups(self._client, streams, GROUP, log)
+                        continue
                 reading.failed(exc)
                 self._cycles.bump()
                 await asyncio.sleep(self.block_ms / 1000)
@@ -484,7 +496,7 @@ class _EntryAck:
             self._bus._finished(self._shard, self._entry_id)
 
     def abandon(self) -> None:
-        log.info(
+        log.debug(  # `_lost` said how many
             "shard %d: lost while %s was being answered; its new holder answers it",
             self._shard.number,
             self._entry_id,

@@ -12,6 +12,10 @@ class ClusterKeys(RedisKeys):
         """Sorted set: node id -> the time (ms) its liveness runs out."""
         return self._key("cluster", "nodes")
 
+    def shard_count(self) -> str:
+        """The number of inbound shards the live nodes split the bus into (`cluster.shards`)."""
+        return self._key("cluster", "shards")
+
     def lease(self, kind: str, name: str) -> str:
         """`lease:conn:<id>` or `lease:shard:<n>`: the node id holding it, with a TTL."""
         return self._key("lease", kind, name)

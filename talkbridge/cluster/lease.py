@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from talkbridge.cancellation import raise_if_cancelling
 from talkbridge.cluster import scripts
+from talkbridge.cluster.keys import ClusterKeys
 
 log = logging.getLogger("talkbridge.cluster")
 
@@ -101,11 +102,16 @@ class Lease:
 
 
 class Membership:
-    """Which nodes are alive: each one refreshes its entry every third of the lease TTL."""
+    """Which nodes are alive: each one refreshes its entry every third of the lease TTL. Beside
+    it, the number of inbound shards they split the bus into: a node with another is refused."""
 
-    def __init__(self, client: aioredis.Redis, key: str, node_id: str, ttl: float) -> None:
+    def __init__(
+        self, client: aioredis.Redis, keys: ClusterKeys, node_id: str, ttl: float, shards: int
+    ) -> None:
         self._client = client
-        self._key = key
+        self._key = keys.nodes()
+        self._shards_key = keys.shard_count()
+        self._shards = shards
         self.node_id = node_id
         self._ms = max(1, round(ttl * 1000))
         self._beat = client.register_script(scripts.HEARTBEAT)
@@ -113,11 +119,26 @@ class Membership:
         self._joined = False
         """Whether this node ever said it is alive: else `leave` has nothing to take back."""
 
+    async def join(self) -> int | None:
+        """The first `beat`; but when live nodes split the inbound bus into another number of
+        shards than this node, that number (and this node is not counted among them)."""
+        return await self._say_alive(joining=True)
+
     async def beat(self) -> int:
         """Say this node is alive; returns the number of live nodes (this one included)."""
+        live = await self._say_alive(joining=False)
+        assert live is not None, "only a node that joins is refused"
+        return live
+
+    async def _say_alive(self, *, joining: bool) -> int | None:
         self._joined = True  # before the call: one that fails may still have been applied
-        self.live = max(1, int(await self._beat(keys=[self._key], args=[self.node_id, self._ms])))
-        return self.live
+        keys = [self._key, self._shards_key]
+        args: list[str | int] = [self.node_id, self._ms, self._shards, int(joining)]
+        alive, count = await self._beat(keys=keys, args=args)
+        if not int(alive):
+            return int(count)
+        self.live = max(1, int(count))
+        return None if joining else self.live
 
     async def leave(self) -> None:
         """Take this node's entry out, if it ever made one: a node whose start was cut short

@@ -23,13 +23,21 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.streams import Cycles, Entry, claim_all, ensure_group, read_entries
+from talkbridge.cluster.streams import (
+    Cycles,
+    Entry,
+    claim_all,
+    ensure_group,
+    group_gone,
+    read_entries,
+    remake_groups,
+)
 from talkbridge.errors import SendFailedError
 from talkbridge.message import OutboundMessage, SendResult
 from talkbridge.outage import Outage
@@ -275,14 +283,12 @@ class OutboundBus:
                 result = await self._client.xreadgroup(
                     GROUP, self._node, streams, count=256, block=self._block_ms
                 )
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                for name in streams:
-                    await ensure_group(self._client, name, GROUP)
-                continue
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
+                if group_gone(exc):
+                    with contextlib.suppress(RedisError, OSError):  # else: the next read
+                        await remake_groups(self._client, streams, GROUP, log)
+                        continue
                 reading.failed(exc)
                 await asyncio.sleep(self._block_ms / 1000)
                 continue

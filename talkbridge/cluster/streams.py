@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -20,6 +21,27 @@ async def ensure_group(client: aioredis.Redis, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+def group_gone(exc: BaseException) -> bool:
+    """Whether a read failed because its stream or consumer group is gone (a FLUSHDB, a key
+    deleted): `NOGROUP` for a new read, and from Redis 7 `UNBLOCKED the stream key no longer
+    exists` for one that was blocked on it. The reader makes the group again and reads on."""
+    return isinstance(exc, ResponseError) and str(exc).startswith(("NOGROUP", "UNBLOCKED"))
+
+
+async def remake_groups(
+    client: aioredis.Redis, streams: Iterable[str], group: str, log: logging.Logger
+) -> None:
+    """After `group_gone`: say so once (what the streams held unacknowledged went with them),
+    and make the streams and their group again."""
+    names = sorted(streams)
+    log.warning(
+        "%s: gone from redis (a FLUSHDB, or keys deleted); made again: what they held is lost",
+        ", ".join(names),
+    )
+    for name in names:
+        await ensure_group(client, name, group)
 
 
 async def claim_all(

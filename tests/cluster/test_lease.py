@@ -96,6 +96,34 @@ async def test_a_second_process_with_a_running_nodes_id_refuses_to_start(cluster
     await twin.stop()
 
 
+async def test_a_node_with_another_shard_count_than_the_running_ones_refuses_to_start(
+    cluster: Cluster,
+) -> None:
+    # Its messages would go onto shards the others never read (and theirs onto shards it
+    # never takes): unanswered, and out of order, for as long as it runs.
+    a = await cluster.node("a")  # 4 shards
+    odd = await cluster.node("b", start=False, config={"cluster": {"shards": 8}})
+    with pytest.raises(ConfigError, match="into 4 shards, this node's config says 8"):
+        await odd.start()
+    await odd.stop()
+    assert a.cluster is not None and await a.cluster.membership.nodes() == ["a"]
+    # A FLUSHDB takes the recorded count: the running node's next beat says it again.
+    client = a.cluster.client
+    await client.delete(a.cluster.keys.shard_count())
+    async with asyncio.timeout(10):
+        while await client.get(a.cluster.keys.shard_count()) is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)  # no event says a key was set
+    odd = await cluster.node("b", start=False, config={"cluster": {"shards": 8}})
+    with pytest.raises(ConfigError, match="into 4 shards"):
+        await odd.start()
+    await odd.stop()
+    # With every node stopped, the count may change: the next node to start sets it.
+    await a.stop()
+    changed = await cluster.node("c", config={"cluster": {"shards": 8}})
+    assert changed.cluster is not None
+    await wait_until(lambda: changed.cluster is not None and len(changed.cluster.inbound.held) == 8)
+
+
 async def test_a_node_restarted_after_a_crash_starts_under_its_own_id(cluster: Cluster) -> None:
     crashed = await cluster.node("a", start=False)
     assert crashed.cluster is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -123,6 +124,46 @@ async def test_a_node_that_loses_a_shard_cancels_its_turns_there_and_no_others(
         assert agent.turns == {"lost": 2, "waiting": 1, "kept": 1}
         await wait_until(lambda: len(finished) == 4)  # watchers run in tasks of their own
         assert [e.status for e in finished[1:]] == ["completed"] * 3
+    finally:
+        for gate in agent.gates.values():
+            gate.set()
+        await client.delete(lease)
+        await client.aclose()
+
+
+async def test_a_lost_shard_is_one_log_line_however_many_messages_wait_in_it(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="talkbridge")
+    agent = GatedAgent()
+    a = await cluster.node("a", prepare=lambda bridge: bridge.runner.add_agent(agent, "echo"))
+    assert a.cluster is not None
+    inbound = a.cluster.inbound
+    await wait_until(lambda: owner([a]) is a and len(inbound.held) == 4)
+    shard = inbound.shard_of("test\x1ft0")
+    lease = a.cluster.keys.lease("shard", str(shard))
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        for i in range(30):  # one turn runs, 29 wait behind it
+            await connector(a).inject(make_message(f"m{i}", thread_id="t0", message_id=f"m{i}"))
+        await asyncio.wait_for(agent.started["m0"].wait(), 10)
+        stream = a.cluster.keys.bus_in(shard)
+        async with asyncio.timeout(10):  # all of them read by the node
+            while (await client.xpending(stream, GROUP))["pending"] < 30:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        caplog.clear()
+        await client.set(lease, "elsewhere", px=60_000)  # ran out, and was taken meanwhile
+        await asyncio.wait_for(agent.cancelled["m0"].wait(), 5)
+        await asyncio.wait_for(a.router.join(), 10)  # each one left to the holder
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+        assert said[0] == f"shard {shard}: lease lost; no longer reading it"
+        assert re.fullmatch(
+            rf"shard {shard}: cancelling 1 turn\(s\) under way; its \d+ unfinished "
+            r"message\(s\) are left to its new holder",
+            said[1],
+        )
+        assert len(said) == 2
+        assert agent.turns == {"m0": 1}
     finally:
         for gate in agent.gates.values():
             gate.set()
