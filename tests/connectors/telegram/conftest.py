@@ -56,3 +56,13 @@ async def start(
     starter = Starter(make_connector)
     yield starter
     await starter.stop_all()
+
+
+def webhook_on(port: int, secret: str = "s3cret-Token_1") -> dict[str, Any]:
+    """The settings of a connection in webhook mode, listening on 127.0.0.1:`port` itself."""
+    return {
+        "mode": "webhook",
+        "webhook_url": f"http://127.0.0.1:{port}/telegram/webhook",
+        "webhook_secret": secret,
+        "webhook_port": port,
+    }

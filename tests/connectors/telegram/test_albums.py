@@ -12,7 +12,7 @@ import pytest
 from talkbridge.connectors.telegram.albums import kept_key
 from talkbridge.message import NormalizedMessage
 from talkbridge.store import Retention, SqliteStore
-from tests.connectors.telegram.conftest import TOKEN
+from tests.connectors.telegram.conftest import TOKEN, webhook_on
 from tests.peers.http import free_port
 from tests.peers.telegram import TelegramBotAPIPeer, album, group_text, private_text
 from tests.support.running import Inbox
@@ -198,10 +198,7 @@ async def test_a_webhook_answers_each_item_at_once_and_delivers_the_album_as_one
     port = free_port()
     running = await start(
         album_wait=60,
-        mode="webhook",
-        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
-        webhook_secret="abc",
-        webhook_port=port,
+        **webhook_on(port, secret="abc"),
     )
     photos = files(peer, 3)
     # Telegram sends a chat's next update once the previous POST is answered: each item is

@@ -23,7 +23,7 @@ from talkbridge.errors import (
 )
 from talkbridge.message import Attachment, OutboundMessage
 from talkbridge.store import SqliteStore
-from tests.connectors.telegram.conftest import TOKEN
+from tests.connectors.telegram.conftest import TOKEN, webhook_on
 from tests.connectors.telegram.test_render import balanced
 from tests.peers.http import free_port, send_and_stall
 from tests.peers.telegram import TelegramBotAPIPeer, group_text, private_text
@@ -435,10 +435,7 @@ async def test_webhook_accepts_only_the_right_secret(
 ) -> None:
     port = free_port()
     running = await start(
-        mode="webhook",
-        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
-        webhook_secret="s3cret-Token_1",
-        webhook_port=port,
+        **webhook_on(port),
     )
     [hook] = peer.calls_of("setWebhook")
     assert hook.params["secret_token"] == "s3cret-Token_1"
@@ -460,10 +457,7 @@ async def test_webhook_refuses_a_secret_header_that_is_not_ascii(
     # Anyone can send a header byte that is not UTF-8: it was a 500 with a traceback logged.
     port = free_port()
     running = await start(
-        mode="webhook",
-        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
-        webhook_secret="s3cret-Token_1",
-        webhook_port=port,
+        **webhook_on(port),
     )
     body = b'{"update_id": 1}'
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -500,10 +494,7 @@ async def test_webhook_cuts_off_a_client_that_sends_slowly(
     monkeypatch.setattr("talkbridge.connectors.telegram.transport.READ_TIMEOUT", 0.2)
     port = free_port()
     running = await start(
-        mode="webhook",
-        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
-        webhook_secret="s3cret-Token_1",
-        webhook_port=port,
+        **webhook_on(port),
     )
     got = await send_and_stall(port, start_of_request)
     assert got.split(b" ")[1:2] == ([answer] if answer else [])
@@ -517,10 +508,7 @@ async def test_webhook_asks_for_a_retry_when_the_update_is_not_accepted(
     inbox = Inbox(fail_on={"777:12"})
     await start(
         inbox=inbox,
-        mode="webhook",
-        webhook_url=f"http://127.0.0.1:{port}/telegram/webhook",
-        webhook_secret="abc",
-        webhook_port=port,
+        **webhook_on(port, secret="abc"),
     )
     update = private_text(777, "retry me", message_id=12) | {"update_id": 99}
     assert await peer.post_to_webhook(update) == 500
