@@ -54,12 +54,18 @@ class LeasedConnector(TalkConnector):
             self.stopped.set()
 
 
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """For state with no event to await (shard balance, lease expiry on the server): check
-    every 10 ms; `timeout` is only the safety net."""
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], timeout: float = 10.0
+) -> None:
+    """For state with no event to await (shard balance, lease expiry or entries pending on
+    the server): check every 10 ms; `timeout` is only the safety net."""
     async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - nothing signals these changes
+        while not await _holds(condition()):  # noqa: ASYNC110 - nothing signals these changes
             await asyncio.sleep(0.01)
+
+
+async def _holds(verdict: bool | Awaitable[bool]) -> bool:
+    return verdict if isinstance(verdict, bool) else await verdict
 
 
 @dataclass

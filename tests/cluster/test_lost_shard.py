@@ -148,9 +148,11 @@ async def test_a_lost_shard_is_one_log_line_however_many_messages_wait_in_it(
             await connector(a).inject(make_message(f"m{i}", thread_id="t0", message_id=f"m{i}"))
         await asyncio.wait_for(agent.started["m0"].wait(), 10)
         stream = a.cluster.keys.bus_in(shard)
-        async with asyncio.timeout(10):  # all of them read by the node
-            while (await client.xpending(stream, GROUP))["pending"] < 30:  # noqa: ASYNC110
-                await asyncio.sleep(0.01)
+
+        async def all_read() -> bool:  # by the node, which holds them
+            return bool((await client.xpending(stream, GROUP))["pending"] == 30)
+
+        await wait_until(all_read)
         caplog.clear()
         await client.set(lease, "elsewhere", px=60_000)  # ran out, and was taken meanwhile
         await asyncio.wait_for(agent.cancelled["m0"].wait(), 5)
