@@ -25,10 +25,10 @@ class Migrations:
             return chat_id  # a `@channel` or a private chat: never migrated
         key = str(chat_id)
         if key not in self._known:
+            # Read once: a move another node learns later costs this one a 400, which names
+            # the new id (`moved`), not a store read before every reply and typing indicator.
             stored = await self._store.get_state(self._prefix + key)
-            if stored is None:
-                return chat_id  # not cached: another node may learn it meanwhile
-            self._known[key] = int(stored)
+            self._known[key] = chat_id if stored is None else int(stored)
         return self._known[key]
 
     async def moved(self, old: int | str, new: int) -> None:
