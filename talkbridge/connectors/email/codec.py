@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.email.authresults import Proof, vouched
-from talkbridge.connectors.email.safety import contact_form_sender, own_tag, skip_reason
+from talkbridge.connectors.email.safety import (
+    REPLY_PREFIX,
+    contact_form_sender,
+    own_tag,
+    skip_reason,
+)
 from talkbridge.connectors.email.text import html_to_text, trim_reply, unflow
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
@@ -37,7 +42,6 @@ if TYPE_CHECKING:
     from talkbridge.message import OutboundMessage
 
 _MSGID = re.compile(r"<[^<>\s]+>")
-_REPLY_PREFIX = re.compile(r"^\s*((re|aw|sv|vs|antw|ref|r)\s*(\[\d+\])?\s*:\s*)+", re.IGNORECASE)
 _MAX_REFERENCES = 20
 
 
@@ -112,11 +116,6 @@ def reference_chain(msg: Message) -> list[str]:
     return chain
 
 
-def thread_root(msg: Message, own_id: str) -> str:
-    chain = reference_chain(msg)
-    return chain[0] if chain else own_id
-
-
 def addresses(msg: Message, *names: str) -> list[tuple[str, str]]:
     """(display name, lower-cased address) pairs from address headers, bad entries skipped."""
     found: list[tuple[str, str]] = []
@@ -141,7 +140,7 @@ _BARE_ADDRESS = re.compile(r"[\w.+'-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 def normalize_subject(subject: str) -> str:
-    return _REPLY_PREFIX.sub("", subject).strip()
+    return REPLY_PREFIX.sub("", subject).strip()
 
 
 def reply_subject(subject: str) -> str:
@@ -368,10 +367,13 @@ def read_mail(
     """
     msg = parse_mail(raw)
     message_id = message_id_of(msg, raw)
-    reason = skip_reason(msg, address=address, message_id=message_id, contact_forms=contact_forms)
+    chain = reference_chain(msg)
+    reason = skip_reason(
+        msg, address=address, message_id=message_id, contact_forms=contact_forms, answers=chain
+    )
     if reason is not None:
         return reason
-    thread_id = thread_root(msg, message_id)
+    thread_id = chain[0] if chain else message_id
     own = address.lower()
     senders = addresses(msg, "From") or addresses(msg, "Sender") or addresses(msg, "Return-Path")
     form = contact_forms and bool(senders) and all(a == own for _, a in senders)
@@ -430,7 +432,7 @@ def read_mail(
             "context": asdict(context),
         },
     )
-    return InboundMail(message, context, reference_chain(msg))
+    return InboundMail(message, context, chain)
 
 
 def decode_mail(

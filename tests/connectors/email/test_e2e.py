@@ -130,6 +130,36 @@ async def test_auto_replies_and_list_mail_get_no_answer(
     assert answer.message.get_body(("plain",)).get_content().strip() == "a real question"
 
 
+async def test_an_out_of_office_responder_that_marks_only_its_subject_gets_one_answer(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    """Some Exchange set-ups send `Automatic reply: <subject>` with no Auto-Submitted and no
+    vendor header: each of our replies drew another note, answered until the reply limit."""
+    notes: list[bytes] = []
+
+    def out_of_office(raw: bytes) -> None:
+        answered = ReceivedMail("", [], raw, None).message
+        note = mail(
+            sender="Ada <ada@example.org>",
+            subject=f"Automatic reply: {answered['Subject']}",
+            body="I am out of the office until Monday.",
+            In_Reply_To=str(answered["Message-ID"]),
+        )
+        notes.append(note)
+        dovecot.deliver("help", note)
+
+    smtp.route["ada@example.org"] = out_of_office
+    instance = await bridge({})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", mail(subject="Printer", body="the printer is on fire"))
+    await connector.wait_for(lambda: bool(connector.skipped), timeout=15)
+    await asyncio.wait_for(instance.router.join(), 15)
+    assert len(to(smtp, "ada@example.org")) == 1 and len(notes) == 1
+    assert "Automatic reply:" in connector.skipped[0][1]
+    assert sorted(dovecot.flags("help")) == ["", "S"]  # the note stays unread for a person
+
+
 async def test_two_bridged_mailboxes_cannot_loop(
     dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
 ) -> None:
