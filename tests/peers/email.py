@@ -3,7 +3,9 @@
 `DovecotPeer` runs the Debian `dovecot` binary (`dovecot -F -c CONF`) on a free port with a
 passwd-file of users and one Maildir each; `deliver(user, raw)` drops a mail into the Maildir as
 an MTA would, `kick(user)` makes the server drop the user's IMAP connections (`doveadm kick`),
-`no_idle=True` hides IDLE from the capability list (a server without IDLE).
+`no_idle=True` hides IDLE from the capability list (a server without IDLE); `sent="Sent"` has
+the server create that folder and mark it `\\Sent` (RFC 6154), as most servers do, and
+`folder(user, name)` reads a folder's mail.
 
 `SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
 (`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
@@ -52,10 +54,17 @@ class DovecotPeer:
     """One Dovecot instance under a private root directory; stop() removes it."""
 
     def __init__(
-        self, users: dict[str, str], *, no_idle: bool = False, tls: TlsFiles | None = None
+        self,
+        users: dict[str, str],
+        *,
+        no_idle: bool = False,
+        tls: TlsFiles | None = None,
+        sent: str | None = None,
     ) -> None:
         self.users = dict(users)
         self.no_idle = no_idle
+        self.sent = sent
+        """A folder the server creates and marks `\\Sent` (RFC 6154 SPECIAL-USE)."""
         self.tls = tls
         """With TLS: STARTTLS on `port`, and TLS from the first byte on `tls_port`."""
         self.port = 0
@@ -171,13 +180,37 @@ class DovecotPeer:
         box = mailbox.Maildir(self.maildir(user), create=False)
         return [message.get_flags() for message in box.values()]
 
-    def kick(self, user: str) -> None:
-        """Make the server drop every IMAP connection of `user` (as a restart or timeout would)."""
+    def folder(self, user: str, name: str) -> list[tuple[EmailMessage, str]]:
+        """(mail, Maildir flags: "S" = \\Seen) of each mail in one of the user's folders
+        (Maildir++: `.name`, in modified UTF-7); none if the folder is not there."""
+        path = self.maildir(user) / f".{name}"
+        if not path.is_dir():
+            return []
+        found = []
+        for message in mailbox.Maildir(path, create=False).values():
+            parsed = message_from_bytes(message.as_bytes(), policy=policy.default)
+            found.append((parsed, message.get_flags()))
+        return found  # type: ignore[return-value]
+
+    def doveadm(self, *args: str) -> None:
+        """Run `doveadm ARGS` against this server (`mailbox rename -u help A B`)."""
         subprocess.run(
-            [DOVEADM, "-c", str(self.config), "kick", user],
+            [DOVEADM, "-c", str(self.config), *args],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+        )
+
+    def kick(self, user: str) -> None:
+        """Make the server drop every IMAP connection of `user` (as a restart or timeout would)."""
+        self.doveadm("kick", user)
+
+    def _namespace(self) -> str:
+        if self.sent is None:
+            return ""
+        return (
+            "namespace inbox {\n  inbox = yes\n"
+            f"  mailbox {self.sent} {{\n    special_use = \\Sent\n    auto = create\n  }}\n}}\n"
         )
 
     def log(self) -> str:
@@ -230,7 +263,7 @@ service imap-login {{
     {imaps}
   }}
 }}
-{capability}""",
+{capability}{self._namespace()}""",
             encoding="utf-8",
         )
 

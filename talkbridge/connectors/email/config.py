@@ -27,6 +27,17 @@ class ImapConfig(_Section):
     password: SecretStr
     """Also as `{file: /path}` (a password file) or `${ENV_VAR}`."""
     folder: str = Field(default="INBOX", min_length=1)
+    sent_folder: str | Literal[False] = "auto"
+    """Where each reply is saved once sent (IMAP APPEND, marked read), so that people using the
+    mailbox in a mail client see both sides: `auto`, the folder the server marks `\\Sent`
+    (RFC 6154), if any; a folder's name (created when missing); `false`, not saved."""
+
+    @field_validator("sent_folder", mode="before")
+    @classmethod
+    def _no_sent_folder(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("names the folder replies are saved to: auto, a name, or false")
+        return False if value is None else value
 
     @property
     def effective_port(self) -> int:

@@ -26,6 +26,8 @@ _EXISTS = re.compile(rb"^(\d+) EXISTS")
 _FETCH = re.compile(rb"^\d+ FETCH \(")
 _UID = re.compile(rb"\bUID (\d+)")
 _INTERNALDATE = re.compile(rb'\bINTERNALDATE "([^"]*)"')
+_LIST = re.compile(rb'^\(([^)]*)\) (?:NIL|"(?:[^"\\]|\\.)*"|\S+) (.+)$', re.IGNORECASE)
+_LITERAL = re.compile(rb"^\{(\d+)\+?\}$")
 _UIDS_PER_FETCH = 500
 """UIDs asked for in one FETCH: a command line stays well below servers' limits (8 KB+)."""
 
@@ -65,6 +67,22 @@ def internal_dates_of(lines: list[Any]) -> dict[int, datetime]:
         if when is not None:
             found[int(uid.group(1))] = when
     return found
+
+
+def special_use_of(lines: list[Any], attribute: str) -> str | None:
+    """The first mailbox a `LIST` answer marks with `attribute` (`\\Sent`, RFC 6154), as the
+    argument to name it in a command: the server's own encoding (modified UTF-7), quoted when
+    it has to be. None when none is marked."""
+    wanted = attribute.lower().encode()
+    for index, line in enumerate(lines):
+        match = _LIST.match(bytes(line)) if isinstance(line, bytes | bytearray) else None
+        if match is None or wanted not in match.group(1).lower().split():
+            continue
+        name = match.group(2).strip()
+        if _LITERAL.match(name) and index + 1 < len(lines):  # a name sent as a literal
+            return _quote_raw(bytes(lines[index + 1]).decode(errors="replace"))
+        return name.decode(errors="replace")
+    return None
 
 
 def uid_set(uids: Sequence[int]) -> str:
@@ -133,8 +151,8 @@ class ImapSession:
 
     # ---- connecting ------------------------------------------------------------------------
 
-    async def open(self) -> None:
-        """Connect, log in and select the folder; raises translated errors."""
+    async def open(self, *, select: bool = True) -> None:
+        """Connect, log in and (unless not to) select the folder; raises translated errors."""
         config = self.config
         context = ssl.create_default_context() if config.security != "none" else None
         with imap_errors(self.where, self._password):
@@ -157,7 +175,9 @@ class ImapSession:
                     f"IMAP server {self.where} refused the login for {config.username!r}"
                     + (f": {text}" if text else "")
                 )
-            response = await self.guard(self.client.select(_quote(config.folder)))
+            if not select:
+                return
+            response = await self.guard(self.client.select(mailbox_argument(config.folder)))
             if response.result != "OK":
                 raise NotFoundError(
                     f"IMAP folder {config.folder!r} cannot be opened on {self.where}: "
@@ -301,6 +321,40 @@ class ImapSession:
         _check(response, f"UID FETCH {uid}", self.where)
         return body_of(response.lines, uid)
 
+    async def uids_of_message_id(self, message_id: str) -> list[int]:
+        """The UIDs of the selected folder's mail with this Message-ID."""
+        quoted = message_id.replace("\\", "\\\\").replace('"', '\\"')
+        return await self.uids(f'HEADER Message-ID "{quoted}"')
+
+    async def special_use(self, attribute: str) -> str | None:
+        """The folder the server marks with `attribute` (`\\Sent`), named as `append` takes
+        it; None when it marks none (or lists no such attributes: no SPECIAL-USE)."""
+        with imap_errors(self.where, self._password):
+            response = await self.guard(self._client().list('""', '"*"'))
+        _check(response, "LIST", self.where)
+        return special_use_of(response.lines, attribute)
+
+    async def holds(self, folder: str, message_id: str) -> bool:
+        """Whether `folder` (as `special_use` names it) has a mail with this Message-ID; False
+        when the folder is not there. Selects it."""
+        with imap_errors(self.where, self._password):
+            response = await self.guard(self._client().select(folder))
+        if response.result != "OK":
+            return False
+        return bool(await self.uids_of_message_id(message_id))
+
+    async def append(self, folder: str, raw: bytes, *, create: bool) -> None:
+        """Put `raw` into `folder` (as `special_use` names it), marked `\\Seen`. With `create`,
+        a folder the server says is not there (`[TRYCREATE]`) is created first."""
+        client = self._client()
+        with imap_errors(self.where, self._password):
+            response = await self.guard(client.append(raw, mailbox=folder, flags="\\Seen"))
+            if create and response.result == "NO" and "[TRYCREATE]" in _text(response.lines):
+                created = await self.guard(client.create(folder))
+                _check(created, f"CREATE {folder}", self.where)
+                response = await self.guard(client.append(raw, mailbox=folder, flags="\\Seen"))
+        _check(response, f"APPEND to {folder}", self.where)
+
     async def mark_seen(self, uid: int) -> None:
         with imap_errors(self.where, self._password):
             response = await self.guard(
@@ -330,8 +384,12 @@ class ImapSession:
         await self._lost.wait()
 
 
-def _quote(folder: str) -> str:
-    folder = mailbox_name(folder)
+def mailbox_argument(folder: str) -> str:
+    """`folder` as a command argument: in modified UTF-7, quoted when it has to be."""
+    return _quote_raw(mailbox_name(folder))
+
+
+def _quote_raw(folder: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_./-]+", folder):
         return folder
     return '"' + folder.replace("\\", "\\\\").replace('"', '\\"') + '"'

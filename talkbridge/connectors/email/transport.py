@@ -10,7 +10,12 @@ unread mail received in the last `backlog_days` is answered (see `backlog`); old
 stays unread, and the cursor moves past it.
 
 `send` opens one SMTP session per mail and never sleeps or retries: it raises the translated
-error and the router's per-connection queue decides. A per-thread reply limit refuses (and so
+error and the router's per-connection queue decides. A reply that went out is then saved to
+the Sent folder (`imap.sent_folder`) in the background, over a short IMAP session, once: not
+again when a retry sends it to recipients that deferred it, nor when the folder already holds
+its Message-ID (a copy saved before a crash, or one the SMTP server filed itself); a failure
+there is logged. In the background, so that a stop cutting the save short cannot make a sent
+reply look unsent (and be sent again). A per-thread reply limit refuses (and so
 records) replies beyond `max_replies_per_thread` in `reply_window` seconds, and a per-address
 limit those to one address across threads (a responder may answer each reply in a new thread).
 """
@@ -23,6 +28,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from email import policy
 from email.message import EmailMessage
 
 import aiosmtplib
@@ -44,7 +50,7 @@ from talkbridge.connectors.email.codec import (
 )
 from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.errors import smtp_errors
-from talkbridge.connectors.email.imap import ImapSession
+from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
 from talkbridge.connectors.email.safety import ReplyLimiter
 from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import (
@@ -97,6 +103,14 @@ class EmailConnector(BaseConnector):
         """The latest `check`'s verdict per server (IMAP, SMTP); None while waited for."""
         self._smtputf8: bool | None = None
         """Whether the SMTP server offered SMTPUTF8 when last met (None: not met yet)."""
+        self._sent_folder: str | bool | None = False
+        """`sent_folder: auto`'s folder once found (None: the server marks none; False: not
+        looked for yet)."""
+        self._saving: set[asyncio.Task[None]] = set()
+        self._save_lock = asyncio.Lock()
+        """One save at a time: two copies of one reply are never both found missing."""
+        self.saved = 0
+        """Replies whose saving to Sent is over (saved, found there already, or failed)."""
         self.provide("inbound_media", self)
 
     # ---- Transport -------------------------------------------------------------------------
@@ -384,7 +398,8 @@ class EmailConnector(BaseConnector):
             await session.open()
             result: tuple[str, ConnectorError | None] = (
                 f"IMAP ok ({self.config.imap.username}@{session.where}, "
-                f"{self.config.imap.folder}: {session.exists} messages)",
+                f"{self.config.imap.folder}: {session.exists} messages"
+                f"{await self._unread(session)}; {await self._sent_verdict(session)})",
                 None,
             )
         except ConnectorError as exc:
@@ -393,6 +408,28 @@ class EmailConnector(BaseConnector):
             await session.close()
         self._checking["IMAP"] = result[0]
         return result
+
+    async def _unread(self, session: ImapSession) -> str:
+        """`, N unread` (the backlog waiting in the folder), or nothing if it cannot be told."""
+        try:
+            return f", {len(await session.uids('UNSEEN'))} unread"
+        except ConnectorError:
+            return ""
+
+    async def _sent_verdict(self, session: ImapSession) -> str:
+        """Where replies are saved, or why not (`imap.sent_folder`)."""
+        configured = self.config.imap.sent_folder
+        if configured is False:
+            return "replies not saved to Sent (sent_folder: false)"
+        if configured != "auto":
+            return f"replies saved to {configured}"
+        try:
+            found = await session.special_use("\\Sent")
+        except ConnectorError as exc:
+            return f"cannot tell the Sent folder: {exc}"
+        if found is None:
+            return "replies not saved to Sent: no folder marked \\Sent (see imap.sent_folder)"
+        return f"replies saved to {found}"
 
     async def _check_smtp(self) -> tuple[str, ConnectorError | None]:
         try:
@@ -410,7 +447,9 @@ class EmailConnector(BaseConnector):
         return result
 
     async def close(self) -> None:
-        return None
+        """Let the replies being saved to Sent finish (for up to `timeout` seconds)."""
+        if self._saving:
+            await asyncio.wait(set(self._saving), timeout=self.config.timeout)
 
     # ---- send ------------------------------------------------------------------------------
 
@@ -475,11 +514,47 @@ class EmailConnector(BaseConnector):
         if resumed is None:  # it went out: counted, even should some recipients defer it
             for address in answered:
                 self._per_address.record(address, now)
+            if self.config.imap.sent_folder is not False:
+                task = asyncio.create_task(self._save_sent(mail, message_id))
+                self._saving.add(task)
+                task.add_done_callback(self._saving.discard)
         self._some_refused(message_id, key, mail, refused)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
         return SendResult(message_ids=(message_id,))
+
+    async def _save_sent(self, mail: EmailMessage, message_id: str) -> None:
+        """Save a reply that went out to the Sent folder, marked read; best effort (logged)."""
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            async with self._save_lock:
+                await session.open(select=False)
+                folder = await self._sent_folder_in(session)
+                if folder is not None and not await session.holds(folder, message_id):
+                    create = self.config.imap.sent_folder != "auto"
+                    await session.append(folder, _as_bytes(mail), create=create)
+        except ConnectorError as exc:
+            self._log.warning("reply %s went out but was not saved to Sent: %s", message_id, exc)
+        finally:
+            await session.close()
+            self.saved += 1
+            self._notify()
+
+    async def _sent_folder_in(self, session: ImapSession) -> str | None:
+        """The folder replies are saved to, as IMAP commands name it; None: none to save to."""
+        configured = self.config.imap.sent_folder
+        if configured is not False and configured != "auto":
+            return mailbox_argument(configured)
+        if self._sent_folder is False:
+            self._sent_folder = await session.special_use("\\Sent")
+            if self._sent_folder is None:
+                self._log.info(
+                    "%s marks no folder \\Sent: replies are not saved to a Sent folder "
+                    "(imap.sent_folder names one)",
+                    session.where,
+                )
+        return self._sent_folder if isinstance(self._sent_folder, str) else None
 
     def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
         for address in answered:
@@ -551,8 +626,7 @@ class EmailConnector(BaseConnector):
         session = ImapSession(self.config.imap, self.config.timeout)
         try:
             await session.open()
-            quoted = message_id.replace("\\", "\\\\").replace('"', '\\"')
-            uids = await session.uids(f'HEADER Message-ID "{quoted}"')
+            uids = await session.uids_of_message_id(message_id)
             raw = await session.fetch(uids[-1]) if uids else None
         finally:
             await session.close()
@@ -567,6 +641,14 @@ class EmailConnector(BaseConnector):
                 f"attachment is {len(data)} bytes, over the {max_bytes}-byte limit"
             )
         return data
+
+
+def _as_bytes(mail: EmailMessage) -> bytes:
+    """The mail as sent, CRLF lines; headers in UTF-8 where an address needs it (SMTPUTF8)."""
+    try:
+        return mail.as_bytes()
+    except UnicodeEncodeError:
+        return mail.as_bytes(policy=policy.SMTPUTF8)
 
 
 class _SmtpSession:

@@ -25,9 +25,10 @@ SMTP_USERS = {"help": "smtp-pw-help", "other": "smtp-pw-other"}
 
 
 @pytest.fixture
-async def dovecot() -> AsyncIterator[DovecotPeer]:
+async def dovecot(request: pytest.FixtureRequest) -> AsyncIterator[DovecotPeer]:
+    """Options of `DovecotPeer` by indirect parametrization: `{"sent": "Sent"}`."""
     require(dovecot_available(), "dovecot is not installed (apt-get install dovecot-imapd)")
-    async with DovecotPeer(USERS) as peer:
+    async with DovecotPeer(USERS, **getattr(request, "param", {})) as peer:
         yield peer
 
 

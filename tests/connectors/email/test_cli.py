@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.connectors.email.conftest import SMTP_USERS, USERS
+import pytest
+
+from tests.connectors.email.conftest import SMTP_USERS, USERS, mail
 from tests.peers.email import DovecotPeer, SmtpPeer
 from tests.support.cli import talkbridge
 
@@ -112,3 +114,30 @@ async def test_a_server_that_never_answers_is_named_and_the_others_verdict_still
     assert line.startswith("FAIL"), line
     assert f"IMAP server 127.0.0.1:{port} has not answered" in line
     assert f"SMTP ok (127.0.0.1:{smtp.port})" in line
+
+
+@pytest.mark.parametrize("dovecot", [{"sent": "Sent"}], indirect=True)
+async def test_check_shows_the_unread_backlog_where_replies_go_and_a_missing_folder(
+    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
+) -> None:
+    for n in range(2):
+        dovecot.deliver("help", mail(body=f"waiting {n}"))
+    config = tmp_path / "talkbridge.yaml"
+    config.write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\nconnections:"
+        + entry(dovecot, smtp, "helpdesk", "help", SMTP_USERS["help"])
+        + entry(dovecot, smtp, "renamed", "help", SMTP_USERS["help"]).replace(
+            "folder: INBOX", "folder: Support"
+        ),
+        encoding="utf-8",
+    )
+    process = await talkbridge(
+        "check", "--config", str(config), env={"IMAP_PASSWORD": USERS["help"]}
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, out.decode() + err.decode()
+    lines = out.decode().splitlines()
+    [good] = [line for line in lines if "helpdesk" in line]
+    assert "INBOX: 2 messages, 2 unread; replies saved to Sent)" in good, good
+    [gone] = [line for line in lines if "renamed" in line]
+    assert gone.startswith("FAIL") and "IMAP folder 'Support' cannot be opened" in gone, gone

@@ -12,6 +12,7 @@ import pytest
 from talkbridge.agents.sentinel import OTHERS_NOTICE
 from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.registry import ConnectionState
+from tests.cluster.conftest import wait_until
 from tests.connectors.email.conftest import connection, mail
 from tests.peers.email import DovecotPeer, ReceivedMail, SmtpPeer
 from tests.support.bridge import StartBridge, bridges
@@ -438,3 +439,24 @@ async def test_a_contact_form_mail_is_answered_to_its_reply_to_when_asked_for(
     await smtp.wait_for(lambda: len(to(smtp, "dave@elsewhere.test")) == 1)
     (pairing,) = await instance.store.pairings()
     assert pairing.channel_user_id == "dave@elsewhere.test"
+
+
+async def test_a_watched_folder_renamed_away_is_reported_retried_and_picked_up_again(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    dovecot.doveadm("mailbox", "create", "-u", "help", "Support")
+    imap = connection(dovecot, smtp)["imap"] | {"folder": "Support"}
+    instance = await bridge({"imap": imap})
+    registry = instance.registry
+    dovecot.doveadm("mailbox", "rename", "-u", "help", "Support", "Support-old")
+
+    def reported() -> bool:
+        health = registry.health("help")
+        return health.state is ConnectionState.DEGRADED and "cannot be opened" in str(
+            health.last_error
+        )
+
+    await wait_until(reported, timeout=15)
+    assert "IMAP folder 'Support'" in str(registry.health("help").last_error)  # as /healthz
+    dovecot.doveadm("mailbox", "rename", "-u", "help", "Support-old", "Support")
+    await registry.wait_for("help", ConnectionState.UP, timeout=30)  # retried, not given up

@@ -1,0 +1,122 @@
+"""Replies saved to the mailbox's Sent folder (IMAP APPEND), once, against Dovecot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from talkbridge.connectors.email.transport import EmailConnector
+from talkbridge.errors import TransientError
+from talkbridge.message import OutboundMessage
+from tests.connectors.email.conftest import mail
+from tests.peers.email import DovecotPeer, ImapStandIn, SmtpPeer
+
+WITH_SENT = pytest.mark.parametrize("dovecot", [{"sent": "Sent"}], indirect=True)
+
+
+def sent_ids(dovecot: DovecotPeer, folder: str = "Sent") -> list[tuple[str, str]]:
+    """(Message-ID, Maildir flags) of each mail in the user help's `folder`."""
+    return [(str(m["Message-ID"]), flags) for m, flags in dovecot.folder("help", folder)]
+
+
+@WITH_SENT
+async def test_a_reply_is_saved_once_to_the_folder_the_server_marks_sent(
+    dovecot: DovecotPeer, smtp: SmtpPeer, start: Callable[..., Any]
+) -> None:
+    """A support desk reading the mailbox in a mail client sees our side of the conversation,
+    once: not again when a retry sends it to a recipient that deferred it."""
+    running = await start()
+    connector: EmailConnector = running.connector
+    dovecot.deliver("help", mail(body="printer down", Cc="carol@example.org"))
+    [question] = await running.inbox.wait_count(1)
+    out = OutboundMessage(thread_id=question.thread_id, text="on it", idempotency_key="r:1")
+    smtp.refuse_next_recipient("450 4.2.1 mailbox busy", "carol@example.org")
+    with pytest.raises(TransientError, match=r"deferred the reply for carol@example\.org"):
+        await connector.send(out)
+    result = await connector.send(out)  # to carol alone
+    await connector.wait_for(lambda: connector.saved == 1)
+    assert [m.rcpt_tos for m in smtp.received] == [["ada@example.org"], ["carol@example.org"]]
+    [(saved, flags)] = sent_ids(dovecot)
+    assert saved == result.message_id and flags == "S"  # read: nobody needs to open it
+    [(copy, _)] = dovecot.folder("help", "Sent")
+    assert copy.get_body(("plain",)).get_content().strip() == "on it"
+    assert copy["To"] == "ada@example.org" and copy["Cc"] == "carol@example.org"
+
+
+@WITH_SENT
+async def test_a_reply_sent_again_after_a_lost_answer_or_a_restart_is_not_saved_twice(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    out = OutboundMessage(thread_id="bob@example.net", text="hi", idempotency_key="r:1")
+    smtp.hang_up_after_data = 1  # the server took it; the client cannot tell
+    with pytest.raises(TransientError):
+        await make_connector().send(out)
+    connector = make_connector()  # sent again, after a restart
+    result = await connector.send(out)
+    await connector.wait_for(lambda: connector.saved == 1)
+    again = make_connector()  # and again: a crash before the send was recorded
+    await again.send(out)
+    await again.wait_for(lambda: again.saved == 1)
+    assert len(smtp.received) == 3
+    assert sent_ids(dovecot) == [(result.message_id, "S")]
+
+
+async def test_a_named_sent_folder_is_created_when_missing_and_used(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    imap = make_connector().config.imap.model_dump() | {"sent_folder": "Envoyés"}
+    imap["password"] = imap["password"].get_secret_value()
+    connector = make_connector(imap=imap)
+    out = OutboundMessage(thread_id="bob@example.net", text="hi")
+    first = await connector.send(out)
+    second = await connector.send(out)
+    await connector.wait_for(lambda: connector.saved == 2)
+    ids = sorted(mid for mid, _ in sent_ids(dovecot, "Envoy&AOk-s"))  # modified UTF-7
+    assert ids == sorted([first.message_id, second.message_id])
+
+
+async def test_no_copy_is_saved_without_a_sent_folder_or_when_turned_off(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO")
+    connector = make_connector()  # the server marks no folder \Sent
+    await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+    await connector.send(OutboundMessage(thread_id="bob@example.net", text="again"))
+    await connector.wait_for(lambda: connector.saved == 2)
+    said = [r.getMessage() for r in caplog.records if "marks no folder" in r.getMessage()]
+    assert len(said) == 1 and "imap.sent_folder" in said[0]  # said once, not at every reply
+    assert len(smtp.received) == 2 and not (dovecot.maildir("help") / ".Sent").exists()
+
+
+@WITH_SENT
+async def test_sent_folder_false_saves_nothing(
+    dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
+) -> None:
+    imap = make_connector().config.imap.model_dump() | {"sent_folder": None}
+    imap["password"] = imap["password"].get_secret_value()
+    connector = make_connector(imap=imap)
+    await connector.send(OutboundMessage(thread_id="bob@example.net", text="x"))
+    await connector.close()  # (would wait for a save under way)
+    assert connector.saved == 0 and len(smtp.received) == 1 and sent_ids(dovecot) == []
+
+
+async def test_a_server_refusing_the_copy_does_not_fail_the_reply(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with ImapStandIn() as server:  # knows neither LIST nor APPEND
+        imap = {"host": "127.0.0.1", "port": server.port, "security": "none"}
+        connector = make_connector(imap={**imap, "username": "help", "password": "x"})
+        result = await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+        await connector.wait_for(lambda: connector.saved == 1)
+    [received] = smtp.received
+    assert received.message["Message-ID"] == result.message_id
+    [warning] = [r.getMessage() for r in caplog.records if "not saved to Sent" in r.getMessage()]
+    assert result.message_id in warning and "LIST" in warning
