@@ -9,9 +9,13 @@ of the configured one counts). Pure: no I/O.
 
 A From is vouched for when that header says `dmarc=pass` (for the From domain, when it names
 one), or, when DMARC gave no verdict (`none`: the domain publishes no DMARC record, or an
-error), `dkim=pass` by the From domain or a parent of it (`header.d`, else `header.i`). A
-`dmarc=fail` stands even beside a passing DKIM (the domain asked for strict alignment). SPF
-alone never: it vouches for the envelope sender, not for From.
+error), `dkim=pass` by a domain aligned with From (`header.d`, else `header.i`) in DMARC's
+relaxed sense (RFC 7489, 3.1.1): the same organizational domain, by the Public Suffix List
+(`mail.example.com` signs for `example.com` and the reverse; `evil.co.uk` not for `victim.co.uk`,
+nor `evil.github.io` for `victim.github.io`). Relaxed is DMARC's default, and strict (`adkim=s`)
+can only be asked in a DMARC record; with one, the server's `dmarc=` verdict decides, so it
+is honoured. A `dmarc=fail` stands even beside a passing DKIM. SPF alone never: it vouches for
+the envelope sender, not for From.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from email.message import Message
+from functools import cache
 from typing import Literal
+
+from publicsuffixlist import PublicSuffixList
 
 Proof = Literal["dmarc", "dkim"]
 
@@ -104,11 +111,28 @@ def parse(value: str) -> tuple[str, list[Result]]:
     return authserv_id, results
 
 
+@cache
+def _suffixes() -> PublicSuffixList:
+    """The Public Suffix List the package bundles (read once; no download)."""
+    return PublicSuffixList()
+
+
+def organizational_domain(domain: str) -> str | None:
+    """`domain`'s registrable domain (`mail.example.co.uk` -> `example.co.uk`); None for a
+    public suffix itself (`co.uk`, `github.io`), which no one organization owns."""
+    found = _suffixes().privatesuffix(domain.strip().lower().rstrip("."))
+    return str(found) if found else None
+
+
 def _aligned(from_domain: str, domain: str) -> bool:
-    """Relaxed alignment, kept to what needs no public-suffix list: the same domain, or a
-    parent of it (a key under a parent's `_domainkey` is published by that parent's owner)."""
+    """DMARC's relaxed alignment: the same domain, or the same organizational domain."""
     domain = domain.strip().lower().rstrip(".")
-    return bool(domain) and (from_domain == domain or from_domain.endswith("." + domain))
+    if not domain:
+        return False
+    if domain == from_domain:
+        return True
+    organization = organizational_domain(domain)
+    return organization is not None and organization == organizational_domain(from_domain)
 
 
 def vouched(msg: Message, authserv_id: str, from_domain: str) -> Proof | None:

@@ -66,11 +66,30 @@ def test_what_vouches_for_a_from(results: str, proof: str | None) -> None:
     assert msg.sender_verified is (proof is not None)
 
 
-def test_a_parent_domains_signature_vouches_for_a_subdomain_but_not_the_reverse() -> None:
-    signed = "Authentication-Results: mx.example.com; dkim=pass header.d=example.org\r\n"
-    assert message(signed, "eu@mail.example.org").sender_verified
-    child = "Authentication-Results: mx.example.com; dkim=pass header.d=mail.example.org\r\n"
-    assert not message(child).sender_verified
+@pytest.mark.parametrize(
+    ("signer", "sender", "aligned"),
+    [
+        ("example.org", "eu@mail.example.org", True),  # a parent signs for its subdomain
+        ("mail.example.org", "ada@example.org", True),  # DMARC's relaxed default (RFC 7489)
+        ("bounce.mail.example.org", "eu@shop.example.org", True),  # one organization
+        ("mail.example.co.uk", "ada@example.co.uk", True),  # a two-label public suffix
+        ("evil.co.uk", "ada@victim.co.uk", False),  # two organizations under co.uk
+        ("co.uk", "ada@victim.co.uk", False),  # a public suffix owns nothing below it
+        ("evil.github.io", "ada@victim.github.io", False),  # the list's private part counts
+        ("example.org.evil.test", "ada@example.org", False),
+    ],
+)
+def test_dkim_aligns_by_organizational_domain(signer: str, sender: str, aligned: bool) -> None:
+    signed = f"Authentication-Results: mx.example.com; dkim=pass header.d={signer}\r\n"
+    assert message(signed, sender).sender_verified is aligned
+    by_i = f"Authentication-Results: mx.example.com; dkim=pass header.i=@{signer}\r\n"
+    assert message(by_i, sender).sender_verified is aligned
+
+
+def test_a_domain_asking_for_strict_alignment_is_judged_by_the_dmarc_verdict() -> None:
+    # adkim=s lives in the domain's DMARC record: the server's verdict says whether it held.
+    strict = "dmarc=fail header.from=example.org; dkim=pass header.d=mail.example.org"
+    assert not message(f"Authentication-Results: mx.example.com; {strict}\r\n").sender_verified
 
 
 def test_only_the_topmost_header_of_our_server_counts() -> None:
