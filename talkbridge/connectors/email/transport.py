@@ -35,7 +35,7 @@ import aiosmtplib
 from aiosmtplib.typing import Default
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
-from talkbridge.connectors.boundary import permanent
+from talkbridge.connectors.boundary import permanent, scrub
 from talkbridge.connectors.email.backlog import backlog_cutoff, received_since, since_search
 from talkbridge.connectors.email.codec import (
     InboundMail,
@@ -534,8 +534,9 @@ class EmailConnector(BaseConnector):
                 if folder is not None and not await session.holds(folder, message_id):
                     create = self.config.imap.sent_folder != "auto"
                     await session.append(folder, _as_bytes(mail), create=create)
-        except ConnectorError as exc:
-            self._log.warning("reply %s went out but was not saved to Sent: %s", message_id, exc)
+        except Exception as exc:  # best effort, in a task nobody awaits: said, never raised
+            detail = exc if isinstance(exc, ConnectorError) else scrub(repr(exc), *self._secrets)
+            self._log.warning("reply %s went out but was not saved to Sent: %s", message_id, detail)
         finally:
             await session.close()
             self.saved += 1
