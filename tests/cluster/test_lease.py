@@ -157,6 +157,27 @@ async def test_messages_left_on_shards_a_lowered_count_drops_are_answered(
         await client.aclose()
 
 
+async def test_a_redis_error_while_taking_a_connection_over_is_retried_not_fatal(
+    cluster: Cluster,
+) -> None:
+    # Taking a connection over reads its send requests' stream; a Redis error there (here:
+    # the stream's key holds another type) ended the connection's task for good: never run
+    # on this node again, "starting" in /healthz, its lease left to run out.
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    requests = f"{cluster.prefix}:bus:out:test"
+    try:
+        await client.set(requests, "not a stream")
+        a = await cluster.node("a")
+        await wait_until(lambda: a.registry.health("test").state is ConnectionState.DEGRADED)
+        assert "WRONGTYPE" in (a.registry.health("test").last_error or "")
+        assert a.registry.owned() == []
+        await client.delete(requests)
+        await asyncio.wait_for(connector(a).running.wait(), 10)
+        assert owner([a]) is a
+    finally:
+        await client.aclose()
+
+
 async def test_a_node_restarted_after_a_crash_starts_under_its_own_id(cluster: Cluster) -> None:
     crashed = await cluster.node("a", start=False)
     assert crashed.cluster is not None
