@@ -372,6 +372,15 @@ async def _check_store(store: Store, url: str, timeout: float) -> bool:
         except StoreError as exc:
             ok, detail = False, str(exc)
     _console.out(f"{'ok  ' if ok else 'FAIL'}  store  {public_url(url)}  {detail}")
+    if ok and type(store).__name__ == "RedisStore":  # (redis-py may not be installed)
+        from talkbridge.store.redis import RedisStore
+
+        assert isinstance(store, RedisStore)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                warning = await store.persistence_warning()
+            if warning is not None:
+                _console.out(f"warn  store  {public_url(url)}  {warning}")
     return ok
 
 

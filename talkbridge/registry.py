@@ -14,6 +14,7 @@ Connectors marked `runs_everywhere` (the webchat) run on every node.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -284,7 +285,18 @@ class ConnectionRegistry:
                 continue
             log.info("%s: node %s owns the connection now", cid, cluster.node_id)
             self._set_state(cid, ConnectionState.STARTING, None)
-            await cluster.acquired(cid)
+            try:
+                await cluster.acquired(cid)  # its send requests: redis may fail here too
+            except Exception as exc:
+                raise_if_cancelling()
+                cluster.lost(cid)
+                with contextlib.suppress(Exception):  # else it runs out by itself
+                    await lease.release()
+                reason = self.redact(describe_error(exc))
+                log.warning("%s: cannot take the connection over: %s; retrying", cid, reason)
+                self._set_state(cid, ConnectionState.DEGRADED, f"lease unavailable: {reason}")
+                await asyncio.sleep(lease.renew_every)
+                continue
             work = self._work[cid] = asyncio.create_task(self._supervise(cid, transport))
             await lease.keep()  # returns only when the lease is lost (cancelled: see `stop`)
             await cancel_and_wait(work)

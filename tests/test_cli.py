@@ -28,7 +28,7 @@ from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
 from tests.peers.http import free_port, serve
 from tests.peers.openai import ChatCompletionsPeer
-from tests.peers.redis import redis_url
+from tests.peers.redis import private_redis, redis_url
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -1337,3 +1337,29 @@ async def test_every_relative_path_in_the_config_is_found_from_any_working_direc
     )
     assert code == 1 and "FAIL  store" in out, err
     assert "No such file" not in out and "certificate" in out  # ca.pem was found, and read
+
+
+async def test_check_warns_when_redis_keeps_nothing_on_disk(tmp_path: Path) -> None:
+    # Distributed mode keeps its bus, its records of replies sent and its dedupe keys in Redis:
+    # a restart of a Redis without persistence loses them, silently.
+    require(importlib.util.find_spec("redis") is not None, "redis-py is not installed")
+    import redis.asyncio as aioredis
+
+    with private_redis() as url:  # started with `--save "" --appendonly no`
+        require(url is not None, "redis-server is not installed")
+        assert url is not None
+        (tmp_path / "talkbridge.yaml").write_text(f"store: {url}\n")
+        code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+        assert code == 0, err
+        assert f"warn  store  {url}  redis keeps nothing on disk (appendonly no)" in out
+        assert "set appendonly yes" in out
+        client = aioredis.Redis.from_url(url)
+        await client.config_set("save", "3600 1")  # (no AOF here: it would write one)
+        try:
+            code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+        finally:  # else it writes a snapshot into the working directory as it stops
+            await client.config_set("save", "")
+            await client.aclose()
+        assert code == 0, err
+        assert "redis keeps only snapshots (save '3600 1') (appendonly no)" in out
+        assert "loses what came since the last snapshot" in out

@@ -13,6 +13,7 @@ a `RedisStore`. Every key comes from `ClusterKeys`, the store's key builder with
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 from typing import Any
@@ -29,6 +30,8 @@ from talkbridge.cluster.outbound import OutboundBus
 from talkbridge.config import ClusterConfig
 from talkbridge.errors import ConfigError, StoreError
 from talkbridge.store.redis import RedisStore, reconnecting
+
+log = logging.getLogger("talkbridge.cluster")
 
 MAX_CONNECTIONS = 64
 """Per node: four are held by blocking reads (inbound, sends, replies, webchat fan-out)."""
@@ -47,6 +50,7 @@ class Cluster:
         self.node_id = node_id or default_node_id()
         self.keys = ClusterKeys(store.keys.prefix)
         self._url = store.url
+        self._store = store
         # A blocking pool: a burst of acknowledgements waits for a free connection instead of
         # failing with "Too many connections" (the plain pool's behaviour at its limit).
         pool = aioredis.BlockingConnectionPool.from_url(
@@ -99,6 +103,7 @@ class Cluster:
                     "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
                 )
             shards = self.config.shards
+            streams = await self.inbound.shard_streams()
             theirs = await self.membership.join()
             if theirs is not None:
                 await self.client.aclose()
@@ -108,6 +113,9 @@ class Cluster:
                     f"no node reads. Give every node the same value (change it only with every "
                     f"node stopped)"
                 )
+            await self.inbound.fold_dropped_shards(streams)
+            if (warning := await self._store.persistence_warning()) is not None:
+                log.warning("distributed mode: %s", warning)
             await self.outbound.start()
         except (RedisError, OSError) as exc:
             await self.client.aclose()

@@ -9,6 +9,12 @@ send is then answered from the record, and nothing goes out), whether another se
 renewed while the call runs, and it is replaced by the send's record in one step when the call
 returns (given up when it fails, so another attempt may send it).
 
+A claim is only as good as it is fresh: a node paused (SIGSTOP, a VM frozen, a long GC) or cut
+off from Redis between taking the claim and calling the platform may find its claim run out and
+the key claimed, sent and recorded by another node meanwhile. So right before the call, a claim
+whose answer came later than `SURE_OF_LEASE` of its TTL after it was asked for is confirmed
+again in Redis (renewed, only if still this send's); one that is not is looked up again.
+
 What no claim closes: the platform call is no transaction. A node that dies, or is cut off from
 Redis for longer than the claim's TTL, while its call is under way (or before its record is
 written) leaves a claim that runs out; the next send of the key then calls the platform again,
@@ -32,7 +38,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.cluster import scripts
 from talkbridge.cluster.keys import ClusterKeys
-from talkbridge.cluster.lease import Lease
+from talkbridge.cluster.lease import SURE_OF_LEASE, Lease
 from talkbridge.errors import TransientError
 from talkbridge.message import SendResult
 
@@ -67,10 +73,12 @@ class SendClaims:
         """`send_once`, and whether the send is on record (sent before, or recorded now; False
         when recording it failed, which the caller then does)."""
         token = uuid.uuid4().hex
-        earlier = await self._take(connection_id, key, token)
+        claim = Lease(self._client, self._keys.send_claim(connection_id, key), token, self._ttl)
+        earlier = await self._fresh_claim(connection_id, key, claim)
         if earlier is not None:
             return SendResult(message_ids=tuple(earlier)), True
-        claim = Lease(self._client, self._keys.send_claim(connection_id, key), token, self._ttl)
+        # No await between the claim found fresh and the call: nothing can pause in between
+        # but the process itself.
         keeper = asyncio.create_task(claim.keep(), name=f"claim:{connection_id}")
         try:
             result = await call()
@@ -82,9 +90,39 @@ class SendClaims:
         await cancel_and_wait(keeper)
         return result, await self._record(connection_id, key, token, result.message_ids)
 
-    async def _take(self, connection_id: str, key: str, token: str) -> list[str] | None:
+    async def _fresh_claim(self, connection_id: str, key: str, claim: Lease) -> list[str] | None:
+        """Claim `key` for the claim's token (None), surely still held now; or the ids it was
+        sent as. A claim answered too late for that (this node was paused, or Redis slow) is
+        renewed first; one that ran out meanwhile is taken again, or found sent by another."""
+        loop = asyncio.get_running_loop()
+        sure_for = self._ttl * SURE_OF_LEASE
+        while True:
+            earlier, asked = await self._take(connection_id, key, claim.node_id)
+            if earlier is not None:
+                return earlier
+            while loop.time() - asked > sure_for:
+                asked = loop.time()
+                try:
+                    if not await claim.renew():
+                        break
+                except (RedisError, OSError) as exc:
+                    raise_if_cancelling()
+                    raise TransientError(f"cannot confirm the send's claim: {exc}") from exc
+            else:
+                return None
+            log.warning(
+                "%s: the claim on %s ran out before its send began (this node was paused or "
+                "cut off from redis); looking again",
+                connection_id,
+                key,
+            )
+
+    async def _take(
+        self, connection_id: str, key: str, token: str
+    ) -> tuple[list[str] | None, float]:
         """Claim `key` for `token` (None), or the ids it was sent as; waits while another
-        send holds it. A Redis error is a passing failure: the queue retries the send."""
+        send holds it. With it, the loop's time right before the answering request was made.
+        A Redis error is a passing failure: the queue retries the send."""
         k = self._keys
         keys = [
             k.sent(connection_id),
@@ -92,12 +130,14 @@ class SendClaims:
             k.send_claim(connection_id, key),
         ]
         backoff: Backoff | None = None
+        loop = asyncio.get_running_loop()
         while True:
+            asked = loop.time()
             state, value = await self._try(keys, key, token)
             if state == _MINE:
-                return None
+                return None, asked
             if state == _SENT:
-                return list(json.loads(value))
+                return list(json.loads(value)), asked
             if backoff is None:  # no event to wait for: another node's call, seen through Redis
                 log.info("%s: %s is being sent by another send; waiting", connection_id, key)
                 backoff = Backoff(base=0.02, cap=min(1.0, self._ttl / 3))

@@ -147,6 +147,7 @@ class InboundBus:
         self._accept = client.register_script(scripts.ACCEPT_PUBLISH)
         self._complete = client.register_script(scripts.COMPLETE_ACK)
         self._ack = client.register_script(scripts.ACK)
+        self._move = client.register_script(scripts.MOVE_ENTRY)
         self._balancer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
@@ -205,6 +206,51 @@ class InboundBus:
             now = datetime.now(UTC)
             args.append(_history_json("user", message.id, sender, message.text, now, data))
         return bool(await self._accept(keys=keys, args=args))
+
+    # -- a lowered shard count -----------------------------------------------------------------
+
+    async def shard_streams(self) -> int:
+        """How many shard streams may hold entries (read before this node joins: joining
+        records its own `cluster.shards`)."""
+        k = self._keys
+        known = await self._client.mget(k.shard_count(), k.shard_streams())
+        return max((int(v) for v in known if v), default=0)
+
+    async def fold_dropped_shards(self, streams: int) -> None:
+        """Move what waits on shards numbered `cluster.shards` or more (`streams` of them were
+        in use) onto the shards their threads map to now: with a lowered `cluster.shards` no
+        node reads those streams, and their messages would never be answered. Moved entries
+        count as recovered (a node may have worked on them). Several nodes may do this at
+        once: each entry moves once."""
+        k = self._keys
+        for number in range(self._config.shards, streams):
+            stream = k.bus_in(number)
+            moved = 0
+            while True:
+                entries: list[Entry] = list(await self._client.xrange(stream, count=READ_COUNT))  # type: ignore[arg-type]
+                if not entries:
+                    break
+                for entry_id, fields in entries:
+                    try:
+                        message = NormalizedMessage.model_validate_json(fields["m"])
+                    except (KeyError, ValueError) as exc:
+                        log.error(
+                            "shard %d: dropping unreadable entry %s: %s", number, entry_id, exc
+                        )
+                        await self._client.xdel(stream, entry_id)
+                        continue
+                    target = k.bus_in(self.shard_of(message.thread_key))
+                    moved += await self._move(keys=[stream, target], args=[entry_id, fields["m"]])
+            await self._client.delete(stream)
+            if moved:
+                log.warning(
+                    "shard %d: no node reads it now that cluster.shards is %d; moved its %d "
+                    "waiting message(s) onto the shards of their threads",
+                    number,
+                    self._config.shards,
+                    moved,
+                )
+        await self._client.set(k.shard_streams(), self._config.shards)
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -443,6 +489,7 @@ class InboundBus:
         entry_id, fields = entry
         if entry_id in shard.inflight:
             return
+        recovered = recovered or fields.get("r") == "1"  # moved from a dropped shard
         try:
             message = NormalizedMessage.model_validate_json(fields["m"])
         except (KeyError, ValueError) as exc:

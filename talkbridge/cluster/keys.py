@@ -16,6 +16,11 @@ class ClusterKeys(RedisKeys):
         """The number of inbound shards the live nodes split the bus into (`cluster.shards`)."""
         return self._key("cluster", "shards")
 
+    def shard_streams(self) -> str:
+        """How many inbound shard streams may hold entries: the highest `cluster.shards` used
+        since the streams past the current number were last folded into the others."""
+        return self._key("cluster", "shard-streams")
+
     def lease(self, kind: str, name: str) -> str:
         """`lease:conn:<id>` or `lease:shard:<n>`: the node id holding it, with a TTL."""
         return self._key("lease", kind, name)

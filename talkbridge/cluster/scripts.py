@@ -84,6 +84,16 @@ redis.call('XACK', KEYS[3], ARGV[2], ARGV[3])
 return redis.call('XDEL', KEYS[3], ARGV[3])
 """
 
+# An entry of a shard stream no node reads any more (`cluster.shards` was lowered) moves onto the
+# stream its thread maps to now, marked as possibly worked on already; taken out first, so two
+# nodes moving the same entry move it once.
+# KEYS: from stream, to stream  ARGV: entry id, message JSON  -> 1 moved, 0 gone already
+MOVE_ENTRY: Final = """
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[2], '*', 'm', ARGV[2], 'r', '1')
+return 1
+"""
+
 # KEYS: stream  ARGV: group, entry id
 ACK: Final = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])

@@ -544,6 +544,30 @@ class RedisStore:
         self._writer = _PipelineWriter(client, self._where, lua.ALL)
         self._writer.start()
 
+    async def persistence_warning(self) -> str | None:
+        """What a restart of this Redis would lose, when it keeps nothing (or only snapshots)
+        on disk; None when it keeps an append-only file, or cannot be asked (CONFIG disabled
+        or renamed, as on many hosted Redis services)."""
+        assert self._client is not None, "open the store first"
+        try:
+            found = {
+                _text(k): _text(v)
+                for name in ("appendonly", "save")
+                for k, v in (await self._client.config_get(name)).items()
+            }
+        except (RedisError, OSError):
+            return None
+        aof, save = found.get("appendonly"), found.get("save", "")
+        if aof is None or aof == "yes":
+            return None
+        kept = f"only snapshots (save {save!r})" if save else "nothing on disk"
+        lost = "what came since the last snapshot" if save else "everything"
+        return (
+            f"redis keeps {kept} (appendonly no): a restart of it loses {lost}: messages "
+            "waiting to be answered, the records of replies sent (so they may go out twice) "
+            "and of messages seen; set appendonly yes"
+        )
+
     def health(self) -> dict[str, Any]:
         # Whether it is open at all, and whether its last commands reached Redis.
         if self._writer is None:

@@ -8,9 +8,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from talkbridge.cluster import Lease
+from talkbridge.cluster.inbound import shard_of
 from talkbridge.errors import ConfigError
 from talkbridge.registry import ConnectionState
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.support.agents import GatedAgent
+from tests.support.talk_connector import make_message
 
 
 async def test_one_holder_renews_and_only_the_holder_can_renew_or_release(
@@ -121,6 +124,58 @@ async def test_a_node_with_another_shard_count_than_the_running_ones_refuses_to_
     changed = await cluster.node("c", config={"cluster": {"shards": 8}})
     assert changed.cluster is not None
     await wait_until(lambda: changed.cluster is not None and len(changed.cluster.inbound.held) == 8)
+
+
+async def test_messages_left_on_shards_a_lowered_count_drops_are_answered(
+    cluster: Cluster,
+) -> None:
+    # Every node stopped with messages still waiting on shard 5 of 8; they start again with
+    # `shards: 4`. No node read shards 4-7 any more: those messages were never answered.
+    agent = GatedAgent()
+    a = await cluster.node(
+        "a",
+        config={"cluster": {"shards": 8}},
+        prepare=lambda bridge: bridge.runner.add_agent(agent, "echo"),
+    )
+    assert a.cluster is not None
+    inbound = a.cluster.inbound
+    await wait_until(lambda: len(inbound.held) == 8)
+    thread = next(f"t{i}" for i in range(100) if shard_of(f"test\x1ft{i}", 8) >= 4)
+    for n in (1, 2):
+        await connector(a).inject(make_message(f"q{n}", thread_id=thread, message_id=f"m{n}"))
+    await asyncio.wait_for(agent.started["q1"].wait(), 10)
+    await a.stop(drain_timeout=0)  # cut off: both wait on their shard for the next start
+    old = a.cluster.keys.bus_in(shard_of(f"test\x1f{thread}", 8))
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    try:
+        assert await client.xlen(old) == 2
+        b = await cluster.node("b", config={"cluster": {"shards": 4}})
+        sent = await connector(b).wait_sent(2)
+        assert [s.message.text for s in sent] == ["q1", "q2"]  # in order
+        assert await client.exists(old) == 0
+    finally:
+        await client.aclose()
+
+
+async def test_a_redis_error_while_taking_a_connection_over_is_retried_not_fatal(
+    cluster: Cluster,
+) -> None:
+    # Taking a connection over reads its send requests' stream; a Redis error there (here:
+    # the stream's key holds another type) ended the connection's task for good: never run
+    # on this node again, "starting" in /healthz, its lease left to run out.
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    requests = f"{cluster.prefix}:bus:out:test"
+    try:
+        await client.set(requests, "not a stream")
+        a = await cluster.node("a")
+        await wait_until(lambda: a.registry.health("test").state is ConnectionState.DEGRADED)
+        assert "WRONGTYPE" in (a.registry.health("test").last_error or "")
+        assert a.registry.owned() == []
+        await client.delete(requests)
+        await asyncio.wait_for(connector(a).running.wait(), 10)
+        assert owner([a]) is a
+    finally:
+        await client.aclose()
 
 
 async def test_a_node_restarted_after_a_crash_starts_under_its_own_id(cluster: Cluster) -> None:

@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 
-from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.inbound import GROUP
@@ -27,33 +23,9 @@ from talkbridge.config import ConnectionConfig
 from talkbridge.hooks import TurnFinishedEvent
 from talkbridge.message import NormalizedMessage, SendResult
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
-from tests.support.agents import Storyteller
+from tests.support.agents import GatedAgent, Storyteller
 from tests.support.talk_connector import TalkConnector, make_message
 from tests.webchat.conftest import Client
-
-
-class GatedAgent:
-    """The default agent: each prompt's turn answers once its own gate opens, and says whether
-    it was cancelled meanwhile."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.started: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.cancelled: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
-        self.turns: Counter[str] = Counter()
-
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
-        prompt = ctx.input.prompt
-        self.turns[prompt] += 1
-        self.started[prompt].set()
-        try:
-            await self.gates[prompt].wait()
-        except asyncio.CancelledError:
-            self.cancelled[prompt].set()
-            raise
-        yield Result(text=f"answer to {prompt}")
 
 
 def web_of(bridge: Bridge) -> TalkConnector:

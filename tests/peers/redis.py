@@ -118,3 +118,63 @@ async def outage_redis() -> AsyncIterator[OutageRedis]:
         yield server
     finally:
         server.stop()
+
+
+class StallingProxy:
+    """A TCP proxy in front of a redis-server whose answers can be held back: while `hold`
+    is on, what Redis answers reaches no client until `release`. A client behind it sees a
+    command carried out by Redis, but hears so only later, as a node paused (SIGSTOP) right
+    after sending it would: deterministically, at a chosen command."""
+
+    def __init__(self, port: int) -> None:
+        self._target = port
+        self._server: asyncio.Server | None = None
+        self._open = asyncio.Event()
+        self._open.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def __aenter__(self) -> StallingProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        pumps = (self._pump(reader, up_writer, gated=False), self._pump(up_reader, writer))
+        tasks = [asyncio.create_task(p) for p in pumps]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._tasks.difference_update(tasks)
+            for w in (writer, up_writer):
+                w.close()
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, gated: bool = True
+    ) -> None:
+        while data := await reader.read(65536):
+            if gated:
+                await self._open.wait()
+            writer.write(data)
+            await writer.drain()
+        writer.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,3 +24,27 @@ class Storyteller:
         yield TextDelta(text="Once upon ")
         await self.go.wait()
         yield Result(text="Once upon a time.")
+
+
+class GatedAgent:
+    """The default agent: each prompt's turn answers once its own gate opens, and says whether
+    it was cancelled meanwhile."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.started: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.cancelled: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.turns: Counter[str] = Counter()
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        prompt = ctx.input.prompt
+        self.turns[prompt] += 1
+        self.started[prompt].set()
+        try:
+            await self.gates[prompt].wait()
+        except asyncio.CancelledError:
+            self.cancelled[prompt].set()
+            raise
+        yield Result(text=f"answer to {prompt}")
