@@ -122,7 +122,7 @@ class TelegramConnector(BaseConnector):
         self._skipped_kinds: set[str] = set()
         """Kinds of message `_note_skipped` has logged at info already."""
         self._migrations = Migrations(context.store, config.id)
-        self._partial = PartialSends()
+        self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._offset_key = f"telegram:{config.id}:offset"
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
@@ -472,7 +472,7 @@ class TelegramConnector(BaseConnector):
                 return [native_id(m.chat.id, m.message_id) for m in result]
             return []
 
-        sent = await self._partial.run(message.idempotency_key, len(steps), step)
+        sent = await self._partial.send(message, len(steps), step)
         if not sent:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         return SendResult(message_ids=tuple(sent))
