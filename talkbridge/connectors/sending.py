@@ -14,6 +14,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, NamedTuple, TypeVar
 
@@ -27,6 +28,10 @@ V = TypeVar("V")
 log = logging.getLogger("talkbridge.connectors.sending")
 
 Step = Callable[[int], Awaitable[Sequence[str]]]
+
+KEYLESS_SEND: ContextVar[str | None] = ContextVar("talkbridge_keyless_send", default=None)
+"""Set by the router around the tries of one send without an idempotency key: they resume
+one another in this process (a restart retries no such send, so it is not stored)."""
 
 
 def keep_latest(cache: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
@@ -87,36 +92,49 @@ class PartialSends:
         self._done: OrderedDict[str, _Progress] = OrderedDict()
 
     async def send(self, message: OutboundMessage, count: int, step: Step) -> list[str]:
-        """`run` for the steps of `message`, keyed by its idempotency key and content."""
-        return await self.run(message.idempotency_key, count, step, content=content_digest(message))
+        """`run` for the steps of `message`, keyed by its idempotency key (or, without one, by
+        the router's tries of it: `KEYLESS_SEND`) and its content."""
+        if count < 2:  # nothing to resume
+            return await self.run(None, count, step)
+        key = message.idempotency_key
+        durable = key is not None
+        key = key if durable else KEYLESS_SEND.get()
+        content = content_digest(message)
+        return await self.run(key, count, step, content=content, durable=durable)
 
-    async def run(self, key: str | None, count: int, step: Step, *, content: str = "") -> list[str]:
+    async def run(
+        self, key: str | None, count: int, step: Step, *, content: str = "", durable: bool = True
+    ) -> list[str]:
         """Await `step(0)` … `step(count - 1)` and return the ids they sent, in order.
 
         With a `key`, steps that an earlier failed run with the same key and `content`
-        completed are skipped and their ids reused; without one, every step runs.
+        completed are skipped and their ids reused; without one, every step runs. Not
+        `durable`: the progress is kept in memory only.
         """
         if not key:
             return [sent_id for index in range(count) for sent_id in await step(index)]
-        earlier = await self._earlier(key, content, count)
-        stored = earlier is not None and self._store is not None
+        store = self._store if durable else None
+        earlier = await self._earlier(store, key, content, count)
+        stored = earlier is not None and store is not None
         done, sent = (earlier.done, list(earlier.ids)) if earlier else (0, [])
         for index in range(done, count):
             sent.extend(await step(index))
             if index + 1 < count:  # a retry after a failure mid-way resumes after this step
                 progress = _Progress(content, index + 1, list(sent))
                 keep_latest(self._done, key, progress, self.limit)
-                stored = await self._save(key, progress) or stored
+                stored = await self._save(store, key, progress) or stored
         self._done.pop(key, None)
         if stored:
             await self._forget(key)
         return sent
 
-    async def _earlier(self, key: str, content: str, count: int) -> _Progress | None:
+    async def _earlier(
+        self, store: Store | None, key: str, content: str, count: int
+    ) -> _Progress | None:
         progress = self._done.get(key)
-        if progress is None and self._store is not None and count > 1:
+        if progress is None and store is not None and count > 1:
             try:
-                raw = await self._store.get_state(self._prefix + key)
+                raw = await store.get_state(self._prefix + key)
             except StoreError as exc:  # sending it all again could repeat what went out
                 raise TransientError(f"cannot tell how far an earlier try got: {exc}") from exc
             progress = _parse(raw) if raw else None
@@ -127,14 +145,14 @@ class PartialSends:
             return None
         return progress
 
-    async def _save(self, key: str, progress: _Progress) -> bool:
-        if self._store is None:
+    async def _save(self, store: Store | None, key: str, progress: _Progress) -> bool:
+        if store is None:
             return False
         value = json.dumps(
             {"content": progress.content, "done": progress.done, "ids": progress.ids}
         )
         try:
-            await self._store.set_state(self._prefix + key, value, keep_for=self._keep_for)
+            await store.set_state(self._prefix + key, value, keep_for=self._keep_for)
         except StoreError as exc:  # the step went out: a retry in this process still resumes
             log.warning("could not keep how far send %s got: %s", key, exc)
         return True
