@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.message import OutboundMessage
 from talkbridge.store import Store
-from tests.store.conftest import BACKENDS, Backend
+from tests.store.conftest import Backend
 
 
 class Boom(Exception):
@@ -63,14 +62,6 @@ async def test_the_oldest_unfinished_key_is_forgotten_past_the_limit() -> None:
     await sends.run("b", 2, steps(calls))  # kept: resumes at step 1
     await sends.run("a", 2, steps(calls))  # forgotten: starts over
     assert calls == [1, 0, 1]
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    made = BACKENDS[request.param](tmp_path)
-    yield made
-    if made.cleanup is not None:
-        await made.cleanup()
 
 
 async def opened(backend: Backend) -> Store:
