@@ -28,3 +28,15 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     await store.open()
     yield store
     await store.close()
+
+
+from tests.store.conftest import BACKENDS, Backend  # noqa: E402 - it needs `require`, above
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """Each store backend in turn, over data of its own (made as a new process would)."""
+    made = BACKENDS[request.param](tmp_path)
+    yield made
+    if made.cleanup is not None:
+        await made.cleanup()

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from talkbridge.backoff import Backoff
+from talkbridge.connectors.sending import KEYLESS_SEND
 from talkbridge.errors import (
     ConnectorError,
     RateLimitedError,
@@ -128,6 +130,7 @@ class OutboundQueue:
         self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
             self._deliver, max_active=concurrency, name=f"send:{connection_id}"
         )
+        self._keyless = itertools.count()
         self._jobs: set[_Job] = set()
         """Queued sends not done yet: `cancel` fails each on record, none is dropped."""
         self._closed = False
@@ -211,6 +214,17 @@ class OutboundQueue:
             job.future.set_result(result)
 
     async def _attempt(self, message: OutboundMessage, check_sent: bool) -> SendResult:
+        if message.idempotency_key is not None:
+            return await self._tries(message, check_sent)
+        # Its tries are one send all the same: one split into parts resumes after the last
+        # part that went out (`talkbridge.connectors.sending`).
+        token = KEYLESS_SEND.set(f"{self.connection_id}:{next(self._keyless)}")
+        try:
+            return await self._tries(message, check_sent)
+        finally:
+            KEYLESS_SEND.reset(token)
+
+    async def _tries(self, message: OutboundMessage, check_sent: bool) -> SendResult:
         key = message.idempotency_key
         if key is not None and check_sent and self.claims is None:  # (a claim looks itself)
             earlier = await self._store.sent_result(self.connection_id, key)

@@ -460,6 +460,12 @@ return redis.call('SET', KEYS[2], ARGV[2], 'PXAT', ARGV[3])
 """
 """A deadline already past leaves no key at all (Redis drops it at once)."""
 
+# KEYS: state hash, the entry's own key  ARGV: field
+DELETE_STATE: Final = """
+redis.call('DEL', KEYS[2])
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+
 ALL: Final[dict[str, str]] = {
     name: value
     for name, value in dict(globals()).items()

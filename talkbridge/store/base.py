@@ -329,6 +329,11 @@ class Store(Protocol):
         deadline an entry reads as None at once; `prune` (or Redis itself) frees its space."""
         ...
 
+    async def delete_state(self, key: str) -> None:
+        """Forget the value kept under `key` (a no-op when there is none): a record that is
+        done with goes at once rather than at its deadline."""
+        ...
+
     # -- durable hook queue (talkbridge.hooks.durable) -----------------------------------------
     async def enqueue_hook_event(
         self,

@@ -1026,6 +1026,10 @@ class RedisStore:
         keys = [self.keys.state(), self.keys.expiring_state(key)]
         await self._script("SET_STATE", keys, [key, value, at])
 
+    async def delete_state(self, key: str) -> None:
+        keys = [self.keys.state(), self.keys.expiring_state(key)]
+        await self._script("DELETE_STATE", keys, [key])
+
     # -- durable hook queue -----------------------------------------------------------------
 
     async def enqueue_hook_event(

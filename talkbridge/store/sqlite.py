@@ -284,6 +284,7 @@ _SET_STATE = (
     "INSERT INTO state (key, value, expires_at) VALUES (?, ?, ?)"
     " ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at"
 )
+_DELETE_STATE = "DELETE FROM state WHERE key = ?"
 _PRUNE_STATE = (
     "DELETE FROM state WHERE key IN"
     " (SELECT key FROM state WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)"
@@ -749,6 +750,9 @@ class _SqliteOps:
 
     def set_state(self, key: str, value: str, expires_at: float | None = None) -> None:
         self._cur.execute(_SET_STATE, (key, value, expires_at))
+
+    def delete_state(self, key: str) -> None:
+        self._cur.execute(_DELETE_STATE, (key,))
 
     # -- durable hook queue -----------------------------------------------------------------
 
@@ -1222,6 +1226,9 @@ class SqliteStore:
     async def set_state(self, key: str, value: str, *, keep_for: timedelta | None = None) -> None:
         expires_at = state_deadline(self.wall_clock(), keep_for)
         await self._writer.submit(self._ops.set_state, key, value, expires_at)
+
+    async def delete_state(self, key: str) -> None:
+        await self._writer.submit(self._ops.delete_state, key)
 
     # -- durable hook queue -----------------------------------------------------------------
 

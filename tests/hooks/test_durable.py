@@ -22,18 +22,10 @@ from talkbridge.hooks.durable import (
 )
 from talkbridge.message import utcnow
 from talkbridge.store import Store
-from tests.store.conftest import BACKENDS, Backend
+from tests.store.conftest import Backend
 
 WAIT = 10.0
 """Safety net only: every wait below ends on an event long before this."""
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    made = BACKENDS[request.param](tmp_path)
-    yield made
-    if made.cleanup is not None:
-        await made.cleanup()
 
 
 @pytest.fixture

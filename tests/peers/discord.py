@@ -144,6 +144,8 @@ class _Scripted:
     proxy: bool = False
     body: Any = None
     """A scripted 200's JSON, whatever its shape (an error status gets Discord's own body)."""
+    after: int = 0
+    """Matching calls to let pass first (e.g. fail the third part of a split reply)."""
 
 
 _ROUTES: list[tuple[str, str]] = [
@@ -191,6 +193,8 @@ class DiscordPeer(Waitable):
         self._refuse_resume: set[str] = set()
         self._identify_close: dict[str, int] = {}
         self._scripted: list[_Scripted] = []
+        self._stale_nonces: set[str] = set()
+        """Messages whose nonce no longer counts (`nonces_expire`)."""
         self._gates: list[tuple[str, str, asyncio.Event]] = []
         self._buckets: dict[str, tuple[float, int]] = {}
         self._changed = asyncio.Event()
@@ -464,12 +468,29 @@ class DiscordPeer(Waitable):
         token: str | None = None,
         is_global: bool = False,
         proxy: bool = False,
+        after: int = 0,
     ) -> None:
         """Answer the next matching call with a 429 exactly as Discord does; `proxy`: as a
-        proxy or Cloudflare does, with `Retry-After` and none of Discord's own headers."""
+        proxy or Cloudflare does, with `Retry-After` and none of Discord's own headers;
+        `after`: let that many matching calls pass first."""
         self._scripted.append(
-            _Scripted(method, route, 429, channel_id, token, retry_after, is_global, proxy=proxy)
+            _Scripted(
+                method,
+                route,
+                429,
+                channel_id,
+                token,
+                retry_after,
+                is_global,
+                proxy=proxy,
+                after=after,
+            )
         )
+
+    def nonces_expire(self) -> None:
+        """The few minutes pass in which Discord holds a nonce unique: a message sent later
+        with the nonce of one sent so far is created anew."""
+        self._stale_nonces.update(m["id"] for ms in self.messages.values() for m in ms)
 
     def fail_next(
         self,
@@ -606,6 +627,9 @@ class DiscordPeer(Waitable):
                 and (scripted.channel_id is None or scripted.channel_id == major)
                 and (scripted.token is None or scripted.token == call.token)
             ):
+                if scripted.after:  # this one passes untouched
+                    scripted.after -= 1
+                    break
                 self._scripted.remove(scripted)
                 if not scripted.lose_answer:
                     return await self._scripted_answer(scripted, call, major, request)
@@ -719,6 +743,8 @@ class DiscordPeer(Waitable):
             # Discord: "If another message was created by the same author with the same nonce,
             # that message will be returned and no new message will be created."
             for earlier in self.messages.get(p["channel_id"], []):
+                if earlier["id"] in self._stale_nonces:
+                    continue
                 if earlier.get("nonce") == nonce and earlier["author"]["id"] == bot.id:
                     return 200, earlier
         if len(b.get("content") or "") > 2000:

@@ -619,14 +619,19 @@ class TelegramBotAPIPeer(Waitable):
             return self._error(call, 400, "Bad Request: message to edit not found")
         text = call.params.get("text") or ""
         text = _strip_html(text) if call.params.get("parse_mode") == "HTML" else text
-        if message.get("text") == text:  # as Telegram answers an edit that changes nothing
-            return self._error(
+        markup = call.params.get("reply_markup") or None
+        if message.get("text") == text and message.get("reply_markup") == markup:
+            return self._error(  # as Telegram answers an edit that changes nothing
                 call,
                 400,
                 "Bad Request: message is not modified: specified new message content and reply "
                 "markup are exactly the same as a current content and reply markup of the message",
             )
         message["text"] = text
+        if markup:  # an edit without one takes the inline keyboard off, as Telegram's does
+            message["reply_markup"] = markup
+        else:
+            message.pop("reply_markup", None)
         message["edit_date"] = int(time.time())
         return message
 

@@ -528,6 +528,21 @@ async def test_state_get_set_overwrite(store: Store, reopen: Reopen) -> None:
     assert await store.get_state("imap:uid") == "7"
 
 
+async def test_delete_state_forgets_the_entry_kept_for_good_or_for_a_while(
+    store: Store, reopen: Reopen
+) -> None:
+    await store.set_state("offset", "for good")
+    await store.set_state("progress", "for a day", keep_for=timedelta(days=1))
+    await store.set_state("other", "stays")
+    await store.delete_state("offset")
+    await store.delete_state("progress")
+    await store.delete_state("never-set")  # nothing to forget: no error
+    store = await reopen()
+    assert await store.get_state("offset") is None
+    assert await store.get_state("progress") is None
+    assert await store.get_state("other") == "stays"
+
+
 def written_at(store: Store, moment: float) -> None:
     """Set the clock `keep_for` deadlines are measured by (Redis then expires on its own)."""
     store.wall_clock = lambda: moment

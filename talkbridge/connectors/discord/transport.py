@@ -191,7 +191,7 @@ class DiscordConnector(BaseConnector):
         self._unfetchable: set[str] = set()
         """Channels whose catch-up failed and was logged (logged once per channel)."""
         self._status: ConnectionStatus | None = None
-        self._partial = PartialSends()
+        self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
             self.provide(name, self)
         self.provide("interactions", self)
@@ -680,7 +680,7 @@ class DiscordConnector(BaseConnector):
                     view.stop()  # clicks arrive as messages; no callback is kept around
             return [native_id(channel_id, result.id)]
 
-        sent = await self._partial.run(message.idempotency_key, len(steps), step)
+        sent = await self._partial.send(message, len(steps), step)
         if not sent:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         return SendResult(message_ids=tuple(sent))

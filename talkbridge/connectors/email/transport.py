@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from email import policy
@@ -49,10 +48,10 @@ from talkbridge.connectors.email.codec import (
     render_reply,
 )
 from talkbridge.connectors.email.config import EmailConfig
+from talkbridge.connectors.email.deferrals import Deferrals, Deferred
 from talkbridge.connectors.email.errors import smtp_errors
 from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
 from talkbridge.connectors.email.safety import ReplyLimiter
-from talkbridge.connectors.sending import keep_latest
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -62,8 +61,6 @@ from talkbridge.errors import (
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
-_DEFERRED_LIMIT = 1024
-"""Replies waiting to be sent again to recipients the server deferred (the oldest go first)."""
 DATA_TIMEOUT = 600.0
 """Seconds the server may take to confirm a mail's data (RFC 5321, 4.5.3.2.6: 10 minutes). It
 has the mail by then, so giving up sooner, and retrying, sends it a second time."""
@@ -86,8 +83,7 @@ class EmailConnector(BaseConnector):
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
         self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
-        self._deferred: OrderedDict[str, tuple[EmailMessage, str, list[str]]] = OrderedDict()
-        """Replies some recipients deferred, by idempotency key: a retry sends to them alone."""
+        self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -474,7 +470,9 @@ class EmailConnector(BaseConnector):
             )
         context = await self._context_for(message)
         key = message.idempotency_key
-        resumed = self._deferred.pop(key, None) if key else None
+        resumed = self._deferred.take(key) if key else None
+        # After a restart: the recipients an earlier try left, the reply made anew for them.
+        owed = await self._deferred.owed(key, message) if key and resumed is None else None
         to: tuple[str, ...] = ()
         if resumed is not None:  # a retry: only the recipients the server deferred
             mail, message_id, recipients = resumed
@@ -494,9 +492,10 @@ class EmailConnector(BaseConnector):
                 message_id=message_id,
                 date=datetime.now(UTC),
             )
-            recipients = recipients_of(mail)
+            recipients = owed if owed is not None else recipients_of(mail)
         answered = context.reply_to if context is not None else to
-        if resumed is None:  # (a retry to deferred recipients is the same reply)
+        again = resumed is not None or owed is not None
+        if not again:  # (a retry to deferred recipients is the same reply)
             self._check_per_address(answered, now)
         try:
             async with self._smtp() as smtp:
@@ -509,16 +508,18 @@ class EmailConnector(BaseConnector):
                     self._met(smtp)
         except ConnectorError as exc:
             if resumed is not None and key and exc.retryable:  # still theirs alone to get
-                keep_latest(self._deferred, key, resumed, _DEFERRED_LIMIT)
+                self._deferred.hold(key, Deferred(*resumed))
             raise
-        if resumed is None:  # it went out: counted, even should some recipients defer it
+        if not again:  # it went out: counted, even should some recipients defer it
             for address in answered:
                 self._per_address.record(address, now)
             if self.config.imap.sent_folder is not False:
                 task = asyncio.create_task(self._save_sent(mail, message_id))
                 self._saving.add(task)
                 task.add_done_callback(self._saving.discard)
-        self._some_refused(message_id, key, mail, refused)
+        await self._some_refused(message, message_id, mail, refused)
+        if key and again:
+            await self._deferred.settled(key)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
@@ -573,10 +574,10 @@ class EmailConnector(BaseConnector):
             return None
         return hashlib.sha256(f"{self.connection_id}\x1f{key}".encode()).hexdigest()[:32]
 
-    def _some_refused(
+    async def _some_refused(
         self,
+        message: OutboundMessage,
         message_id: str,
-        key: str | None,
         mail: EmailMessage,
         refused: dict[str, aiosmtplib.SMTPResponse],
     ) -> None:
@@ -592,6 +593,7 @@ class EmailConnector(BaseConnector):
         later = [r for r, c in codes.items() if 400 <= c < 500]
         if not later:
             return
+        key = message.idempotency_key
         if key is None:  # a retry would send it to everyone again: said, not retried
             self._log.warning(
                 "reply %s was deferred for %s and is not sent again (no idempotency key)",
@@ -599,7 +601,7 @@ class EmailConnector(BaseConnector):
                 ", ".join(later),
             )
             return
-        keep_latest(self._deferred, key, (mail, message_id, later), _DEFERRED_LIMIT)
+        await self._deferred.keep(key, message, Deferred(mail, message_id, later))
         raise TransientError(
             f"SMTP server {self._smtp_where} deferred the reply for {', '.join(later)} "
             "(the other recipients have it)"

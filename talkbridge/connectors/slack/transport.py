@@ -120,7 +120,7 @@ class SlackConnector(BaseConnector):
         self._lookups: dict[str, asyncio.Future[str | None]] = {}
         """Name lookups under way, by user id: an envelope does not wait again for one."""
         self._recent: OrderedDict[str, None] = OrderedDict()
-        self._partial = PartialSends()
+        self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._status_allowed = True
         self._delete_handlers: list[DeleteHandler] = []
         self.socket: SocketSession | None = None
@@ -389,9 +389,7 @@ class SlackConnector(BaseConnector):
             steps.append(self._upload_step(channel, thread_ts, uploads))
         if not steps:
             raise PermanentError("nothing to send: the message rendered to no visible text")
-        sent = await self._partial.run(
-            message.idempotency_key, len(steps), lambda index: steps[index]()
-        )
+        sent = await self._partial.send(message, len(steps), lambda index: steps[index]())
         return SendResult(message_ids=tuple(sent))
 
     def _post_step(

@@ -79,6 +79,7 @@ from talkbridge.errors import (
     NotFoundError,
     PermanentError,
     RateLimitedError,
+    StoreError,
     TransientError,
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
@@ -122,8 +123,10 @@ class TelegramConnector(BaseConnector):
         self._skipped_kinds: set[str] = set()
         """Kinds of message `_note_skipped` has logged at info already."""
         self._migrations = Migrations(context.store, config.id)
-        self._partial = PartialSends()
+        self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._offset_key = f"telegram:{config.id}:offset"
+        self._buttons_key = f"telegram:{config.id}:buttons:"
+        """+ a message id: the buttons it was sent with, which an edit must send again."""
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
         self.read_timeout = READ_TIMEOUT
@@ -467,12 +470,15 @@ class TelegramConnector(BaseConnector):
                     steps[index:] = [s.model_copy(update=moved) for s in steps[index:]]
                     result = await self.bot(steps[index])
             if isinstance(result, Message):
-                return [native_id(result.chat.id, result.message_id)]
+                sent_id = native_id(result.chat.id, result.message_id)
+                if getattr(steps[index], "reply_markup", None) is not None:
+                    await self._keep_buttons(sent_id, message.buttons)
+                return [sent_id]
             if isinstance(result, list):  # an album: one message per item
                 return [native_id(m.chat.id, m.message_id) for m in result]
             return []
 
-        sent = await self._partial.run(message.idempotency_key, len(steps), step)
+        sent = await self._partial.send(message, len(steps), step)
         if not sent:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         return SendResult(message_ids=tuple(sent))
@@ -559,6 +565,7 @@ class TelegramConnector(BaseConnector):
         rendered = render(text, "markdown")
         if visible_length(rendered) > TELEGRAM_TEXT_LIMIT:
             raise PermanentError("edited text is longer than Telegram's 4,096-character limit")
+        buttons = await self._kept_buttons(message_id)
         with translated(self._token, chat_scoped=True):
             try:
                 await self.bot.edit_message_text(
@@ -567,10 +574,30 @@ class TelegramConnector(BaseConnector):
                     message_id=mid,
                     parse_mode="HTML",
                     link_preview_options=_NO_PREVIEW,  # as it was sent: else a preview appears
+                    reply_markup=_keyboard(buttons) if buttons else None,
                 )
             except TelegramBadRequest as exc:
                 if "message is not modified" not in exc.message:
                     raise  # the same answer again is an edit done
+
+    async def _keep_buttons(self, message_id: str, buttons: Sequence[tuple[str, str]]) -> None:
+        """Telegram takes a message's buttons off when its text is edited unless the edit sends
+        them again: kept for as long as the bridge answers edits (`dedupe_for`)."""
+        try:
+            await self.context.store.set_state(
+                self._buttons_key + message_id,
+                json.dumps([list(button) for button in buttons]),
+                keep_for=self.context.dedupe_for,
+            )
+        except StoreError as exc:  # the message went out: only a later edit loses them
+            self._log.warning("could not keep the buttons of %s: %s", message_id, exc)
+
+    async def _kept_buttons(self, message_id: str) -> list[tuple[str, str]]:
+        try:
+            kept = await self.context.store.get_state(self._buttons_key + message_id)
+        except StoreError as exc:  # an edit now would take the buttons off
+            raise TransientError(f"cannot tell which buttons the message has: {exc}") from exc
+        return [(str(label), str(value)) for label, value in json.loads(kept)] if kept else []
 
     async def delete(self, thread_id: str, message_id: str) -> None:
         chat_id, mid = _message(message_id)

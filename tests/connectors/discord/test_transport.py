@@ -448,3 +448,27 @@ async def test_a_message_waits_for_a_store_that_is_out_for_a_while(
     back.set()
     await running.inbox.wait_count(2)
     assert running.inbox.texts == ["while the store is out", "and after it"]
+
+
+async def test_a_long_reply_cut_off_is_finished_by_the_next_process_not_repeated(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    """The bridge died after part 2 of 4 and answers the message again at its next start, when
+    Discord no longer holds the nonces of parts 1 and 2: they must not come twice."""
+    text = "\n\n".join(f"Part {i}. " + "word " * 300 for i in range(4))
+    message = OutboundMessage(
+        thread_id=GENERAL, text=text, reply_to=f"{GENERAL}:42", idempotency_key="reply:42"
+    )
+    first = await start()
+    peer.rate_limit("POST", "/channels/{channel_id}/messages", retry_after=45.0, after=2)
+    with pytest.raises(RateLimitedError):
+        await first.connector.send(message)
+    await first.stop()
+    peer.nonces_expire()
+    second = await start()  # a new process: the same store, nothing in memory
+    result = await second.connector.send(message)
+    bodies = peer.sent(TOKEN, GENERAL)
+    assert [body["content"][:6] for body in bodies] == ["Part 0", "Part 1", "Part 2", "Part 3"]
+    assert len(result.message_ids) == 4
+    assert str(bodies[0]["message_reference"]["message_id"]) == "42"
+    assert all("message_reference" not in body for body in bodies[1:])

@@ -221,6 +221,34 @@ async def test_a_reply_sent_again_after_a_lost_answer_keeps_its_message_id(
     assert other.message_id != result.message_id
 
 
+async def test_a_reply_deferred_for_one_recipient_goes_to_them_alone_after_a_restart(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    start: Callable[..., Any],
+    make_connector: Callable[..., EmailConnector],
+) -> None:
+    """The bridge died while it waited to send the reply again to the recipient whose server
+    deferred it; at its next start the message is answered again, with the same key."""
+    inbox = Inbox()
+    running = await start(inbox=inbox)
+    dovecot.deliver("help", mail(body="for both", Cc="Bob <bob@example.org>"))
+    [asked] = await inbox.wait_count(1)
+    reply = OutboundMessage(
+        thread_id=asked.thread_id, text="answered", reply_to=asked.id, idempotency_key="reply:1"
+    )
+    smtp.refuse_next_recipient("450 4.2.0 mailbox busy, try later", "bob@example.org")
+    with pytest.raises(TransientError, match=r"deferred the reply for bob@example\.org"):
+        await running.connector.send(reply)
+    await running.stop()
+    again = make_connector()  # a new process: the same store, nothing in memory
+    result = await again.send(reply)
+    assert [m.rcpt_tos for m in smtp.received] == [["ada@example.org"], ["bob@example.org"]]
+    first, second = (m.message for m in smtp.received)
+    assert first["Message-ID"] == second["Message-ID"] == result.message_id
+    await again.send(reply.model_copy(update={"idempotency_key": "reply:2"}))
+    assert smtp.received[-1].rcpt_tos == ["ada@example.org", "bob@example.org"]
+
+
 async def test_the_reply_limit_stops_a_thread_after_n_replies(
     dovecot: DovecotPeer, smtp: SmtpPeer, make_connector: Callable[..., EmailConnector]
 ) -> None:

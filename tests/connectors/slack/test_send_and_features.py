@@ -107,6 +107,29 @@ async def test_a_retry_after_a_failure_mid_split_resumes_without_repeating(
     await connector.close()
 
 
+async def test_a_reply_cut_off_is_finished_by_the_next_process_in_its_thread_not_repeated(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    """The bridge died after part 2 of 4 and answers the message again at its next start."""
+    first = make_connector(reply_in_thread=True)
+    text = "\n\n".join(f"Part {i}. " + "lorem ipsum " * 300 for i in range(4))
+    asked = "C0GENERAL1:1700000000.000100"
+    message = OutboundMessage(
+        thread_id="C0GENERAL1", text=text, reply_to=asked, idempotency_key="reply:1"
+    )
+    peer.fail_next("chat.postMessage", status=429, retry_after=30, after=2)
+    with pytest.raises(RateLimitedError):
+        await first.send(message)
+    await first.close()
+    second = make_connector(reply_in_thread=True)  # the same store, nothing in memory
+    result = await second.send(message)
+    posts = peer.posted()
+    assert [post["text"][:6] for post in posts] == ["Part 0", "Part 1", "Part 2", "Part 3"]
+    assert {post["thread_ts"] for post in posts} == {"1700000000.000100"}
+    assert len(result.message_ids) == 4
+    await second.close()
+
+
 async def test_an_answer_that_is_not_json_is_a_transient_failure_the_retry_gets_past(
     peer: SlackPeer, make_connector: Callable[..., Any]
 ) -> None:

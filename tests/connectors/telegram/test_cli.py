@@ -94,3 +94,55 @@ async def test_run_answers_a_telegram_message_end_to_end(
         _, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()
     assert TOKEN not in err.decode()
+
+
+_LONG_AGENT = '''
+from talkbridge.agents import Result
+
+
+class Long:
+    """Answers with four paragraphs of 3,000 characters: four Telegram messages."""
+
+    name = "long"
+
+    async def stream(self, ctx):
+        yield Result(text="\\n\\n".join(f"Part {i}. " + "word " * 600 for i in range(4)))
+'''
+
+
+async def test_a_long_reply_cut_off_by_a_crash_is_finished_after_the_restart_not_repeated(
+    peer: TelegramBotAPIPeer, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, peer)
+    with config.open("a", encoding="utf-8") as file:
+        file.write("agents:\n  default: long\n  definitions:\n")
+        file.write('    long: {kind: python, target: "longbot:Long"}\n')
+    (tmp_path / "longbot.py").write_text(_LONG_AGENT, encoding="utf-8")
+
+    async def run() -> asyncio.subprocess.Process:
+        process = await talkbridge("run", "--config", str(config), "--port", "0", env=ENV)
+        assert process.stdout is not None
+        while b"Press Ctrl-C" not in await asyncio.wait_for(process.stdout.readline(), 60):
+            pass
+        return process
+
+    process = await run()
+    try:
+        # Parts 1 and 2 go out; part 3 is told to wait 60 s, and the bridge dies meanwhile.
+        peer.fail_next("sendMessage", status=429, retry_after=60, after=2)
+        peer.push_update(private_text(777, "tell me everything", message_id=5))
+        await peer.wait_for(lambda: bool(peer.calls_of("sendMessage", answered=429)), 30)
+        process.kill()
+        await process.wait()
+        assert [m["text"][:6] for m in peer.sent_messages] == ["Part 0", "Part 1"]
+        process = await run()  # the message is still pending: it is answered again
+        await peer.wait_for(lambda: len(peer.sent_messages) >= 4, 30)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert [m["text"][:6] for m in peer.sent_messages] == ["Part 0", "Part 1", "Part 2", "Part 3"]
+    first, *rest = peer.calls_of("sendMessage")
+    assert first.params["reply_parameters"]["message_id"] == 5  # only the first part replies
+    assert all("reply_parameters" not in call.params for call in rest)

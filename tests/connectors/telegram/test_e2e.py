@@ -173,3 +173,16 @@ async def test_an_app_subscribed_before_start_sees_the_first_message_and_errors_
         await asyncio.wait_for(arrived.wait(), 10)
         await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
     assert [m.text for m in seen] == ["waiting since yesterday"]
+
+
+async def test_an_apps_long_message_without_a_key_is_not_repeated_by_the_retry_of_a_part(
+    peer: TelegramBotAPIPeer, bridge: Callable[..., Any]
+) -> None:
+    """The router retries a send the platform rate limited: of a message sent in three parts,
+    only the part that was refused goes again, as for a reply (which has a key)."""
+    started: Bridge = await bridge({"id": "support", "token": TOKEN_A})
+    text = "\n\n".join(f"Part {i}. " + "word " * 600 for i in range(3))
+    peer.fail_next("sendMessage", status=429, retry_after=1, after=1)
+    result = await started.router.send("support", OutboundMessage(thread_id="777", text=text))
+    assert [m["text"][:6] for m in peer.sent_messages] == ["Part 0", "Part 1", "Part 2"]
+    assert len(result.message_ids) == 3

@@ -816,6 +816,33 @@ async def test_features(peer: TelegramBotAPIPeer, start: Start) -> None:
         await conn.feature("delete").delete("777", sent.message_id)
 
 
+async def test_an_edit_keeps_the_buttons_a_message_was_sent_with_also_after_a_restart(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    """Telegram takes the inline keyboard off a message whose text is edited without it."""
+    running = await start()
+    text = "Part one. " * 500 + "\n\nPick one"  # two messages: the buttons are on the second
+    sent = await running.connector.feature("interactions").send_buttons(
+        "777", text, [("Yes", "y"), ("No", "n")]
+    )
+    keyboard = {
+        "inline_keyboard": [
+            [{"text": "Yes", "callback_data": "y"}],
+            [{"text": "No", "callback_data": "n"}],
+        ]
+    }
+    first, last = sent.message_ids
+    await running.connector.feature("edit").edit("777", last, "Pick one, quickly")
+    assert peer.messages[(777, 2)]["text"] == "Pick one, quickly"
+    assert peer.messages[(777, 2)]["reply_markup"] == keyboard
+    await running.stop()
+    again = await start()  # a new process: what the buttons were is in the store
+    await again.connector.feature("edit").edit("777", last, "Pick one, now")
+    assert peer.messages[(777, 2)]["reply_markup"] == keyboard
+    await again.connector.feature("edit").edit("777", first, "Part one.")
+    assert "reply_markup" not in peer.messages[(777, 1)]  # it had none: none is added
+
+
 async def test_an_edited_reply_keeps_its_link_without_a_preview(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
