@@ -127,6 +127,8 @@ class SlackConnector(BaseConnector):
         self.events: EventsServer | None = None
         self.retry_base = 0.5
         """First delay (seconds) before reconnecting a lost socket; then doubles, up to 30 s."""
+        self.clock: Callable[[], float] = time.monotonic
+        """Tells how long a socket stayed open (one open long enough has proved itself)."""
         self.read_timeout = READ_TIMEOUT
         """Events API: seconds a request's head, then its body, may take to arrive."""
         for name in (
@@ -208,6 +210,7 @@ class SlackConnector(BaseConnector):
                 ping_interval=self.config.ping_interval,
                 retry_base=self.retry_base,
                 logger=self._log,
+                clock=self.clock,
             )
             await self.socket.run(status)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -169,6 +170,58 @@ async def test_too_many_websockets_backs_off_saying_why_instead_of_reconnecting_
     assert len(peer.sockets) == 2 and len(peer.open_sockets) == 1
     await peer.send_event(message_event("U0ADA0001", "still served"))
     await other.inbox.wait_count(1)
+
+
+def _attempts(run: Any) -> list[int]:
+    """The attempt numbers the degraded reports name (each reconnect's place in its series)."""
+    return [
+        int(n) for kind, why in run.status.reports for n in re.findall(r"\(attempt (\d+)\)", why)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reason", "attempts"), [(None, [1, 2, 3, 4, 5]), ("refresh_requested", [2, 3, 4, 5])]
+)
+async def test_sockets_ending_right_after_hello_are_retried_with_growing_waits(
+    peer: SlackPeer, start: Callable[..., Any], reason: str | None, attempts: list[int]
+) -> None:
+    # A Slack host that greets, then closes (or asks for a new socket) at once: each hello
+    # reset the backoff, so the bridge reconnected at the first delay (a refresh at once),
+    # for as long as the host did it.
+    peer.end_after_hello(5, reason)
+    run = await start(wait=False)
+    await run.status.wait_up(6)
+    assert _attempts(run) == attempts  # each wait the next of one series, not its first again
+    assert len(peer.sockets) == 6 and peer.max_open_sockets == 1
+    await peer.send_event(message_event("U0ADA0001", "served at last"))
+    await run.inbox.wait_count(1)
+
+
+async def test_a_socket_that_brought_an_event_starts_the_backoff_afresh(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    peer.end_after_hello(3)
+    run = await start(wait=False)
+    await run.status.wait_up(4)
+    await peer.send_event(message_event("U0ADA0001", "it works"))
+    await run.inbox.wait_count(1)
+    peer.drop_socket()
+    await run.status.wait_up(5)
+    assert _attempts(run) == [1, 2, 3, 1]
+
+
+async def test_a_socket_open_for_a_while_starts_the_backoff_afresh(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    now = [0.0]
+    peer.end_after_hello(2)
+    run = await start(wait=False)
+    run.connector.clock = lambda: now[0]  # before it runs: its sockets are timed by it
+    await run.status.wait_up(3)
+    now[0] += 30.0  # the third socket stays open half a minute, quiet
+    peer.drop_socket()
+    await run.status.wait_up(4)
+    assert _attempts(run) == [1, 2, 1]
 
 
 async def test_a_dropped_socket_is_replaced_and_traffic_resumes(
