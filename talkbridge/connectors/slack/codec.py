@@ -25,6 +25,7 @@ from talkbridge.connectors.slack.mrkdwn import (
     render,
     render_chunks,
 )
+from talkbridge.connectors.slack.shown import shown_text, users_shown
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
@@ -204,7 +205,7 @@ def decode_message(
     ts = message.get("ts")
     if not isinstance(ts, str) or not _TS.fullmatch(ts):
         return None
-    text = plain_text(str(message.get("text") or ""), users, channels)
+    text = shown_text(message, users, channels)
     attachments = _attachments(message)
     if not text.strip() and not attachments:
         return None
@@ -382,7 +383,7 @@ def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     inner = event.get("message") if event.get("subtype") == "message_changed" else event
     if not isinstance(inner, Mapping):
         return set()
-    found = set(mentioned_users(str(inner.get("text") or "")))
+    found = set(mentioned_users(str(inner.get("text") or ""))) | users_shown(inner)
     if isinstance(inner.get("user"), str) and not inner.get("bot_id"):
         found.add(inner["user"])
     return found

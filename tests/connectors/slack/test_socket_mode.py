@@ -27,6 +27,66 @@ async def test_a_dm_is_delivered_with_names_resolved(
     assert len(peer.calls_of("auth.test")) == 1
 
 
+async def test_a_forwarded_message_without_a_comment_is_delivered_readably(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    # Slack's "Forward message" (or sharing a message's link) without a comment: the event's
+    # `text` is empty and the message shared is an attachment. It was dropped without a word.
+    run = await start()
+    shared = {
+        "is_msg_unfurl": True,
+        "is_share": True,
+        "author_id": "U0GRACE01",
+        "author_name": "Grace Hopper",
+        "channel_id": "C0GENERAL1",
+        "text": "the build is *red* again, see <https://ci.example/42|run 42>",
+        "fallback": "[April 5th] Grace Hopper: the build is red again",
+        "from_url": "https://acme.slack.com/archives/C0GENERAL1/p1712345678000100",
+        "mrkdwn_in": ["text"],
+    }
+    await peer.send_event(message_event("U0ADA0001", "", attachments=[shared]))
+    await peer.send_event(
+        message_event("U0ADA0001", "what do you make of this?", attachments=[shared])
+    )
+    [forwarded, commented] = await run.inbox.wait_count(2)
+    quoted = "Shared message from Grace Hopper:\n> the build is red again, see run 42 (https://ci.example/42)"
+    assert forwarded.text == quoted
+    assert commented.text == "what do you make of this?\n\n" + quoted
+
+
+async def test_a_message_of_blocks_only_is_delivered_with_their_text(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    blocks = [
+        {
+            "type": "rich_text",
+            "elements": [
+                {
+                    "type": "rich_text_section",
+                    "elements": [
+                        {"type": "text", "text": "deploy "},
+                        {"type": "user", "user_id": "U0GRACE01"},
+                        {"type": "text", "text": " please "},
+                        {"type": "emoji", "name": "rocket", "unicode": "1f680"},
+                    ],
+                },
+                {
+                    "type": "rich_text_list",
+                    "style": "bullet",
+                    "elements": [
+                        {"type": "rich_text_section", "elements": [{"type": "text", "text": "a"}]},
+                        {"type": "rich_text_section", "elements": [{"type": "text", "text": "b"}]},
+                    ],
+                },
+            ],
+        }
+    ]
+    await peer.send_event(message_event("U0ADA0001", "", blocks=blocks))
+    [msg] = await run.inbox.wait_count(1)
+    assert msg.text == "deploy @Grace Hopper please 🚀\n- a\n- b"
+
+
 async def test_an_envelope_is_acknowledged_only_once_the_bridge_has_taken_it(
     peer: SlackPeer, start: Callable[..., Any]
 ) -> None:
