@@ -38,11 +38,13 @@ __all__ = [
     "decode_message",
     "escape",
     "event_of",
+    "mentions_bot",
     "native_id",
     "parse_native_id",
     "parse_thread_id",
     "render",
     "render_chunks",
+    "started_by_bot",
     "thread_id",
     "users_to_resolve",
 ]
@@ -182,6 +184,16 @@ def _sender_name(message: Mapping[str, Any], users: Mapping[str, str]) -> str:
     return str(user or message.get("username") or "")
 
 
+def _without_leading_mention(message: Mapping[str, Any], me: Identity) -> Mapping[str, Any]:
+    """The message with the bot's mention that opens it taken off (`@bot what is …`), as on
+    Discord: the agent and keyword hooks read the question, not the address."""
+    text = message.get("text")
+    if not isinstance(text, str) or me.bot_user_id is None:
+        return message
+    bare = re.sub(rf"^\s*<@{re.escape(me.bot_user_id)}(\|[^>]*)?>[\s,:]*", "", text, count=1)
+    return message if bare == text else {**message, "text": bare}
+
+
 def decode_message(
     message: Mapping[str, Any],
     *,
@@ -205,7 +217,7 @@ def decode_message(
     ts = message.get("ts")
     if not isinstance(ts, str) or not _TS.fullmatch(ts):
         return None
-    text = shown_text(message, users, channels)
+    text = shown_text(_without_leading_mention(message, me), users, channels)
     attachments = _attachments(message)
     if not text.strip() and not attachments:
         return None
@@ -375,6 +387,31 @@ def decode(
         channels=channels or {},
         raw=payload,
     )
+
+
+def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
+    """Whether the event (an edit: its new text) names the bot: an `app_mention`, `<@BOT>` in
+    the text, or a mention of it in the blocks."""
+    event = event_of(payload) or {}
+    if event.get("type") == "app_mention":
+        return True
+    message = event.get("message") if event.get("subtype") == "message_changed" else event
+    if not isinstance(message, Mapping) or me.bot_user_id is None:
+        return False
+    text = str(message.get("text") or "")
+    return (
+        me.bot_user_id in mentioned_users(text)
+        or f"<@{me.bot_user_id}|" in text
+        or (me.bot_user_id in users_shown(message))
+    )
+
+
+def started_by_bot(payload: Mapping[str, Any], me: Identity) -> bool:
+    """Whether the event is a reply in a thread under one of the bot's own messages."""
+    event = event_of(payload) or {}
+    message = event.get("message") if event.get("subtype") == "message_changed" else event
+    parent = message.get("parent_user_id") if isinstance(message, Mapping) else None
+    return parent is not None and parent == me.bot_user_id
 
 
 def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:

@@ -87,6 +87,15 @@ async def test_a_message_of_blocks_only_is_delivered_with_their_text(
     assert msg.text == "deploy @Grace Hopper please 🚀\n- a\n- b"
 
 
+async def test_with_require_mention_off_every_channel_message_is_taken(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start(require_mention=False)
+    await peer.send_event(message_event("U0ADA0001", "lunch anyone?", channel="C0GENERAL1"))
+    [msg] = await run.inbox.wait_count(1)
+    assert msg.text == "lunch anyone?" and msg.thread_type == "group"
+
+
 async def test_an_envelope_is_acknowledged_only_once_the_bridge_has_taken_it(
     peer: SlackPeer, start: Callable[..., Any]
 ) -> None:
