@@ -50,7 +50,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
-from talkbridge.connectors.discord import endpoints
+from talkbridge.connectors.discord import endpoints, logs
 from talkbridge.connectors.discord.answers import Answers
 from talkbridge.connectors.discord.codec import (
     ChannelInfo,
@@ -197,6 +197,7 @@ class DiscordConnector(BaseConnector):
         self.provide("interactions", self)
 
     def _new_client(self, answers: Answers) -> _Client:
+        logs.install()  # before the first client: it warns about voice as it is made
         return _Client(
             self,
             http_trace=answers.trace(),
