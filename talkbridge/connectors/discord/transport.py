@@ -444,13 +444,18 @@ class DiscordConnector(BaseConnector):
         )
         if message is None:
             return False
-        if (
+        mention_rule = (
             kind != "INTERACTION_CREATE"
             and self.config.require_mention
-            and payload.get("guild_id")
-            and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload))
-        ):
+            and bool(payload.get("guild_id"))
+        )
+        if mention_rule and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload)):
             return False
+        if mention_rule and message.edit_of is not None:
+            found = await self.edit_or_question(message)
+            if found is None:
+                return False
+            message = found
         await self.deliver(message)
         return True
 

@@ -303,13 +303,18 @@ class SlackConnector(BaseConnector):
         )
         if result is None:
             return
-        if isinstance(result, NormalizedMessage) and not await self._for_us(payload, result):
-            self._log.debug(
-                "message %s does not mention the bot, outside its threads: not answered "
-                "(require_mention)",
-                result.id,
-            )
-            return
+        if isinstance(result, NormalizedMessage) and self._mention_rule(payload, result):
+            if not await self._for_us(payload, result):
+                self._log.debug(
+                    "message %s does not mention the bot, outside its threads: not answered "
+                    "(require_mention)",
+                    result.id,
+                )
+                return
+            if result.edit_of is not None:
+                result = await self.edit_or_question(result)
+                if result is None:
+                    return
         if isinstance(result, Deletion):
             for handler in list(self._delete_handlers):
                 await handler(result)
@@ -322,16 +327,19 @@ class SlackConnector(BaseConnector):
 
     # ---- require_mention ---------------------------------------------------------------------
 
+    def _mention_rule(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
+        """Whether `require_mention` applies: to channel messages (a click on the bot's own
+        buttons is always for it)."""
+        return (
+            self.config.require_mention
+            and message.thread_type != "private"
+            and payload.get("type") != "block_actions"
+        )
+
     async def _for_us(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
-        """With `require_mention`, a channel message is for the bot when it mentions the bot,
-        or replies in a thread the bot is in (one it started, or one it was mentioned in)."""
-        if (
-            not self.config.require_mention
-            or message.thread_type == "private"
-            or payload.get("type") == "block_actions"  # a click on the bot's own buttons
-            or mentions_bot(payload, self.me)
-            or started_by_bot(payload, self.me)
-        ):
+        """A channel message is for the bot when it mentions the bot, or replies in a thread
+        the bot is in (one it started, or one it was mentioned in)."""
+        if mentions_bot(payload, self.me) or started_by_bot(payload, self.me):
             return True
         _, thread_ts = _thread(message.thread_id)
         if thread_ts is None:
