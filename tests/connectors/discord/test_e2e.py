@@ -147,7 +147,12 @@ async def test_an_edit_adding_the_bots_mention_is_answered_once(
     original = peer.message(alice, "is the build green?")
     peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
     mention = f"<@{bot['id']}> is the build green?"
-    edit = {**original, "content": mention, "mentions": [bot], "edited_timestamp": "2030-01-01T00:00:00+00:00"}  # fmt: skip
+    edit = {
+        **original,
+        "content": mention,
+        "mentions": [bot],
+        "edited_timestamp": "2030-01-01T00:00:00+00:00",
+    }
     peer.dispatch(TOKEN, "MESSAGE_UPDATE", edit)
     await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
     [reply] = peer.sent(TOKEN, GENERAL)
@@ -156,7 +161,11 @@ async def test_an_edit_adding_the_bots_mention_is_answered_once(
     # The same edit again (Discord adds an embed) answers nothing, edits nothing …
     peer.dispatch(TOKEN, "MESSAGE_UPDATE", {**edit, "embeds": []})
     # … and a later edit updates the answer, as any edit of an answered message does.
-    later = {**edit, "content": f"{mention} (main)", "edited_timestamp": "2030-01-01T00:01:00+00:00"}  # fmt: skip
+    later = {
+        **edit,
+        "content": f"{mention} (main)",
+        "edited_timestamp": "2030-01-01T00:01:00+00:00",
+    }
     peer.dispatch(TOKEN, "MESSAGE_UPDATE", later)
     patch = "/channels/{channel_id}/messages/{message_id}"
     await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
@@ -173,7 +182,11 @@ async def test_an_edit_of_an_answered_mention_updates_the_answer_instead_of_aski
     original = peer.message(alice, f"<@{bot['id']}> helo", mentions=[bot])
     peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
     await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
-    edit = {**original, "content": f"<@{bot['id']}> hello", "edited_timestamp": "2030-01-01T00:00:00+00:00"}  # fmt: skip
+    edit = {
+        **original,
+        "content": f"<@{bot['id']}> hello",
+        "edited_timestamp": "2030-01-01T00:00:00+00:00",
+    }
     peer.dispatch(TOKEN, "MESSAGE_UPDATE", edit)
     patch = "/channels/{channel_id}/messages/{message_id}"
     await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
