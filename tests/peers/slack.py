@@ -832,6 +832,20 @@ def message_event(
     return event
 
 
+def edit_event(original: dict[str, Any], text: str, edit_ts: str) -> dict[str, Any]:
+    """The `message_changed` event Slack sends when `original`'s author edits it to `text`."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "hidden": True,
+        "channel": original["channel"],
+        "ts": edit_ts,
+        "channel_type": original["channel_type"],
+        "message": {**original, "text": text, "edited": {"user": original["user"], "ts": edit_ts}},
+        "previous_message": original,
+    }
+
+
 def tombstone_event(
     channel: str, ts: str, *, user: str, text: str, reply_ts: str
 ) -> dict[str, Any]:

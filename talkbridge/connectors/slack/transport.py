@@ -322,7 +322,7 @@ class SlackConnector(BaseConnector):
             await self.withdraw_reply(result.thread_id, result.message_id)
             return
         await self.deliver_confirmed(result, f"message {result.id}", *self._secrets)
-        if payload.get("type") != "block_actions":
+        if self._mention_rule(payload, result):
             await self._join_thread(result)
 
     # ---- require_mention ---------------------------------------------------------------------
@@ -355,8 +355,6 @@ class SlackConnector(BaseConnector):
         """The bot is in the thread of a channel message it took (for a top-level one, the
         thread under it, where `reply_in_thread` answers): later replies there are for it.
         Kept in the store (as long as the router's dedupe keys), so a restart forgets none."""
-        if not self.config.require_mention or message.thread_type == "private":
-            return
         channel, thread_ts = _thread(message.thread_id)
         thread = thread_id(channel, thread_ts or _message(message.edit_of or message.id)[1])
         if thread in self._threads:

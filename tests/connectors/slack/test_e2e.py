@@ -14,6 +14,7 @@ from talkbridge.registry import ConnectionState
 from tests.peers.slack import (
     SlackPeer,
     Workspace,
+    edit_event,
     message_event,
     placeholder_deleted_event,
     tombstone_event,
@@ -200,39 +201,12 @@ async def test_an_edited_message_updates_the_earlier_reply(
     original = message_event("U0ADA0001", "helo", ts="1700000000.000100")
     await peer.send_event(original, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
-    edited = {
-        "type": "message",
-        "subtype": "message_changed",
-        "hidden": True,
-        "channel": "D0DM00001",
-        "ts": "1700000030.000200",
-        "channel_type": "im",
-        "message": {
-            **original,
-            "text": "hello",
-            "edited": {"user": "U0ADA0001", "ts": "1700000030.000000"},
-        },
-        "previous_message": original,
-    }
+    edited = edit_event(original, "hello", "1700000030.000000")
     await peer.send_event(edited, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.calls_of("chat.update")) == 1)
     [update] = [c.params for c in peer.calls_of("chat.update")]
     assert update["text"] == "hello" and update["channel"] == "D0DM00001"
     assert len(peer.posted(ACME.bot_token)) == 1  # no second reply
-
-
-def _edit(original: dict[str, Any], text: str, edit_ts: str) -> dict[str, Any]:
-    """The `message_changed` event Slack sends when `original`'s author edits it to `text`."""
-    return {
-        "type": "message",
-        "subtype": "message_changed",
-        "hidden": True,
-        "channel": original["channel"],
-        "ts": edit_ts,
-        "channel_type": original["channel_type"],
-        "message": {**original, "text": text, "edited": {"user": original["user"], "ts": edit_ts}},
-        "previous_message": original,
-    }
 
 
 async def test_an_edit_adding_the_bots_mention_in_a_channel_is_answered_once(
@@ -241,13 +215,13 @@ async def test_an_edit_adding_the_bots_mention_in_a_channel_is_answered_once(
     await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
     original = message_event("U0ADA0001", "is the build green?", channel="C0GENERAL1")
     await peer.send_event(original, app_token=ACME.app_token)
-    mentioned = _edit(original, "<@U0BOT0001> is the build green?", "1700000040.000000")
+    mentioned = edit_event(original, "<@U0BOT0001> is the build green?", "1700000040.000000")
     await peer.send_event(mentioned, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
     assert peer.posted(ACME.bot_token)[0]["text"] == "is the build green?"
     # The same edit again answers nothing; a later one updates the answer.
     await peer.send_event(mentioned, app_token=ACME.app_token)
-    later = _edit(original, "<@U0BOT0001> is the main build green?", "1700000041.000000")
+    later = edit_event(original, "<@U0BOT0001> is the main build green?", "1700000041.000000")
     await peer.send_event(later, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.calls_of("chat.update")) == 1)
     assert peer.calls_of("chat.update")[0].params["text"] == "is the main build green?"
