@@ -5,6 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+STABLE_AFTER = 30.0
+"""Seconds a connection must stay up before its backoff starts from the beginning again: one
+that comes up and fails at once, again and again, must not be retried at the first delay."""
+
 
 @dataclass(slots=True)
 class Backoff:

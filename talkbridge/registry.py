@@ -22,7 +22,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from talkbridge.backoff import Backoff
+from talkbridge.backoff import STABLE_AFTER, Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
 from talkbridge.connectors import load_factory
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from talkbridge.cluster import Cluster, Lease
 
 log = logging.getLogger("talkbridge.registry")
-
-STABLE_AFTER = 30.0
-"""Seconds a transport must stay up before its backoff starts from the beginning again."""
 
 
 class ConnectionState(StrEnum):

@@ -116,6 +116,22 @@ class BaseConnector:
                 f"{what} was not accepted by a subscriber: {scrub(str(exc), *secrets)}"
             ) from exc
 
+    async def edit_or_question(self, edit: NormalizedMessage) -> NormalizedMessage | None:
+        """An edit that now mentions the bot, where only mentions are answered: the message it
+        edits may never have been taken (it did not mention the bot), and an edit of a message
+        without an answer is not answered. Without an answer on record, the edit is taken as
+        that message itself, under its id, so the router drops it if the message was taken
+        after all: an edit never brings a second answer. With an answer, it stays an edit (the
+        answer is updated), except the very edit taken as the message, delivered again (an
+        update that adds a link's preview). None: nothing to deliver."""
+        assert edit.edit_of is not None
+        store = self.context.store
+        asked = f"{self.channel}:{self.connection_id}:asked-by-edit:{edit.edit_of}"
+        if await store.lookup_id(self.connection_id, edit.edit_of) is not None:
+            return None if await store.get_state(asked) == edit.id else edit
+        await store.set_state(asked, edit.id, keep_for=self.context.dedupe_for)
+        return edit.model_copy(update={"id": edit.edit_of, "edit_of": None})
+
     def provide(self, name: str, implementation: Feature) -> None:
         self._features[name] = implementation
 

@@ -192,6 +192,8 @@ class DiscordPeer(Waitable):
         self.users: dict[str, dict[str, Any]] = {}
         self._refuse_resume: set[str] = set()
         self._identify_close: dict[str, int] = {}
+        self._refused_handshakes = 0
+        self.handshakes_refused = 0
         self._scripted: list[_Scripted] = []
         self._stale_nonces: set[str] = set()
         """Messages whose nonce no longer counts (`nonces_expire`)."""
@@ -381,7 +383,17 @@ class DiscordPeer(Waitable):
         session = self._live_session(token)
         return session is not None and session.socket is not None
 
-    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+    def refuse_gateway(self, times: int) -> None:
+        """The next `times` gateway handshakes are answered 503 (Discord's gateway having an
+        outage): discord.py retries with its backoff."""
+        self._refused_handshakes = times
+
+    async def _gateway(self, request: web.Request) -> web.StreamResponse:
+        if self._refused_handshakes > 0:
+            self._refused_handshakes -= 1
+            self.handshakes_refused += 1
+            self._notify()
+            return web.Response(status=503, text="upstream connect error")
         ws = web.WebSocketResponse(autoping=True, max_msg_size=0)
         await ws.prepare(request)
         self._sockets.add(ws)

@@ -121,6 +121,7 @@ class SlackPeer(Waitable):
         """Sockets Slack allows an app at once; one more is told `disconnect` with reason
         `too_many_websockets` right after its hello (another deployment on the same token)."""
         self.socket_mode_off = False
+        self._after_hello: list[str | None] = []
         """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
         self._ts = itertools.count(1)
@@ -341,6 +342,11 @@ class SlackPeer(Waitable):
         self.socket_mode_off = True
         await self.send_disconnect("link_disabled")
 
+    def end_after_hello(self, times: int, reason: str | None = None) -> None:
+        """The next `times` sockets say hello and end at once: with a `disconnect` giving
+        `reason`, or (None) with a close frame (a Slack host in trouble)."""
+        self._after_hello = [reason] * times
+
     def drop_socket(self, *, app_token: str | None = None) -> None:
         """Cut the socket without a close frame (a network failure)."""
         sock = self._current(app_token)
@@ -376,7 +382,13 @@ class SlackPeer(Waitable):
                 }
             )
         )
-        if self.socket_mode_off:
+        if self._after_hello:
+            reason = self._after_hello.pop(0)
+            if reason is None:
+                await ws.close()
+            else:
+                await ws.send_str(json.dumps({"type": "disconnect", "reason": reason}))
+        elif self.socket_mode_off:
             await ws.send_str(json.dumps({"type": "disconnect", "reason": "link_disabled"}))
         elif sum(1 for o in self.open_sockets if o.app_token == app_token) > self.socket_limit:
             await ws.send_str(json.dumps({"type": "disconnect", "reason": "too_many_websockets"}))
@@ -818,6 +830,20 @@ def message_event(
     if thread_ts:
         event["thread_ts"] = thread_ts
     return event
+
+
+def edit_event(original: dict[str, Any], text: str, edit_ts: str) -> dict[str, Any]:
+    """The `message_changed` event Slack sends when `original`'s author edits it to `text`."""
+    return {
+        "type": "message",
+        "subtype": "message_changed",
+        "hidden": True,
+        "channel": original["channel"],
+        "ts": edit_ts,
+        "channel_type": original["channel_type"],
+        "message": {**original, "text": text, "edited": {"user": original["user"], "ts": edit_ts}},
+        "previous_message": original,
+    }
 
 
 def tombstone_event(

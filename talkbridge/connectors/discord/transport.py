@@ -50,7 +50,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
-from talkbridge.connectors.discord import endpoints
+from talkbridge.connectors.discord import endpoints, logs
 from talkbridge.connectors.discord.answers import Answers
 from talkbridge.connectors.discord.codec import (
     ChannelInfo,
@@ -197,6 +197,7 @@ class DiscordConnector(BaseConnector):
         self.provide("interactions", self)
 
     def _new_client(self, answers: Answers) -> _Client:
+        logs.install()  # before the first client: it warns about voice as it is made
         return _Client(
             self,
             http_trace=answers.trace(),
@@ -443,13 +444,18 @@ class DiscordConnector(BaseConnector):
         )
         if message is None:
             return False
-        if (
+        mention_rule = (
             kind != "INTERACTION_CREATE"
             and self.config.require_mention
-            and payload.get("guild_id")
-            and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload))
-        ):
+            and bool(payload.get("guild_id"))
+        )
+        if mention_rule and not addressed_to_bot(payload, bot_id, self._bot_role_ids(payload)):
             return False
+        if mention_rule and message.edit_of is not None:
+            found = await self.edit_or_question(message)
+            if found is None:
+                return False
+            message = found
         await self.deliver(message)
         return True
 

@@ -25,6 +25,7 @@ from talkbridge.connectors.slack.mrkdwn import (
     render,
     render_chunks,
 )
+from talkbridge.connectors.slack.shown import shown_text, users_shown
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
@@ -37,11 +38,13 @@ __all__ = [
     "decode_message",
     "escape",
     "event_of",
+    "mentions_bot",
     "native_id",
     "parse_native_id",
     "parse_thread_id",
     "render",
     "render_chunks",
+    "started_by_bot",
     "thread_id",
     "users_to_resolve",
 ]
@@ -181,6 +184,16 @@ def _sender_name(message: Mapping[str, Any], users: Mapping[str, str]) -> str:
     return str(user or message.get("username") or "")
 
 
+def _without_leading_mention(message: Mapping[str, Any], me: Identity) -> Mapping[str, Any]:
+    """The message with the bot's mention that opens it taken off (`@bot what is …`), as on
+    Discord: the agent and keyword hooks read the question, not the address."""
+    text = message.get("text")
+    if not isinstance(text, str) or me.bot_user_id is None:
+        return message
+    bare = re.sub(rf"^\s*<@{re.escape(me.bot_user_id)}(\|[^>]*)?>[\s,:]*", "", text, count=1)
+    return message if bare == text else {**message, "text": bare}
+
+
 def decode_message(
     message: Mapping[str, Any],
     *,
@@ -204,7 +217,7 @@ def decode_message(
     ts = message.get("ts")
     if not isinstance(ts, str) or not _TS.fullmatch(ts):
         return None
-    text = plain_text(str(message.get("text") or ""), users, channels)
+    text = shown_text(_without_leading_mention(message, me), users, channels)
     attachments = _attachments(message)
     if not text.strip() and not attachments:
         return None
@@ -376,13 +389,38 @@ def decode(
     )
 
 
+def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
+    """Whether the event (an edit: its new text) names the bot: an `app_mention`, `<@BOT>` in
+    the text, or a mention of it in the blocks."""
+    event = event_of(payload) or {}
+    if event.get("type") == "app_mention":
+        return True
+    message = event.get("message") if event.get("subtype") == "message_changed" else event
+    if not isinstance(message, Mapping) or me.bot_user_id is None:
+        return False
+    text = str(message.get("text") or "")
+    return (
+        me.bot_user_id in mentioned_users(text)
+        or f"<@{me.bot_user_id}|" in text
+        or (me.bot_user_id in users_shown(message))
+    )
+
+
+def started_by_bot(payload: Mapping[str, Any], me: Identity) -> bool:
+    """Whether the event is a reply in a thread under one of the bot's own messages."""
+    event = event_of(payload) or {}
+    message = event.get("message") if event.get("subtype") == "message_changed" else event
+    parent = message.get("parent_user_id") if isinstance(message, Mapping) else None
+    return parent is not None and parent == me.bot_user_id
+
+
 def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     """User ids whose display names `decode` would like: the sender and unlabeled mentions."""
     event = event_of(payload) or {}
     inner = event.get("message") if event.get("subtype") == "message_changed" else event
     if not isinstance(inner, Mapping):
         return set()
-    found = set(mentioned_users(str(inner.get("text") or "")))
+    found = set(mentioned_users(str(inner.get("text") or ""))) | users_shown(inner)
     if isinstance(inner.get("user"), str) and not inner.get("bot_id"):
         found.add(inner["user"])
     return found

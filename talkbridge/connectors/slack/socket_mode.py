@@ -11,6 +11,12 @@ deployment on the same app token). It ends the run with a `TransientError` sayin
 and the registry retries with its own (growing) backoff. A rejected app token raises
 `UnauthorizedError`, so the registry marks the connection down instead of retrying.
 
+A socket's hello proves little: a Slack host that greets and closes at once (or asks for a new
+socket at once, again and again) would otherwise be reconnected to in a tight loop. The backoff
+starts from the beginning again only after a socket has proved itself: it brought an envelope,
+or stayed open for `STABLE_AFTER` seconds. Until then each reconnect waits longer, the planned
+ones too (except the first).
+
 Envelopes are taken in arrival order, and each is acknowledged once the bridge has it (stored
 by the router), before its turn runs: an envelope acknowledged earlier would be lost if the
 bridge stopped before storing it, since Slack does not deliver an acknowledged envelope again.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +38,7 @@ from slack_sdk.socket_mode.aiohttp import SocketModeClient
 from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
 from slack_sdk.web.async_client import AsyncWebClient
 
-from talkbridge.backoff import Backoff
+from talkbridge.backoff import STABLE_AFTER, Backoff
 from talkbridge.connectors.base import ConnectionStatus
 from talkbridge.errors import ConnectorError, RateLimitedError, TransientError
 
@@ -112,6 +119,7 @@ class SocketSession:
         retry_base: float,
         logger: logging.Logger,
         connect_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._app_token = app_token
         self._web = web
@@ -121,6 +129,9 @@ class SocketSession:
         self._retry_base = retry_base
         self._log = logger
         self._connect_timeout = connect_timeout
+        self._clock = clock
+        self._envelopes = 0
+        """Envelopes received so far: a socket that brought one has proved itself."""
         self._lost: asyncio.Queue[tuple[object, str | None]] = asyncio.Queue()
         self._queue: asyncio.Queue[Envelope] = asyncio.Queue()
         self._hello = asyncio.Event()
@@ -141,6 +152,7 @@ class SocketSession:
         if not isinstance(envelope_id, str) or not isinstance(kind, str):
             return
         payload = message.get("payload")
+        self._envelopes += 1
         self._queue.put_nowait(
             Envelope(
                 type=kind,
@@ -196,37 +208,47 @@ class SocketSession:
             while True:
                 if delay:
                     await asyncio.sleep(delay)
-                session = await self._connect(client, status, backoff)
+                session = await self._connect(client, status)
                 if session is None:
                     delay = backoff.next()
                     continue
+                opened_at, envelopes = self._clock(), self._envelopes
                 reason = await self._wait_lost(session)
-                if reason in PLANNED:
-                    delay = 0.0
-                    self._log.info("Slack asked for a new socket (%s); reconnecting", reason)
-                elif reason is not None:
-                    # Ended, so the registry retries with its growing backoff (and its hello
-                    # does not reset one as here): never a socket a second, nor a ping-pong
-                    # with another deployment each knocking the other's socket off.
+                if self._envelopes > envelopes or self._clock() - opened_at >= STABLE_AFTER:
+                    backoff.reset()  # it worked: what follows is a first retry again
+                if reason is not None and reason not in PLANNED:
+                    # Ended, so the registry retries with its growing backoff: never a socket
+                    # a second, nor a ping-pong with another deployment each knocking the
+                    # other's socket off.
                     raise TransientError(
                         MEANING.get(reason)
                         or f"Slack closed the socket (disconnect: {reason}), a reason it does "
                         "not give for its own upkeep"
                     )
-                else:
-                    delay = backoff.next()
-                    status.degraded(
-                        f"the Socket Mode socket was lost; reconnecting in {delay:.1f} s"
-                    )
+                delay = self._retry_delay(reason, backoff, status)
         finally:
             processor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await processor
             await client.close()  # type: ignore[no-untyped-call]
 
-    async def _connect(
-        self, client: _Client, status: ConnectionStatus, backoff: Backoff
-    ) -> object | None:
+    def _retry_delay(self, reason: str | None, backoff: Backoff, status: ConnectionStatus) -> float:
+        """How long to wait before the next socket, after a planned `disconnect` (`reason`) or
+        a lost socket (None); reported as degraded unless Slack's upkeep explains it."""
+        if reason is not None and backoff.attempts == 0:
+            self._log.info("Slack asked for a new socket (%s); reconnecting", reason)
+            backoff.attempts = 1  # a second one right after the next socket opened waits
+            return 0.0
+        delay = backoff.next()
+        what = (
+            "the Socket Mode socket was lost"
+            if reason is None
+            else f"Slack asked for a new socket again right after opening one ({reason})"
+        )
+        status.degraded(f"{what}; reconnecting in {delay:.1f} s (attempt {backoff.attempts})")
+        return delay
+
+    async def _connect(self, client: _Client, status: ConnectionStatus) -> object | None:
         """Close the old socket, open one new one; returns it, or None after a transient failure."""
         if client.current_session is not None and not client.current_session.closed:
             await client.current_session.close()
@@ -250,7 +272,6 @@ class SocketSession:
             client.auto_reconnect_enabled = True
             status.degraded("the Socket Mode socket did not say hello in time")
             return None
-        backoff.reset()
         status.up()
         return client.current_session
 

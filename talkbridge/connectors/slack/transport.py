@@ -37,11 +37,14 @@ from talkbridge.connectors.slack.codec import (
     button_blocks,
     decode,
     decode_message,
+    mentions_bot,
     native_id,
     parse_native_id,
     parse_thread_id,
     render,
     render_chunks,
+    started_by_bot,
+    thread_id,
     users_to_resolve,
 )
 from talkbridge.connectors.slack.config import SlackConfig
@@ -120,6 +123,8 @@ class SlackConnector(BaseConnector):
         self._lookups: dict[str, asyncio.Future[str | None]] = {}
         """Name lookups under way, by user id: an envelope does not wait again for one."""
         self._recent: OrderedDict[str, None] = OrderedDict()
+        self._threads: OrderedDict[str, None] = OrderedDict()
+        """Channel threads the bot is in (`require_mention`), as far as seen lately."""
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._status_allowed = True
         self._delete_handlers: list[DeleteHandler] = []
@@ -127,6 +132,8 @@ class SlackConnector(BaseConnector):
         self.events: EventsServer | None = None
         self.retry_base = 0.5
         """First delay (seconds) before reconnecting a lost socket; then doubles, up to 30 s."""
+        self.clock: Callable[[], float] = time.monotonic
+        """Tells how long a socket stayed open (one open long enough has proved itself)."""
         self.read_timeout = READ_TIMEOUT
         """Events API: seconds a request's head, then its body, may take to arrive."""
         for name in (
@@ -208,6 +215,7 @@ class SlackConnector(BaseConnector):
                 ping_interval=self.config.ping_interval,
                 retry_base=self.retry_base,
                 logger=self._log,
+                clock=self.clock,
             )
             await self.socket.run(status)
         else:
@@ -261,13 +269,6 @@ class SlackConnector(BaseConnector):
     def _seen(self, key: str | None) -> bool:
         return key is not None and key in self._recent
 
-    def _remember(self, key: str | None) -> None:
-        if key is None:
-            return
-        self._recent[key] = None
-        while len(self._recent) > _RECENT_EVENTS:
-            self._recent.popitem(last=False)
-
     async def _on_envelope(self, envelope: Envelope) -> None:
         if envelope.type not in ("events_api", "interactive"):
             return  # slash commands and others are acknowledged and left alone
@@ -279,7 +280,7 @@ class SlackConnector(BaseConnector):
             await self._accept(envelope.payload)
         except (ValueError, PermanentError) as exc:
             self._log.error("dropping envelope %s: %s", envelope.envelope_id, exc)
-        self._remember(key)
+        _remember(self._recent, key)
 
     async def _on_http_event(self, payload: dict[str, Any], retry: int) -> None:
         key = _dedupe_key(payload)
@@ -290,7 +291,7 @@ class SlackConnector(BaseConnector):
             await self._accept(payload)
         except (ValueError, PermanentError) as exc:  # would be retried forever: acknowledge
             self._log.error("dropping undecodable event %s: %s", key, exc)
-        self._remember(key)
+        _remember(self._recent, key)
 
     async def _accept(self, payload: dict[str, Any]) -> None:
         """Decode and deliver one payload; returns once subscribers accepted it."""
@@ -302,6 +303,18 @@ class SlackConnector(BaseConnector):
         )
         if result is None:
             return
+        if isinstance(result, NormalizedMessage) and self._mention_rule(payload, result):
+            if not await self._for_us(payload, result):
+                self._log.debug(
+                    "message %s does not mention the bot, outside its threads: not answered "
+                    "(require_mention)",
+                    result.id,
+                )
+                return
+            if result.edit_of is not None:
+                result = await self.edit_or_question(result)
+                if result is None:
+                    return
         if isinstance(result, Deletion):
             for handler in list(self._delete_handlers):
                 await handler(result)
@@ -309,6 +322,50 @@ class SlackConnector(BaseConnector):
             await self.withdraw_reply(result.thread_id, result.message_id)
             return
         await self.deliver_confirmed(result, f"message {result.id}", *self._secrets)
+        if self._mention_rule(payload, result):
+            await self._join_thread(result)
+
+    # ---- require_mention ---------------------------------------------------------------------
+
+    def _mention_rule(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
+        """Whether `require_mention` applies: to channel messages (a click on the bot's own
+        buttons is always for it)."""
+        return (
+            self.config.require_mention
+            and message.thread_type != "private"
+            and payload.get("type") != "block_actions"
+        )
+
+    async def _for_us(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
+        """A channel message is for the bot when it mentions the bot, or replies in a thread
+        the bot is in (one it started, or one it was mentioned in)."""
+        if mentions_bot(payload, self.me) or started_by_bot(payload, self.me):
+            return True
+        _, thread_ts = _thread(message.thread_id)
+        if thread_ts is None:
+            return False
+        if message.thread_id in self._threads:
+            return True
+        if await self.context.store.get_state(self._thread_key(message.thread_id)) is None:
+            return False
+        _remember(self._threads, message.thread_id)
+        return True
+
+    async def _join_thread(self, message: NormalizedMessage) -> None:
+        """The bot is in the thread of a channel message it took (for a top-level one, the
+        thread under it, where `reply_in_thread` answers): later replies there are for it.
+        Kept in the store (as long as the router's dedupe keys), so a restart forgets none."""
+        channel, thread_ts = _thread(message.thread_id)
+        thread = thread_id(channel, thread_ts or _message(message.edit_of or message.id)[1])
+        if thread in self._threads:
+            return
+        await self.context.store.set_state(
+            self._thread_key(thread), "1", keep_for=self.context.dedupe_for
+        )
+        _remember(self._threads, thread)
+
+    def _thread_key(self, thread: str) -> str:
+        return f"slack:{self.connection_id}:thread:{thread}"
 
     async def _names(self, user_ids: set[str], *, wait: float | None = None) -> dict[str, str]:
         """Display names of `user_ids`, looked up together; after `wait` seconds the ids of
@@ -603,6 +660,15 @@ def emoji_name(emoji: str) -> str:
     if value and all(c.isalnum() or c in "_+-'" for c in value):
         return value
     raise PermanentError(f"no Slack reaction name known for {emoji!r}; use its :name:")
+
+
+def _remember(recent: OrderedDict[str, None], key: str | None) -> None:
+    """Add `key` to a bounded set, forgetting the oldest beyond `_RECENT_EVENTS`."""
+    if key is None:
+        return
+    recent[key] = None
+    while len(recent) > _RECENT_EVENTS:
+        recent.popitem(last=False)
 
 
 def _dedupe_key(payload: Mapping[str, Any]) -> str | None:

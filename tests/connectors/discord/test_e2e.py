@@ -128,9 +128,42 @@ async def test_an_edited_message_updates_the_reply(
     original = peer.message(alice, "helo", guild=False)
     peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
     await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
-    edited = {**original, "content": "hello", "edited_timestamp": "2030-01-01T00:00:00+00:00"}
+    edited = _edited(original, "hello", "00:00")
     peer.dispatch(TOKEN, "MESSAGE_UPDATE", edited)
     patch = "/channels/{channel_id}/messages/{message_id}"
     await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
     assert peer.calls_of("PATCH", patch)[0].json["content"] == "hello"
     assert len(peer.sent(TOKEN)) == 1  # no second reply
+
+
+def _edited(message: dict[str, Any], content: str, at: str, **extra: Any) -> dict[str, Any]:
+    """The MESSAGE_UPDATE payload of `message` edited to `content` at `at` (HH:MM)."""
+    return {**message, "content": content, "edited_timestamp": f"2030-01-01T{at}:00+00:00", **extra}
+
+
+async def test_an_edit_adding_the_bots_mention_is_answered_once(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    # Someone forgets to mention the bot and edits the mention in: Discord sends only a
+    # MESSAGE_UPDATE, which was taken as an edit of a message never answered, and dropped.
+    alice = peer.person("Alice")
+    bot = peer.bots[TOKEN].user
+    await bridge({"id": "community", "trusted": [alice["id"]]})
+    original = peer.message(alice, "is the build green?")
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
+    mention = f"<@{bot['id']}> is the build green?"
+    edit = _edited(original, mention, "00:00", mentions=[bot])
+    peer.dispatch(TOKEN, "MESSAGE_UPDATE", edit)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    [reply] = peer.sent(TOKEN, GENERAL)
+    assert reply["content"] == "is the build green?"
+    assert str(reply["message_reference"]["message_id"]) == original["id"]
+    # The same edit again (Discord adds an embed) answers nothing, edits nothing …
+    peer.dispatch(TOKEN, "MESSAGE_UPDATE", {**edit, "embeds": []})
+    # … and a later edit updates the answer, as any edit of an answered message does.
+    later = _edited(edit, f"{mention} (main)", "00:01")
+    peer.dispatch(TOKEN, "MESSAGE_UPDATE", later)
+    patch = "/channels/{channel_id}/messages/{message_id}"
+    await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
+    assert peer.calls_of("PATCH", patch)[0].json["content"] == "is the build green? (main)"
+    assert len(peer.sent(TOKEN)) == 1

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from talkbridge.connectors.discord.logs import install as install_log_filter
 from talkbridge.errors import (
     NotFoundError,
     PermanentError,
@@ -120,6 +122,40 @@ async def test_a_gateway_drop_resumes_with_nothing_lost_or_repeated(
         running.status.reports
     )
     await running.status.wait(lambda: running.status.count("up") >= 2)
+
+
+async def test_a_gateway_retry_is_logged_in_one_line_not_a_traceback(
+    peer: DiscordPeer, start: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # discord.py logs every gateway retry with `logger.exception`: a 30-line traceback each
+    # time, for an outage of minutes, burying what the operator needs to read.
+    running = await start()
+    peer.refuse_gateway(1)
+    with caplog.at_level(logging.INFO, logger="discord"):
+        await peer.drop(TOKEN)
+        await peer.wait_for(lambda: peer.handshakes_refused == 1)
+        await running.status.wait(lambda: running.status.count("up") >= 2)
+    [retry] = [
+        r
+        for r in caplog.records
+        if r.name == "discord.client" and r.levelno >= logging.WARNING and "voice" not in r.msg
+    ]
+    assert retry.exc_info is None and retry.levelno == logging.WARNING
+    line = retry.getMessage()
+    assert "\n" not in line and TOKEN not in line
+    assert line.startswith("Discord gateway: could not connect (WSServerHandshakeError: 503")
+    assert "retrying in" in line
+
+
+def test_discord_py_voice_warnings_are_not_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # discord.py warns once per process that voice is unsupported (PyNaCl, davey missing) as
+    # its first client is made; talkbridge never uses voice.
+    install_log_filter()
+    with caplog.at_level(logging.INFO, logger="discord"):
+        logging.getLogger("discord.client").warning(
+            "PyNaCl is not installed, voice will NOT be supported"
+        )
+    assert caplog.records == []
 
 
 async def test_events_the_gateway_delivered_are_taken_when_the_connection_stops(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,75 @@ async def test_a_dm_is_delivered_with_names_resolved(
     assert msg.text == "hi @Grace Hopper, look"
     assert msg.display_name == "ada" and msg.thread_type == "private"
     assert len(peer.calls_of("auth.test")) == 1
+
+
+async def test_a_forwarded_message_without_a_comment_is_delivered_readably(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    # Slack's "Forward message" (or sharing a message's link) without a comment: the event's
+    # `text` is empty and the message shared is an attachment. It was dropped without a word.
+    run = await start()
+    shared = {
+        "is_msg_unfurl": True,
+        "is_share": True,
+        "author_id": "U0GRACE01",
+        "author_name": "Grace Hopper",
+        "channel_id": "C0GENERAL1",
+        "text": "the build is *red* again, see <https://ci.example/42|run 42>",
+        "fallback": "[April 5th] Grace Hopper: the build is red again",
+        "from_url": "https://acme.slack.com/archives/C0GENERAL1/p1712345678000100",
+        "mrkdwn_in": ["text"],
+    }
+    await peer.send_event(message_event("U0ADA0001", "", attachments=[shared]))
+    await peer.send_event(
+        message_event("U0ADA0001", "what do you make of this?", attachments=[shared])
+    )
+    [forwarded, commented] = await run.inbox.wait_count(2)
+    quoted = "Shared message from Grace Hopper:\n> the build is red again, see run 42 (https://ci.example/42)"
+    assert forwarded.text == quoted
+    assert commented.text == "what do you make of this?\n\n" + quoted
+
+
+async def test_a_message_of_blocks_only_is_delivered_with_their_text(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start()
+    blocks = [
+        {
+            "type": "rich_text",
+            "elements": [
+                {
+                    "type": "rich_text_section",
+                    "elements": [
+                        {"type": "text", "text": "deploy "},
+                        {"type": "user", "user_id": "U0GRACE01"},
+                        {"type": "text", "text": " please "},
+                        {"type": "emoji", "name": "rocket", "unicode": "1f680"},
+                    ],
+                },
+                {
+                    "type": "rich_text_list",
+                    "style": "bullet",
+                    "elements": [
+                        {"type": "rich_text_section", "elements": [{"type": "text", "text": "a"}]},
+                        {"type": "rich_text_section", "elements": [{"type": "text", "text": "b"}]},
+                    ],
+                },
+            ],
+        }
+    ]
+    await peer.send_event(message_event("U0ADA0001", "", blocks=blocks))
+    [msg] = await run.inbox.wait_count(1)
+    assert msg.text == "deploy @Grace Hopper please 🚀\n- a\n- b"
+
+
+async def test_with_require_mention_off_every_channel_message_is_taken(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    run = await start(require_mention=False)
+    await peer.send_event(message_event("U0ADA0001", "lunch anyone?", channel="C0GENERAL1"))
+    [msg] = await run.inbox.wait_count(1)
+    assert msg.text == "lunch anyone?" and msg.thread_type == "group"
 
 
 async def test_an_envelope_is_acknowledged_only_once_the_bridge_has_taken_it(
@@ -169,6 +239,58 @@ async def test_too_many_websockets_backs_off_saying_why_instead_of_reconnecting_
     assert len(peer.sockets) == 2 and len(peer.open_sockets) == 1
     await peer.send_event(message_event("U0ADA0001", "still served"))
     await other.inbox.wait_count(1)
+
+
+def _attempts(run: Any) -> list[int]:
+    """The attempt numbers the degraded reports name (each reconnect's place in its series)."""
+    return [
+        int(n) for kind, why in run.status.reports for n in re.findall(r"\(attempt (\d+)\)", why)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reason", "attempts"), [(None, [1, 2, 3, 4, 5]), ("refresh_requested", [2, 3, 4, 5])]
+)
+async def test_sockets_ending_right_after_hello_are_retried_with_growing_waits(
+    peer: SlackPeer, start: Callable[..., Any], reason: str | None, attempts: list[int]
+) -> None:
+    # A Slack host that greets, then closes (or asks for a new socket) at once: each hello
+    # reset the backoff, so the bridge reconnected at the first delay (a refresh at once),
+    # for as long as the host did it.
+    peer.end_after_hello(5, reason)
+    run = await start(wait=False)
+    await run.status.wait_up(6)
+    assert _attempts(run) == attempts  # each wait the next of one series, not its first again
+    assert len(peer.sockets) == 6 and peer.max_open_sockets == 1
+    await peer.send_event(message_event("U0ADA0001", "served at last"))
+    await run.inbox.wait_count(1)
+
+
+async def test_a_socket_that_brought_an_event_starts_the_backoff_afresh(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    peer.end_after_hello(3)
+    run = await start(wait=False)
+    await run.status.wait_up(4)
+    await peer.send_event(message_event("U0ADA0001", "it works"))
+    await run.inbox.wait_count(1)
+    peer.drop_socket()
+    await run.status.wait_up(5)
+    assert _attempts(run) == [1, 2, 3, 1]
+
+
+async def test_a_socket_open_for_a_while_starts_the_backoff_afresh(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    now = [0.0]
+    peer.end_after_hello(2)
+    run = await start(wait=False)
+    run.connector.clock = lambda: now[0]  # before it runs: its sockets are timed by it
+    await run.status.wait_up(3)
+    now[0] += 30.0  # the third socket stays open half a minute, quiet
+    peer.drop_socket()
+    await run.status.wait_up(4)
+    assert _attempts(run) == [1, 2, 1]
 
 
 async def test_a_dropped_socket_is_replaced_and_traffic_resumes(
