@@ -704,7 +704,9 @@ class HookChain(Generic[E]):
                     if code == _MODIFY:
                         if reg.lock_free:
                             failure = self._unusable(
-                                reg, "a lock-free hook may not modify the event"
+                                reg,
+                                "returned Modify, but a hook with needs_thread_lock: false may "
+                                "not modify the message (it may run before earlier ones end)",
                             )
                         else:
                             new = self._modifiers[type(result)](result)
