@@ -30,6 +30,7 @@ from talkbridge.hooks import (
     TurnFinishedEvent,
     TurnStartedEvent,
 )
+from talkbridge.hooks.listeners import REFUSED
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
 from talkbridge.registry import ConnectionState
@@ -1244,3 +1245,71 @@ async def test_an_interrupted_turn_reaches_after_run_listeners(tmp_path: Path) -
     await asyncio.wait_for(began.wait(), 10)
     await bridge.stop(drain_timeout=0.01)  # interrupts the turn
     assert [(r.interrupted, r.errored, r.event_count) for r in results] == [(True, False, 1)]
+
+
+HERE = Path(__file__).resolve()
+SHOWN = HERE.relative_to(Path.cwd()) if HERE.is_relative_to(Path.cwd()) else HERE
+"""This file as a hook failure's log line names it."""
+
+
+def _line_raising(text: str) -> int:
+    """The line of this file that raises `text`."""
+    lines = HERE.read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if "raise" in line and text in line)
+
+
+async def test_a_raising_hook_is_one_log_line_naming_it_and_its_line_and_the_message_is_answered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each hook failure logged a traceback (a `before_run` refusal too, though raising is how a
+    listener refuses); the line says which hook, and which line of its code, raised."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message
+    async def router(msg: NormalizedMessage) -> None:
+        raise RuntimeError("router exploded")
+
+    @hooks.turn_middleware
+    async def wrap(ctx: TurnContext, next: Any) -> None:
+        if "refuse" not in ctx.input.prompt:
+            raise ValueError("middleware exploded")
+        await next()
+
+    @hooks.on_turn_finished
+    def watch(event: TurnFinishedEvent) -> None:
+        raise LookupError("watcher exploded")
+
+    class Guard:
+        async def before_run(self, ctx: TurnContext) -> None:
+            if "refuse" in ctx.input.prompt:
+                raise PermissionError("not this one")
+
+    hooks.register("run-listener", Guard(), name="guard")
+    caplog.set_level(logging.INFO, "talkbridge")
+    bridge, conns = await _bridge(tmp_path, hooks=hooks)
+    await conns["test"].inject(make_message("hello", message_id="m1"))
+    await conns["test"].inject(make_message("refuse this", message_id="m2"))
+    await conns["test"].wait_sent(2)
+    await bridge.stop()  # the watchers under way finish
+    assert conns["test"].texts() == ["hello", REFUSED]  # neither message lost
+    at = {
+        text: f"(at {SHOWN} line {_line_raising(text)})"
+        for text in ("router exploded", "middleware exploded", "watcher exploded", "not this one")
+    }
+    said = [r.getMessage() for r in caplog.records if r.name == "talkbridge.hooks"]
+    assert sorted(said) == sorted(
+        [
+            "channel-message hook 'router' raised RuntimeError: router exploded "
+            f"{at['router exploded']}; skipped (fail-open)",
+            "channel-message hook 'router' raised RuntimeError: router exploded "
+            f"{at['router exploded']}; skipped (fail-open)",
+            "turn middleware 'wrap' failed before calling next(): ValueError: middleware "
+            f"exploded {at['middleware exploded']}; skipped (fail-open)",
+            f"run listener 'guard' refused in before_run: not this one {at['not this one']}",
+            "agent-turn-finished watcher 'watch' failed: LookupError: watcher exploded "
+            f"{at['watcher exploded']}",
+            "agent-turn-finished watcher 'watch' failed: LookupError: watcher exploded "
+            f"{at['watcher exploded']}",
+        ]
+    )
+    assert all(r.exc_info is None for r in caplog.records)

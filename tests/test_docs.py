@@ -4,8 +4,10 @@ lists every top-level key, environment variable and exit code."""
 from __future__ import annotations
 
 import importlib
+import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -124,3 +126,38 @@ def test_the_hooks_doc_lists_the_hook_yaml_keys_each_kind_takes() -> None:
         for kind in re.findall(r"`([\w-]+)`", kinds):
             listed[kind] = taken
     assert listed == {kind: set(options) - {"scope"} for kind, options in KIND_OPTIONS.items()}
+
+
+async def test_the_hooks_doc_middleware_example_is_a_hook_folder_as_it_stands(
+    tmp_path: Path,
+) -> None:
+    """It had no `create_hook` (pasted into hook.py, the start stopped), and compared
+    `agent_name` with the python agent's class `name` while the config example named the
+    agent `mine`: it never ran."""
+    from talkbridge.hooks import HookDeps, HookRegistry, load_hooks
+    from tests.hooks.support import make_ctx
+
+    doc = (ROOT / "docs" / "hooks.md").read_text()
+    code = doc.split("## turn-middleware", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    first = code.splitlines()[0]
+    assert first.startswith("# hooks/turn-middleware/"), "the example says which file it is"
+    path = first.removeprefix("# ")
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).write_text(code)
+    registry = HookRegistry()
+    deps = HookDeps("test", logging.getLogger("test"), None, None, hooks=registry)  # type: ignore[arg-type]
+    [hook] = load_hooks([(tmp_path / path).parent], deps, registry)
+    assert (hook.kind, hook.name) == ("turn-middleware", "polite")
+
+    block = REFERENCE.read_text().split("```yaml\nagents:", 1)[1].split("```", 1)[0]
+    definitions = yaml.safe_load("agents:" + block)["agents"]["definitions"]
+    [python_agent] = [name for name, d in definitions.items() if d["kind"] == "python"]
+    seen: list[str] = []
+
+    async def agent(ctx: Any) -> None:
+        seen.append(ctx.input.prompt)
+
+    turn = registry.compose_turn(agent)
+    await turn(make_ctx("  hello  ", agent=python_agent))
+    await turn(make_ctx("  hello  ", agent="echo"))
+    assert seen == ["hello", "  hello  "]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from talkbridge.agents.base import TurnContext
 from talkbridge.errors import TurnAbortedError
+from talkbridge.hooks.calls import check_call, failed_at, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, ON_ERROR_VALUES, OnError, _takes_two, settle
 
 log = logging.getLogger("talkbridge.hooks")
@@ -62,7 +63,10 @@ class ChatHooks:
             raise ValueError(f"{kind} hook {name!r}: on_error must be 'fail-open' or 'fail-closed'")
         if name in self.names():
             raise ValueError(f"a chat/reply hook named {name!r} is already registered")
-        return _Entry(name, fn, on_error, timeout, _takes_two(fn, name))
+        pass_second = kind == "reply" and _takes_two(fn)
+        args = ("messages", "reply") if pass_second else ("messages",)
+        check_call(fn, args, f"{kind} hook {name!r}")
+        return _Entry(name, fn, on_error, timeout, pass_second)
 
     def add_chat(
         self,
@@ -112,17 +116,18 @@ class ChatHooks:
         return bool(self._reply)
 
     def _failed(self, kind: str, entry: _Entry, detail: str, exc: BaseException | None) -> None:
-        if entry.on_error == "fail-closed":
-            log.error(
-                "%s hook %r %s; aborting the turn (fail-closed)",
-                kind,
-                entry.name,
-                detail,
-                exc_info=exc,
-            )
+        closed = entry.on_error == "fail-closed"
+        action = "aborting the turn (fail-closed)" if closed else "skipped (fail-open)"
+        level = logging.ERROR if closed else logging.WARNING
+        if exc is None:
+            log.log(level, "%s hook %r %s; %s", kind, entry.name, detail, action)
+        else:
+            shown_where = failed_at(exc)
+            message = "%s hook %r %s%s; %s"
+            log_failure(log, level, message, kind, entry.name, detail, shown_where, action, exc=exc)
+        if closed:
             shown = f": {detail}" if self.environment == "development" else ""
             raise TurnAbortedError(f"{kind} hook {entry.name!r} failed{shown}") from exc
-        log.warning("%s hook %r %s; skipped (fail-open)", kind, entry.name, detail, exc_info=exc)
 
     async def run_chat(self, messages: list[Any]) -> list[Any]:
         """Pass the message list through every chat hook; returns the final list."""

@@ -31,6 +31,7 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from talkbridge.cancellation import cancelling, drain_tasks
+from talkbridge.hooks.calls import check_call, describe_error, log_failure
 
 E = TypeVar("E")
 
@@ -288,7 +289,7 @@ def _sort_key(reg: Registration) -> tuple[int, int]:
     return (reg.order, reg.seq)
 
 
-def _takes_two(fn: Callable[..., Any], name: str) -> bool:
+def _takes_two(fn: Callable[..., Any]) -> bool:
     """Whether `fn` accepts a second positional argument (ctx, or the outcome for observers)."""
     try:
         params = list(inspect.signature(fn).parameters.values())
@@ -301,9 +302,7 @@ def _takes_two(fn: Callable[..., Any], name: str) -> bool:
         for p in params
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
-    if not positional:
-        raise TypeError(f"hook {name!r}: {fn!r} must accept the event as its first argument")
-    return len(positional) >= 2
+    return len(positional) >= 2  # none at all: `check_call` says what it is called with
 
 
 # ---- driving a hook's coroutine -----------------------------------------------------------------
@@ -498,7 +497,7 @@ class HookChain(Generic[E]):
             scope=scope,
             lock_free=not needs_thread_lock,
             observer=observer,
-            pass_second=_takes_two(fn, name),
+            pass_second=self._check_call(fn, name, observer),
         )
         self._by_key[(scope, name)] = reg
         if scope.kind == "global":
@@ -511,6 +510,14 @@ class HookChain(Generic[E]):
             self._merged.clear()
         self._count(reg, +1)
         return reg
+
+    def _check_call(self, fn: Callable[..., Any], name: str, observer: bool) -> bool:
+        """Whether `fn` is passed a second argument; TypeError when it cannot take its calls."""
+        pass_second = _takes_two(fn)
+        first = "msg" if self.kind == "channel-message" else "event"
+        args = (first, "outcome" if observer else "ctx") if pass_second else (first,)
+        check_call(fn, args, f"{self.kind} hook {name!r}")
+        return pass_second
 
     def remove(self, name: str, *, scope: Scope | None = None, missing_ok: bool = False) -> int:
         """Remove the hook(s) named `name`: in every scope, or only in `scope`. Returns how many."""
@@ -686,11 +693,7 @@ class HookChain(Generic[E]):
                     )
                 except Exception as exc:
                     failure = HookFailure(
-                        reg.name,
-                        "exception",
-                        f"raised {type(exc).__name__}: {exc}",
-                        reg.on_error,
-                        exc,
+                        reg.name, "exception", f"raised {describe_error(exc)}", reg.on_error, exc
                     )
                 if failure is None:
                     code = self._codes.get(type(result))
@@ -701,7 +704,9 @@ class HookChain(Generic[E]):
                     if code == _MODIFY:
                         if reg.lock_free:
                             failure = self._unusable(
-                                reg, "a lock-free hook may not modify the event"
+                                reg,
+                                "returned Modify, but a hook with needs_thread_lock: false may "
+                                "not modify the message (it may run before earlier ones end)",
                             )
                         else:
                             new = self._modifiers[type(result)](result)
@@ -771,14 +776,20 @@ class HookChain(Generic[E]):
         action = (
             "blocking (fail-closed)" if failure.on_error == "fail-closed" else "skipped (fail-open)"
         )
-        self._log.warning(
-            "%s hook %r %s; %s",
-            self.kind,
-            failure.hook,
-            failure.detail,
-            action,
-            exc_info=failure.error if failure.kind == "exception" else None,
-        )
+        message = "%s hook %r %s; %s"
+        if failure.kind == "exception" and failure.error is not None:
+            log_failure(
+                self._log,
+                logging.WARNING,
+                message,
+                self.kind,
+                failure.hook,
+                failure.detail,
+                action,
+                exc=failure.error,
+            )
+        else:
+            self._log.warning(message, self.kind, failure.hook, failure.detail, action)
 
     # -- observers ----------------------------------------------------------------------------
 
@@ -822,12 +833,17 @@ class HookChain(Generic[E]):
             self._log_observer(reg, exc)
 
     def _log_observer(self, reg: Registration, exc: Exception) -> None:
-        self._log.warning(
+        if isinstance(exc, HookTimeoutError):
+            self._log.warning("%s observer %r %s", self.kind, reg.name, exc)
+            return
+        log_failure(
+            self._log,
+            logging.WARNING,
             "%s observer %r failed: %s",
             self.kind,
             reg.name,
-            exc,
-            exc_info=None if isinstance(exc, HookTimeoutError) else exc,
+            describe_error(exc),
+            exc=exc,
         )
 
     def running(self) -> set[asyncio.Task[None]]:

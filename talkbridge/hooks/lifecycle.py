@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.cancellation import drain_tasks
+from talkbridge.hooks.calls import describe_error, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
 from talkbridge.message import utcnow
 
@@ -243,7 +244,8 @@ class LifecycleWatchers:
         except HookTimeoutError as exc:
             log.warning("%s watcher %r %s", kind, name, exc)
         except Exception as exc:
-            log.warning("%s watcher %r failed: %s", kind, name, exc, exc_info=exc)
+            message = "%s watcher %r failed: %s"
+            log_failure(log, logging.WARNING, message, kind, name, describe_error(exc), exc=exc)
 
     def running(self) -> set[asyncio.Task[None]]:
         """The watchers' calls still under way."""

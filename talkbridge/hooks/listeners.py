@@ -18,6 +18,7 @@ from typing import Any, Final, Literal
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.errors import TurnAbortedError
+from talkbridge.hooks.calls import check_call, describe_error, failed_at, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, settle
 from talkbridge.message import Attachment
 
@@ -35,6 +36,17 @@ ListenerEvent = Literal[
 ]
 LISTENER_EVENTS: Final[tuple[str, ...]] = ListenerEvent.__args__  # type: ignore[attr-defined]
 ABORTING_EVENTS: Final = frozenset({"before_run", "before_tool_call"})
+ARGUMENTS: Final[dict[str, tuple[str, ...]]] = {
+    "before_run": ("ctx",),
+    "after_run": ("ctx", "result"),
+    "on_error": ("ctx", "phase", "error"),
+    "before_tool_call": ("ctx", "call"),
+    "after_tool_call": ("ctx", "call", "result"),
+    "on_file_upload": ("upload",),
+    "on_thread_create": ("thread",),
+    "on_memory_write": ("write",),
+}
+"""What each event's listener is called with."""
 REFUSED: Final = "the request was refused"
 Environment = Literal["production", "development"]
 
@@ -127,6 +139,8 @@ class RunListeners:
                     + ", ".join(LISTENER_EVENTS)
                 )
         for ev, fn in found.items():
+            check_call(fn, ARGUMENTS[ev], f"run listener {name!r} ({ev})")
+        for ev, fn in found.items():
             self._by_event[ev][name] = fn
         return list(found)
 
@@ -159,14 +173,20 @@ class RunListeners:
                 await settle(fn(*args), self._timeout)
             except Exception as exc:
                 if event in ABORTING_EVENTS:
-                    log.warning("run listener %r refused in %s: %s", name, event, exc, exc_info=exc)
+                    # Raising is how a listener refuses: a verdict, not a crash (no traceback).
+                    message = "run listener %r refused in %s: %s%s"
+                    where = failed_at(exc)
+                    log_failure(log, logging.WARNING, message, name, event, exc, where, exc=exc)
                     message = (
                         f"{REFUSED} by listener {name!r} ({event}): {exc}"
                         if (environment or self.environment) == "development"
                         else REFUSED
                     )
                     raise ListenerRefusedError(message, listener=name, event=event) from exc
-                log.warning("run listener %r failed in %s: %s", name, event, exc, exc_info=exc)
+                message = "run listener %r failed in %s: %s"
+                log_failure(
+                    log, logging.WARNING, message, name, event, describe_error(exc), exc=exc
+                )
 
     async def before_run(self, ctx: TurnContext, *, environment: Environment | None = None) -> None:
         """Raises `ListenerRefusedError`; `environment` overrides the registry's for this call."""

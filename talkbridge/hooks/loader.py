@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from talkbridge.config import format_errors, read_yaml
 from talkbridge.errors import ConfigError, HookLoadError
+from talkbridge.hooks.calls import check_call
 from talkbridge.hooks.channel_message import EDIT_EVENT, MESSAGE_EVENT, ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
 from talkbridge.hooks.registry import (
@@ -290,6 +291,10 @@ def _load_folder(
             f"hook folder {folder}: create_hook must be a plain function (not async); "
             "start async work in the hook itself"
         )
+    try:
+        check_call(create, ("deps",), "")
+    except TypeError as exc:
+        raise HookLoadError(f"hook folder {folder}: {exc}") from None
     name = spec.name or folder.name
     # Each hook logs under its own name (`talkbridge.hooks.<name>`), so a line says which.
     own = replace(deps, logger=logging.getLogger(f"talkbridge.hooks.{name}"))

@@ -21,6 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
 from talkbridge.cancellation import cancelling
+from talkbridge.hooks.calls import describe_error, log_failure
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
 
 log = logging.getLogger("talkbridge.hooks")
@@ -86,20 +87,21 @@ async def _layer(
         if isinstance(exc, asyncio.CancelledError) and cancelling():
             raise  # the turn is being cancelled; a stray one is the middleware's failure
         when = "after calling next()" if nxt.called else "before calling next()"
+        failed = "turn middleware %r failed %s: %s; %s"
         if on_error == "fail-closed":
-            log.error("turn middleware %r failed %s; ending the turn", name, when, exc_info=exc)
+            ending = "ending the turn"
+            log_failure(
+                log, logging.ERROR, failed, name, when, describe_error(exc), ending, exc=exc
+            )
             detail = f": {type(exc).__name__}: {exc}" if environment == "development" else ""
             await ctx.emit(
                 Error(message=f"turn middleware {name!r} failed{detail}", code="middleware_error")
             )
             return
-        if nxt.called:
-            log.warning(
-                "turn middleware %r failed %s; ignored (fail-open)", name, when, exc_info=exc
-            )
-            return
-        log.warning("turn middleware %r failed %s; skipped (fail-open)", name, when, exc_info=exc)
-        await inner(ctx)
+        action = "ignored (fail-open)" if nxt.called else "skipped (fail-open)"
+        log_failure(log, logging.WARNING, failed, name, when, describe_error(exc), action, exc=exc)
+        if not nxt.called:
+            await inner(ctx)
 
 
 def compose(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from talkbridge.cancellation import cancel_and_wait
+from talkbridge.hooks.calls import check_call
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
 from talkbridge.hooks.engine import HookFilter
@@ -72,6 +73,13 @@ _METHOD: Final[dict[str, str]] = {
     "chat": "on_chat",
     "reply": "on_reply",
     "durable": "on_event",
+}
+
+# kinds whose function is called with one argument (the others check their own calls)
+_ONE_ARGUMENT: Final[dict[str, str]] = {
+    "agent-turn-started": "event",
+    "agent-turn-finished": "event",
+    "durable": "event",
 }
 
 if TYPE_CHECKING:
@@ -128,10 +136,11 @@ def is_connection_hook(obj: Any) -> bool:
 
 def _callable_of(kind: str, obj: Any, name: str) -> Callable[..., Any]:
     method = getattr(obj, _METHOD[kind], None)
-    if callable(method):
-        return method  # type: ignore[no-any-return]
-    if callable(obj) and not isinstance(obj, type):
-        return obj  # type: ignore[no-any-return]
+    fn = method if callable(method) else obj
+    if callable(fn) and not isinstance(fn, type):
+        if kind in _ONE_ARGUMENT:
+            check_call(fn, (_ONE_ARGUMENT[kind],), f"{kind} hook {name!r}")
+        return fn  # type: ignore[no-any-return]
     raise TypeError(
         f"{kind} hook {name!r}: {type(obj).__name__} is not a function and has no "
         f"{_METHOD[kind]}() method"
@@ -195,6 +204,9 @@ class HookRegistry:
                 )
             if self.channel_message.chain.frozen:
                 raise RuntimeError(f"cannot add channel-message hook {name!r}: hooks are frozen")
+            what = f"channel-message hook {name!r}"
+            check_call(hook.register, (), what)
+            check_call(hook.register_connection, ("connection_id",), what)
             hook.register()
             self.connection_hooks[name] = hook
             return
@@ -215,6 +227,7 @@ class HookRegistry:
     def _add_turn_middleware(self, hook: Any, name: str, options: dict[str, Any]) -> None:
         handle = getattr(hook, "handle", None)
         if callable(handle):
+            check_call(handle, ("ctx", "next"), f"turn-middleware hook {name!r}")
             self.middleware.add(
                 ConfiguredMiddleware(
                     hook,
@@ -224,6 +237,7 @@ class HookRegistry:
                 )
             )
         elif inspect.iscoroutinefunction(hook):
+            check_call(hook, ("ctx", "next"), f"turn-middleware hook {name!r}")
             self.middleware.add(FunctionMiddleware(hook, name=name, **options))
         else:
             raise TypeError(

@@ -439,3 +439,67 @@ async def test_a_filter_takes_numeric_thread_ids_and_refuses_an_event_type_that_
     [loaded] = load_hooks([folder], deps(registry), registry)
     assert loaded.filter is not None and loaded.filter.thread_ids == {"-100123"}
     assert loaded.filter.event_types == {"message"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "error"),
+    [
+        (
+            "channel-message",
+            "def create_hook(deps):\n    async def on_message(msg, extra, more):\n"
+            "        return None\n    return on_message\n",
+            "channel-message hook 'it': on_message(msg, extra, more) ({file} line 2) cannot be "
+            "called as on_message(msg, ctx): missing a required argument: 'more'",
+        ),
+        (
+            "turn-middleware",
+            "def create_hook(deps):\n    async def mw(ctx):\n        pass\n    return mw\n",
+            "turn-middleware hook 'it': mw(ctx) ({file} line 2) cannot be called as "
+            "mw(ctx, next): too many positional arguments",
+        ),
+        (
+            "agent-turn-finished",
+            "class Watcher:\n    async def on_turn_finished(self):\n        pass\n\n"
+            "def create_hook(deps):\n    return Watcher()\n",
+            "agent-turn-finished hook 'it': on_turn_finished() ({file} line 2) cannot be called "
+            "as on_turn_finished(event): too many positional arguments",
+        ),
+        (
+            "run-listener",
+            "class Listener:\n    async def after_run(self, ctx):\n        pass\n\n"
+            "def create_hook(deps):\n    return Listener()\n",
+            "run listener 'it' (after_run): after_run(ctx) ({file} line 2) cannot be called as "
+            "after_run(ctx, result): too many positional arguments",
+        ),
+        (
+            "durable",
+            "def create_hook(deps):\n    async def on_event():\n        pass\n"
+            "    return on_event\n",
+            "durable hook 'it': on_event() ({file} line 2) cannot be called as on_event(event): "
+            "too many positional arguments",
+        ),
+    ],
+)
+def test_a_hook_that_cannot_take_the_arguments_it_is_called_with_is_refused_at_load(
+    tmp_path: Path, kind: str, code: str, error: str
+) -> None:
+    """Each loaded, then failed at every message (or turn, or event) with a TypeError."""
+    registry = HookRegistry()
+    folder = write_hook(tmp_path / kind / "it", code)
+    with pytest.raises(HookLoadError) as err:
+        load_hooks([folder], deps(registry), registry)
+    file = folder / "hook.py"
+    assert str(err.value) == f"hook folder {folder} ({kind}): " + error.format(file=file)
+    assert registry.names() == {}
+
+
+def test_a_create_hook_that_takes_no_deps_is_named_with_its_line(tmp_path: Path) -> None:
+    registry = HookRegistry()
+    code = "import os\n\ndef create_hook():\n    return lambda msg: None\n"
+    folder = write_hook(tmp_path / "channel-message" / "it", code)
+    with pytest.raises(HookLoadError) as err:
+        load_hooks([folder], deps(registry), registry)
+    assert str(err.value) == (
+        f"hook folder {folder}: create_hook() ({folder / 'hook.py'} line 3) cannot be called as "
+        "create_hook(deps): too many positional arguments"
+    )
