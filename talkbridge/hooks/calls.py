@@ -48,7 +48,7 @@ def failed_at(exc: BaseException) -> str:
     return f" (at {shown_path(chosen[-1].filename)} line {chosen[-1].lineno})"
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_hook_error(exc: BaseException) -> str:
     """`TypeName: message (at FILE line N)`, for a log line or a dead letter."""
     return f"{type(exc).__name__}: {exc}".rstrip(": ") + failed_at(exc)
 
@@ -56,7 +56,7 @@ def describe_error(exc: BaseException) -> str:
 def log_failure(
     logger: logging.Logger, level: int, message: str, *args: Any, exc: BaseException
 ) -> None:
-    """One line at `level` (`message` should say what failed and carry `describe_error`), and
+    """One line at `level` (`message` should say what failed and carry `describe_hook_error`), and
     the traceback at debug level, for `--log-level debug`."""
     logger.log(level, message, *args)
     if logger.isEnabledFor(logging.DEBUG):

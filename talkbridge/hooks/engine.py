@@ -31,7 +31,7 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from talkbridge.cancellation import cancelling, drain_tasks
-from talkbridge.hooks.calls import check_call, describe_error, log_failure
+from talkbridge.hooks.calls import check_call, describe_hook_error, log_failure
 
 E = TypeVar("E")
 
@@ -693,7 +693,11 @@ class HookChain(Generic[E]):
                     )
                 except Exception as exc:
                     failure = HookFailure(
-                        reg.name, "exception", f"raised {describe_error(exc)}", reg.on_error, exc
+                        reg.name,
+                        "exception",
+                        f"raised {describe_hook_error(exc)}",
+                        reg.on_error,
+                        exc,
                     )
                 if failure is None:
                     code = self._codes.get(type(result))
@@ -842,7 +846,7 @@ class HookChain(Generic[E]):
             "%s observer %r failed: %s",
             self.kind,
             reg.name,
-            describe_error(exc),
+            describe_hook_error(exc),
             exc=exc,
         )
 

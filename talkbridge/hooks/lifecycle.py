@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.cancellation import drain_tasks
-from talkbridge.hooks.calls import describe_error, log_failure
+from talkbridge.hooks.calls import describe_hook_error, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
 from talkbridge.message import utcnow
 
@@ -245,7 +245,9 @@ class LifecycleWatchers:
             log.warning("%s watcher %r %s", kind, name, exc)
         except Exception as exc:
             message = "%s watcher %r failed: %s"
-            log_failure(log, logging.WARNING, message, kind, name, describe_error(exc), exc=exc)
+            log_failure(
+                log, logging.WARNING, message, kind, name, describe_hook_error(exc), exc=exc
+            )
 
     def running(self) -> set[asyncio.Task[None]]:
         """The watchers' calls still under way."""

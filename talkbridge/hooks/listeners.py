@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.errors import TurnAbortedError
-from talkbridge.hooks.calls import check_call, describe_error, failed_at, log_failure
+from talkbridge.hooks.calls import check_call, describe_hook_error, failed_at, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, settle
 from talkbridge.message import Attachment
 
@@ -185,7 +185,7 @@ class RunListeners:
                     raise ListenerRefusedError(message, listener=name, event=event) from exc
                 message = "run listener %r failed in %s: %s"
                 log_failure(
-                    log, logging.WARNING, message, name, event, describe_error(exc), exc=exc
+                    log, logging.WARNING, message, name, event, describe_hook_error(exc), exc=exc
                 )
 
     async def before_run(self, ctx: TurnContext, *, environment: Environment | None = None) -> None:

@@ -21,7 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
 from talkbridge.cancellation import cancelling
-from talkbridge.hooks.calls import describe_error, log_failure
+from talkbridge.hooks.calls import describe_hook_error, log_failure
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
 
 log = logging.getLogger("talkbridge.hooks")
@@ -91,7 +91,7 @@ async def _layer(
         if on_error == "fail-closed":
             ending = "ending the turn"
             log_failure(
-                log, logging.ERROR, failed, name, when, describe_error(exc), ending, exc=exc
+                log, logging.ERROR, failed, name, when, describe_hook_error(exc), ending, exc=exc
             )
             detail = f": {type(exc).__name__}: {exc}" if environment == "development" else ""
             await ctx.emit(
@@ -99,7 +99,9 @@ async def _layer(
             )
             return
         action = "ignored (fail-open)" if nxt.called else "skipped (fail-open)"
-        log_failure(log, logging.WARNING, failed, name, when, describe_error(exc), action, exc=exc)
+        log_failure(
+            log, logging.WARNING, failed, name, when, describe_hook_error(exc), action, exc=exc
+        )
         if not nxt.called:
             await inner(ctx)
 
