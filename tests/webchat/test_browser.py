@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -16,65 +15,17 @@ from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig
 from talkbridge.errors import StoreError
 from talkbridge.message import OutboundMessage
-from tests.conftest import require
 from tests.webchat.conftest import (
-    CHROMIUM,
-    CHROMIUM_ARGS,
+    MS,
     TIMEOUT,
     TOKEN_A,
     TOKEN_B,
     Webchat,
-    require_chromium,
+    expect,
+    open_chat,
+    page_url,
+    say,
 )
-
-pw: Any
-try:
-    from playwright import async_api as pw
-except ImportError:  # pragma: no cover - the dev extra brings it
-    pw = None
-expect: Any = pw.expect if pw is not None else None
-MS = TIMEOUT * 1000
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    require(pw is not None, "playwright is not installed (pip install -e '.[dev]')")
-    require_chromium()
-    async with pw.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
-        )
-        try:
-            yield browser
-        finally:
-            await browser.close()
-
-
-@pytest.fixture
-async def context(browser: Any) -> AsyncIterator[Any]:
-    context = await browser.new_context(viewport={"width": 1100, "height": 800})
-    context.set_default_timeout(MS)
-    errors: list[Any] = []
-    context.on("page", lambda page: page.on("pageerror", lambda exc: errors.append(exc)))
-    yield context
-    await context.close()
-    assert errors == [], f"the page raised: {errors}"
-
-
-def page_url(webchat: Webchat, token: str = TOKEN_A) -> str:
-    return f"{webchat.http}/?token={quote(token)}"
-
-
-async def open_chat(context: Any, webchat: Webchat) -> Any:
-    page = await context.new_page()
-    await page.goto(page_url(webchat))
-    await expect(page.locator("#status")).to_have_attribute("data-state", "online", timeout=MS)
-    return page
-
-
-async def say(page: Any, text: str) -> None:
-    await page.get_by_role("textbox", name="Message").fill(text)
-    await page.get_by_role("textbox", name="Message").press("Enter")
 
 
 async def test_send_see_the_reply_stream_then_reload_keeps_history(

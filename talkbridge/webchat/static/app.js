@@ -14,6 +14,7 @@
 //   in the conversation shown, copy, or dismiss.
 
 import { renderMarkdown, renderPlain } from "./markdown.js";
+import { insertSeqs, lowerBound, placeChildren } from "./order.js";
 
 const KEY = {
   token: "talkbridge.token",
@@ -41,7 +42,8 @@ const ui = {
   title: $("chat-title"),
   status: $("status"),
   statusText: $("status-text"),
-  messages: $("messages"),
+  messages: $("messages"), // scrolls
+  log: $("log"), // holds the messages
   empty: $("empty"),
   typing: $("typing"),
   toast: $("toast"),
@@ -50,6 +52,7 @@ const ui = {
   fatal: $("fatal"),
   fatalTitle: $("fatal-title"),
   fatalText: $("fatal-text"),
+  newer: $("newer"),
   earlier: Object.assign(document.createElement("button"), {
     type: "button",
     className: "earlier",
@@ -166,14 +169,14 @@ function dropFromOutbox(unwanted) {
 window.addEventListener("storage", (event) => {
   if (event.key === KEY.unsent) {
     state.failed = loadUnsent();
-    renderThread({ keep: true });
+    renderThread();
     return;
   }
   if (event.key !== KEY.outbox) return;
   const mine = new Set(state.outbox.map((m) => m.client_id));
   state.outbox = loadOutbox();
   for (const item of state.outbox) if (!mine.has(item.client_id)) transmit(item);
-  renderThread({ keep: true });
+  renderThread();
 });
 
 // Which tab sends a message: the one it was typed in (`tab`), while that tab lives, so a message
@@ -204,7 +207,7 @@ function adoptFrom(tab) {
   writeOutbox(stored.map((m) => (left.has(m.client_id) ? { ...m, tab: TAB } : m)));
   state.outbox = loadOutbox();
   for (const item of state.outbox) if (left.has(item.client_id)) transmit(item);
-  renderThread({ keep: true });
+  renderThread();
 }
 
 function randomId() {
@@ -218,8 +221,9 @@ function thread(threadId) {
   if (!t) {
     t = {
       messages: new Map(), // seq -> message frame
+      order: [], // the seqs of `messages`, ascending
       nodes: new Map(), // seq -> element
-      streams: new Map(), // stream_id -> { text, node }
+      streams: new Map(), // stream_id -> { text, node, shown }
       loaded: false,
       floor: 0,
       earlier: false, // the server holds older messages than the first one shown
@@ -474,16 +478,15 @@ function onAck(frame) {
   const item = state.outbox.find((m) => m.client_id === frame.client_id);
   if (!item) return;
   dropFromOutbox((m) => m.client_id === item.client_id);
-  const t = thread(frame.thread_id);
-  if (!t.messages.has(frame.seq)) {
-    // Acknowledged without its message frame (a resend of one this page never saw stored):
-    // show it from the outbox until history brings the stored one.
-    t.messages.set(frame.seq, {
+  // Acknowledged without its message frame (a resend of one this page never saw stored):
+  // show it from the outbox until history brings the stored one.
+  const fresh = addMessages(frame.thread_id, [
+    {
       type: "message", thread_id: frame.thread_id, seq: frame.seq, id: frame.id, role: "user",
       text: item.text, client_id: item.client_id, ts: new Date().toISOString(),
-    });
-  }
-  if (frame.thread_id === state.active) renderThread();
+    },
+  ]);
+  if (frame.thread_id === state.active) renderThread({ fresh });
 }
 
 function onMessage(frame) {
@@ -497,10 +500,11 @@ function onMessage(frame) {
     changed = true;
   }
   if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
-  const fresh = !t.messages.has(frame.seq);
-  if (fresh) t.messages.set(frame.seq, frame);
+  const fresh = addMessages(frame.thread_id, [frame]);
   if (frame.thread_id === state.active) {
-    if (fresh || changed) renderThread({ follow: frame.role === "user" });
+    // Not followed even when it is the user's own, typed in another tab or on another device:
+    // a reader scrolled up stays where they are (this tab's own messages follow in `queue`).
+    if (fresh || changed) renderThread({ fresh });
   } else if (fresh && frame.role !== "user") {
     t.unread += 1;
     renderConversations();
@@ -514,7 +518,7 @@ function onDelta(frame) {
     // A thread runs one turn at a time: another stream still shown was cut off (a node
     // stopped mid-reply, and the turn runs again under a new stream).
     t.streams.clear();
-    stream = { text: "", node: null };
+    stream = { text: "", node: null, shown: null };
     t.streams.set(frame.stream_id, stream);
   }
   // `from_start`: the reply so far, for a page that joined mid-stream (it replaces, not adds).
@@ -556,10 +560,10 @@ function onHistory(frame) {
     t.earlier = Boolean(frame.earlier);
     t.loadingEarlier = false;
   }
+  const first = !t.loaded;
   t.loaded = true;
   const stored = new Set();
   for (const m of messages) {
-    if (!t.messages.has(m.seq)) t.messages.set(m.seq, m);
     if (m.stream_id) t.streams.delete(m.stream_id);
     if (m.client_id) stored.add(m.client_id);
   }
@@ -567,20 +571,30 @@ function onHistory(frame) {
   if (frame.more && messages.length) {
     askHistory({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
   }
-  if (frame.thread_id === state.active) renderThread(back ? { keep: true } : { follow: true });
+  const box = ui.messages;
+  const fromBottom = box.scrollHeight - box.scrollTop;
+  const fresh = addMessages(frame.thread_id, messages);
+  if (frame.thread_id !== state.active) return;
+  if (back) {
+    renderThread();
+    box.scrollTop = box.scrollHeight - fromBottom; // older ones went in above: stay put
+  } else {
+    // A first load opens at the newest; a resume after a reconnect leaves the reader be.
+    renderThread({ follow: first, fresh });
+  }
 }
 
 function loadEarlier() {
   const t = thread(state.active);
-  const first = Math.min(...t.messages.keys());
-  if (t.loadingEarlier || !Number.isFinite(first)) return;
+  const first = t.order[0];
+  if (t.loadingEarlier || first === undefined) return;
   t.loadingEarlier = askHistory({
     type: "history",
     thread_id: state.active,
     before_seq: first,
     limit: state.limits.history_limit || 200,
   });
-  renderThread({ keep: true });
+  renderThread();
 }
 
 function onConversation(frame) {
@@ -724,7 +738,7 @@ function switchTo(threadId) {
   const conv = state.conversations.find((c) => c.thread_id === threadId);
   ui.title.textContent = conv ? titleOf(conv) : "Conversation";
   renderConversations();
-  renderThread({ follow: true });
+  renderThread(); // another thread opens at its newest; the one shown (a reconnect) stays put
   if (!t.loaded && state.ready) askHistory({ type: "history", thread_id: threadId, after_seq: 0 });
 }
 
@@ -738,41 +752,56 @@ function newest() {
   return [...state.conversations].sort((a, b) => b.created_at.localeCompare(a.created_at))[0];
 }
 
+// Each conversation keeps its list item while the list changes around it (a title, an unread
+// count, a new one on top): a keyboard user's focus on one stays when a message comes elsewhere.
+const listItems = new Map(); // thread_id -> { li, button, name, when, dot }
+
 function renderConversations() {
   const items = [...state.conversations].sort((a, b) => b.created_at.localeCompare(a.created_at));
-  ui.list.replaceChildren(
-    ...items.map((conv) => {
-      const li = document.createElement("li");
-      const button = document.createElement("button");
-      button.type = "button";
-      button.className = "conversation";
-      const active = conv.thread_id === state.active;
-      if (active) button.setAttribute("aria-current", "true");
-      const name = document.createElement("span");
-      name.className = "conversation-title";
-      name.dir = "auto";
-      name.textContent = titleOf(conv);
-      const when = document.createElement("span");
-      when.className = "conversation-date";
-      when.textContent = formatDate(conv.created_at);
-      button.append(name, when);
-      const unread = state.threads.get(conv.thread_id)?.unread ?? 0;
-      if (unread && !active) {
-        const dot = document.createElement("span");
-        dot.className = "unread";
-        dot.textContent = String(unread);
-        dot.setAttribute("aria-label", `${unread} new`);
-        button.append(dot);
-      }
-      button.addEventListener("click", () => {
-        switchTo(conv.thread_id);
-        closeSidebar();
-        ui.input.focus();
-      });
-      li.append(button);
-      return li;
-    }),
+  const shown = new Set(items.map((conv) => conv.thread_id));
+  for (const threadId of listItems.keys()) if (!shown.has(threadId)) listItems.delete(threadId);
+  placeChildren(
+    ui.list,
+    items.map((conv) => conversationItem(conv)),
   );
+}
+
+function conversationItem(conv) {
+  let item = listItems.get(conv.thread_id);
+  if (!item) {
+    const li = document.createElement("li");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "conversation";
+    const name = document.createElement("span");
+    name.className = "conversation-title";
+    name.dir = "auto";
+    const when = document.createElement("span");
+    when.className = "conversation-date";
+    const dot = document.createElement("span");
+    dot.className = "unread";
+    button.append(name, when);
+    button.addEventListener("click", () => {
+      switchTo(conv.thread_id);
+      closeSidebar();
+      ui.input.focus();
+    });
+    li.append(button);
+    item = { li, button, name, when, dot };
+    listItems.set(conv.thread_id, item);
+  }
+  const active = conv.thread_id === state.active;
+  if (active) item.button.setAttribute("aria-current", "true");
+  else item.button.removeAttribute("aria-current");
+  item.name.textContent = titleOf(conv);
+  item.when.textContent = formatDate(conv.created_at);
+  const unread = state.threads.get(conv.thread_id)?.unread ?? 0;
+  if (unread && !active) {
+    item.dot.textContent = String(unread);
+    item.dot.setAttribute("aria-label", `${unread} new`);
+    item.button.append(item.dot);
+  } else item.dot.remove();
+  return item.li;
 }
 
 function messageNode(role, content, meta, extraClass = "") {
@@ -811,7 +840,7 @@ function unsentNode(item) {
     button("Copy", () => copyText(item)),
     button("Dismiss", () => {
       forgetUnsent(item.client_id);
-      renderThread({ keep: true });
+      renderThread();
     }),
   );
   node.append(actions);
@@ -822,53 +851,159 @@ function render(role, text, markup) {
   return role === "user" || markup === "plain" ? renderPlain(text) : renderMarkdown(text);
 }
 
-function renderThread({ follow = false, keep = false } = {}) {
+// The thread shown is patched, never rebuilt while it is shown: a frame adds or changes its own
+// node, so an earlier message keeps its node (a selection in it, focus, the reader's place) and a
+// streamed piece costs the same in a thread of 2,000 messages as in one of two. `#messages`
+// holds: the "earlier" button, the stored messages by seq, `tailStart`, then what has no seq yet
+// (replies streaming, messages waiting to be sent, messages not sent) or the empty note.
+// A reader at the bottom is kept there whenever the log's height changes (a reply growing, the
+// window or the phone's keyboard resizing it).
+const NEAR_BOTTOM_PX = 120;
+const EARLIER_WITHIN_PX = 200; // scrolled this near the top: the page before is asked for
+const tailStart = document.createComment(" not stored yet ");
+const view = {
+  threadId: null,
+  t: null, // the thread whose nodes #messages holds
+  pinned: true, // the reader is at the bottom: new messages keep them there
+  pending: new Map(), // client_id -> node of a message waiting to be sent
+  unsent: new Map(), // client_id -> node of a message not sent
+};
+
+function messageNodeOf(t, seq) {
+  let node = t.nodes.get(seq);
+  if (!node) {
+    const m = t.messages.get(seq);
+    node = messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
+    node.dataset.seq = String(seq);
+    t.nodes.set(seq, node);
+  }
+  return node;
+}
+
+/** Keep the frames of `threadId` this page has not seen yet (by seq) and, when that thread is
+ * shown, put each one's node in its place; returns how many were new. */
+function addMessages(threadId, frames) {
+  const t = thread(threadId);
+  const fresh = [];
+  for (const m of frames) {
+    if (t.messages.has(m.seq)) continue;
+    t.messages.set(m.seq, m);
+    fresh.push(m.seq);
+  }
+  insertSeqs(t.order, fresh);
+  if (t === view.t) {
+    // From the newest down, so the node each one goes before is in place already.
+    fresh.sort((a, b) => b - a);
+    for (const seq of fresh) {
+      const next = t.order[lowerBound(t.order, seq) + 1];
+      ui.log.insertBefore(messageNodeOf(t, seq), next === undefined ? tailStart : t.nodes.get(next));
+    }
+  }
+  return fresh.length;
+}
+
+/** Show the active thread: built once when it is opened, then patched. `follow`: scroll to the
+ * bottom (this page's own message); else a reader scrolled up stays where they are, and told
+ * when `fresh` messages came below them. */
+function renderThread({ follow = false, fresh = 0 } = {}) {
+  if (view.threadId !== state.active || view.t !== (state.threads.get(state.active) ?? null)) {
+    buildView();
+    follow = true;
+  }
+  if (!view.t) return;
+  renderEarlier(view.t);
+  renderTail(view.t);
   const box = ui.messages;
-  const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 120;
-  const fromBottom = box.scrollHeight - box.scrollTop;
-  if (!state.active) {
-    box.replaceChildren(ui.empty);
+  if (follow || view.pinned) {
+    box.scrollTop = box.scrollHeight;
+    view.pinned = true;
+    ui.newer.hidden = true;
+  } else if (fresh) ui.newer.hidden = false;
+}
+
+function buildView() {
+  view.threadId = state.active;
+  view.t = state.active ? thread(state.active) : null;
+  view.pinned = true;
+  ui.newer.hidden = true;
+  if (!view.t) {
+    ui.log.replaceChildren(ui.empty);
     return;
   }
-  const t = thread(state.active);
+  const nodes = document.createDocumentFragment();
+  for (const seq of view.t.order) nodes.append(messageNodeOf(view.t, seq));
+  nodes.append(tailStart);
+  ui.log.replaceChildren(nodes);
+}
+
+function renderEarlier(t) {
+  if (!(t.earlier && t.order.length)) {
+    ui.earlier.remove();
+    return;
+  }
+  ui.earlier.disabled = t.loadingEarlier;
+  ui.earlier.textContent = t.loadingEarlier ? "Loading earlier messages…" : "Show earlier messages";
+  if (ui.log.firstChild !== ui.earlier) ui.log.prepend(ui.earlier);
+}
+
+function renderTail(t) {
   const nodes = [];
-  if (t.earlier && t.messages.size) {
-    ui.earlier.disabled = t.loadingEarlier;
-    ui.earlier.textContent = t.loadingEarlier ? "Loading earlier messages…" : "Show earlier messages";
-    nodes.push(ui.earlier);
-  }
-  for (const seq of [...t.messages.keys()].sort((a, b) => a - b)) {
-    let node = t.nodes.get(seq);
-    if (!node) {
-      const m = t.messages.get(seq);
-      node = messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
-      node.dataset.seq = String(seq);
-      t.nodes.set(seq, node);
-    }
-    nodes.push(node);
-  }
-  for (const [streamId, stream] of t.streams) {
-    const node = messageNode("assistant", renderMarkdown(stream.text), "", "streaming");
-    node.dataset.stream = streamId;
-    // Announced once, as the final message; not piece by piece while it streams.
-    node.setAttribute("aria-hidden", "true");
-    nodes.push(node);
-  }
+  for (const [streamId, stream] of t.streams) nodes.push(streamNode(streamId, stream));
+  const pending = new Map();
+  const label = state.ready ? "Sending…" : "Waiting for the connection…";
   for (const item of state.outbox) {
     if (item.thread_id !== state.active) continue;
-    const label = state.ready ? "Sending…" : "Waiting for the connection…";
-    const node = messageNode("user", renderPlain(item.text), label, "pending");
-    node.dataset.client = item.client_id;
+    let node = view.pending.get(item.client_id);
+    if (!node) {
+      node = messageNode("user", renderPlain(item.text), label, "pending");
+      node.dataset.client = item.client_id;
+    }
+    const meta = node.querySelector(".meta");
+    if (meta.textContent !== label) meta.textContent = label;
+    pending.set(item.client_id, node);
     nodes.push(node);
   }
+  view.pending = pending;
+  const unsent = new Map();
   for (const item of state.failed) {
     if (item.thread_id && item.thread_id !== state.active) continue;
-    nodes.push(unsentNode(item));
+    const node = view.unsent.get(item.client_id) ?? unsentNode(item);
+    unsent.set(item.client_id, node);
+    nodes.push(node);
   }
-  if (!nodes.length) nodes.push(ui.empty);
-  box.replaceChildren(...nodes);
-  if (keep) box.scrollTop = box.scrollHeight - fromBottom; // older ones went in above: stay put
-  else if (follow || nearBottom) box.scrollTop = box.scrollHeight;
+  view.unsent = unsent;
+  if (!nodes.length && !t.order.length) nodes.push(ui.empty);
+  placeChildren(ui.log, nodes, tailStart);
+}
+
+/** A reply streaming: its node is made once, and only its bubble is drawn again per piece. */
+function streamNode(streamId, stream) {
+  if (!stream.node) {
+    stream.node = messageNode("assistant", renderMarkdown(stream.text), "", "streaming");
+    stream.node.dataset.stream = streamId;
+    // Announced once, as the final message; not piece by piece while it streams.
+    stream.node.setAttribute("aria-hidden", "true");
+  } else if (stream.shown !== stream.text) {
+    stream.node.querySelector(".bubble").replaceChildren(renderMarkdown(stream.text));
+  }
+  stream.shown = stream.text;
+  return stream.node;
+}
+
+function scrollToNewest() {
+  ui.messages.scrollTo({ top: ui.messages.scrollHeight });
+  view.pinned = true;
+  ui.newer.hidden = true;
+}
+
+function onScroll() {
+  const box = ui.messages;
+  view.pinned = box.scrollHeight - box.scrollTop - box.clientHeight < NEAR_BOTTOM_PX;
+  if (view.pinned) ui.newer.hidden = true;
+  // Scrolled (by the reader: a thread too short to scroll never gets here) up near the top.
+  const t = view.t;
+  const near = box.scrollTop < EARLIER_WITHIN_PX && box.scrollHeight > box.clientHeight;
+  if (t && t.earlier && !t.loadingEarlier && near) loadEarlier();
 }
 
 function renderComposerState() {
@@ -898,20 +1033,21 @@ function showFatal(title, text) {
   setStatus("offline", "Not connected");
 }
 
+// One formatter each, made once: `toLocaleTimeString` builds one per call (about 0.1 ms), which
+// took seconds for a long thread's history and again for a long conversation list per frame.
+const TIME = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+const DAY = new Intl.DateTimeFormat([], { month: "short", day: "numeric" });
+
 function formatTime(iso) {
   const date = iso ? new Date(iso) : null;
-  return date && !Number.isNaN(date.getTime())
-    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
-    : "";
+  return date && !Number.isNaN(date.getTime()) ? TIME.format(date) : "";
 }
 
 function formatDate(iso) {
   const date = new Date(iso);
   if (Number.isNaN(date.getTime())) return "";
   const today = new Date();
-  return date.toDateString() === today.toDateString()
-    ? date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
-    : date.toLocaleDateString([], { month: "short", day: "numeric" });
+  return date.toDateString() === today.toDateString() ? TIME.format(date) : DAY.format(date);
 }
 
 function autosize() {
@@ -953,6 +1089,13 @@ ui.input.addEventListener("keydown", (event) => {
 ui.input.addEventListener("input", autosize);
 ui.newConversation.addEventListener("click", startConversation);
 ui.earlier.addEventListener("click", loadEarlier);
+ui.messages.addEventListener("scroll", onScroll, { passive: true });
+const keepPinned = new ResizeObserver(() => {
+  if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
+});
+keepPinned.observe(ui.log);
+keepPinned.observe(ui.messages);
+ui.newer.addEventListener("click", scrollToNewest);
 ui.openSidebar.addEventListener("click", openSidebar);
 ui.closeSidebar.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
 ui.scrim.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
