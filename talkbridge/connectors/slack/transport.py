@@ -451,6 +451,9 @@ class SlackConnector(BaseConnector):
             )
         if uploads:
             steps.append(self._upload_step(channel, thread_ts, uploads))
+        if blocks and not chunks:  # files alone: the buttons follow them in a message of their own
+            fallback = " / ".join(label for label, _ in message.buttons)  # for notifications
+            steps.append(self._post_step(channel, thread_ts, fallback, blocks, message.buttons))
         if not steps:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         sent = await self._partial.send(message, len(steps), lambda index: steps[index]())

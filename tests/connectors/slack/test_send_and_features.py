@@ -393,3 +393,18 @@ async def test_an_edit_replaces_the_buttons_or_takes_them_off(
     with pytest.raises(PermanentError, match="label, value"):
         await connector.edit(DM, plain.message_id, "x", buttons=None)
     await connector.close()
+
+
+async def test_buttons_on_a_message_of_files_alone_are_posted_after_the_files(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    report = Attachment(kind="document", name="r.txt", data=b"numbers")
+    result = await connector.send(
+        OutboundMessage(thread_id=DM, attachments=(report,), buttons=(("Approve", "approve"),))
+    )
+    [file] = [f for f in peer.files.values() if f["shared"]]
+    [post] = peer.messages[DM]
+    assert buttons_of(post) == [("Approve", "approve")] and post["text"] == "Approve"
+    assert result.message_ids == (f"file:{file['id']}", f"{DM}:{post['ts']}")
+    await connector.close()
