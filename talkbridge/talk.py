@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, Protocol, overload, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeAlias, overload, runtime_checkable
 
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
 
@@ -102,9 +103,28 @@ class Interactions(Protocol):
         ...
 
 
+class Keep(enum.Enum):
+    """The type of `KEEP`."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
+"""`Edit.edit(..., buttons=KEEP)`, the default: the message keeps the buttons it has."""
+
+EditButtons: TypeAlias = Sequence[tuple[str, str]] | Literal[Keep.KEEP]
+"""What `Edit.edit` does with a message's buttons: keeps them (`KEEP`) or puts these on."""
+
+
 @runtime_checkable
 class Edit(Protocol):
-    async def edit(self, thread_id: str, message_id: str, text: str) -> None: ...
+    async def edit(
+        self, thread_id: str, message_id: str, text: str, *, buttons: EditButtons = KEEP
+    ) -> None:
+        """Replace a sent message's text. Its buttons stay unless `buttons` replaces them with
+        other `(label, value)` pairs, or `()` takes them off (an answered question's, say);
+        only a connection with the `interactions` feature takes buttons."""
+        ...
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from talkbridge.agents import Result, TextDelta, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.hooks import Decision, Drop, HookDeps, HookRegistry
 from talkbridge.router import TalkRouter
-from talkbridge.talk import Edit, History, Interactions
+from talkbridge.talk import KEEP, Edit, History, Interactions
 
 
 class SupportAgent:
@@ -59,6 +59,9 @@ async def app(bridge: Bridge, router: TalkRouter, deps: HookDeps) -> None:
     editor = router.feature("tg", "edit")
     if editor is not None:
         await editor.edit("1", sent.message_id, "edited")
+        await editor.edit("1", sent.message_id, "approved", buttons=())
+        await editor.edit("1", sent.message_id, "again", buttons=[("Undo", "undo")])
+        await editor.edit("1", sent.message_id, "kept", buttons=KEEP)
     Bridge(hooks=hooks, agents={"support": SupportAgent()})
 """
 

@@ -801,7 +801,10 @@ class DiscordPeer(Waitable):
         message = self._find(p)
         if message is None:
             return 404, {"message": "Unknown Message", "code": 10008}
+        # Like Discord: a field the edit leaves out (`components` too) stays as it was.
         message.update(content=b.get("content", message["content"]), edited_timestamp=iso_now())
+        if "components" in b:
+            message["components"] = b["components"] or []
         return 200, message
 
     def _r_DELETE_channels_channel_id_messages_message_id(

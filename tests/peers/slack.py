@@ -10,7 +10,8 @@ What it does like Slack:
   JSON bodies; `{"ok": true, …}` or `{"ok": false, "error": …}` (HTTP 200, like Slack); 429 with
   `Retry-After`; `invalid_auth` for unknown tokens and `token_revoked` after `revoke()`;
 - messages kept per channel with unique `ts`, threads by `thread_ts`: chat.postMessage/update/
-  delete, reactions.add, conversations.history/replies/info, users.info, auth.test, the files
+  delete (an update with `text` and no `blocks` takes the blocks off, as Slack documents),
+  reactions.add, conversations.history/replies/info, users.info, auth.test, the files
   upload flow (getUploadURLExternal -> POST bytes -> completeUploadExternal), files.info and an
   authenticated download, assistant.threads.setStatus; a block's text over 3,000 characters is
   `invalid_blocks`; each posted message records the `@here`/`@channel`/`@everyone` it would
@@ -617,10 +618,24 @@ class SlackPeer(Waitable):
         return next((m for m in self.messages.get(channel, []) if m["ts"] == ts), None)
 
     async def _m_chat_update(self, token: str, params: dict[str, Any]) -> Any:
+        """Like Slack (docs.slack.dev, chat.update): given `blocks` replace the message's (`[]`
+        removes them); without `blocks`, a given `text` removes them too and is what the message
+        shows; with neither, nothing changes."""
         message = self._find(str(params.get("channel")), str(params.get("ts")))
         if message is None:
             return "message_not_found"
-        message["text"] = params.get("text") or ""
+        if "text" not in params and "blocks" not in params:
+            return "no_text"
+        blocks = params.get("blocks") if "blocks" in params else None
+        if any(len(str(t.get("text") or "")) > 3000 for t in _section_texts(blocks)):
+            return "invalid_blocks"
+        if "text" in params:
+            message["text"] = params.get("text") or ""
+        if blocks or "text" in params:
+            message.pop("blocks", None)
+        if blocks:
+            message["blocks"] = blocks
+        message["pings"] = pings(message["text"], message.get("blocks") or [])
         message["edited"] = {"user": self.workspace(token).bot_user_id, "ts": self.new_ts()}
         return {"channel": params["channel"], "ts": params["ts"], "text": message["text"]}
 
@@ -765,6 +780,28 @@ class SlackPeer(Waitable):
     async def _m_assistant_threads_setStatus(self, token: str, params: dict[str, Any]) -> Any:
         self.statuses.append(dict(params))
         return {}
+
+
+# ---- what Slack shows of a message -------------------------------------------------------------
+
+
+def shown(message: dict[str, Any]) -> str:
+    """The text a person sees: a message with blocks shows them (its `text` is then only the
+    notification's fallback), else its `text`."""
+    if not message.get("blocks"):
+        return str(message.get("text") or "")
+    return "\n".join(str(t.get("text") or "") for t in _section_texts(message["blocks"]))
+
+
+def buttons_of(message: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (label, value) of the buttons in the message's `actions` blocks."""
+    return [
+        (element["text"]["text"], element["value"])
+        for block in message.get("blocks") or []
+        if block.get("type") == "actions"
+        for element in block.get("elements") or []
+        if element.get("type") == "button"
+    ]
 
 
 # ---- what Slack checks in a posted message -----------------------------------------------------

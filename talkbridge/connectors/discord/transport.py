@@ -50,6 +50,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
+from talkbridge.connectors.buttons import replacement
 from talkbridge.connectors.discord import endpoints, logs
 from talkbridge.connectors.discord.answers import Answers
 from talkbridge.connectors.discord.codec import (
@@ -73,7 +74,7 @@ from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.errors import ConnectorError, PermanentError, TransientError
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
-from talkbridge.talk import DirectoryEntry
+from talkbridge.talk import KEEP, DirectoryEntry, EditButtons
 
 HANDLED_EVENTS = frozenset(
     {
@@ -782,9 +783,15 @@ class DiscordConnector(BaseConnector):
         with translated(self._token, scope="thread"):
             await client.http.send_typing(_channel(thread_id))
 
-    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+    async def edit(
+        self, thread_id: str, message_id: str, text: str, *, buttons: EditButtons = KEEP
+    ) -> None:
+        """Discord keeps a message's buttons (`components`) unless the edit names others."""
         client = self._require_client()
         channel_id, mid = _message(message_id)
+        given = replacement(buttons)
+        if given:
+            permanent(check_buttons, given)
         chunks = render_chunks(text, "markdown") or [text[:DISCORD_TEXT_LIMIT]]
         content = chunks[0]
         if len(chunks) > 1:
@@ -793,8 +800,17 @@ class DiscordConnector(BaseConnector):
             # (slicing the chunk cut its closing fence, and the rest showed as raw Markdown).
             content = render_chunks(text, "markdown", DISCORD_TEXT_LIMIT - len(_CUT))[0] + _CUT
         partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
-        with translated(self._token, scope="thread"):
-            await partial.edit(content=content, allowed_mentions=discord.AllowedMentions.none())
+        kwargs: dict[str, Any] = {}
+        if given is not None:
+            kwargs["view"] = _view(given) if given else None  # None: `components: []`
+        try:
+            with translated(self._token, scope="thread"):
+                await partial.edit(
+                    content=content, allowed_mentions=discord.AllowedMentions.none(), **kwargs
+                )
+        finally:
+            if kwargs.get("view") is not None:
+                kwargs["view"].stop()  # clicks arrive as messages; no callback is kept around
 
     async def delete(self, thread_id: str, message_id: str) -> None:
         client = self._require_client()

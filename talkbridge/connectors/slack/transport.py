@@ -27,6 +27,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, readable
+from talkbridge.connectors.buttons import KeptButtons
 from talkbridge.connectors.inbound_http import READ_TIMEOUT
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
@@ -59,7 +60,7 @@ from talkbridge.errors import (
     TransientError,
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
-from talkbridge.talk import DirectoryEntry
+from talkbridge.talk import KEEP, DirectoryEntry, EditButtons
 
 _RECENT_EVENTS = 4096
 NAME_WAIT = 1.0
@@ -126,6 +127,8 @@ class SlackConnector(BaseConnector):
         self._threads: OrderedDict[str, None] = OrderedDict()
         """Channel threads the bot is in (`require_mention`), as far as seen lately."""
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
+        self._buttons = KeptButtons(context, f"slack:{config.id}:buttons:", self._log)
+        """The buttons each message carries: an edit must send them again (see `edit`)."""
         self._status_allowed = True
         self._delete_handlers: list[DeleteHandler] = []
         self.socket: SocketSession | None = None
@@ -441,16 +444,28 @@ class SlackConnector(BaseConnector):
         steps: list[Callable[[], Awaitable[list[str]]]] = []
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1
-            steps.append(self._post_step(channel, thread_ts, chunk, blocks if last else None))
+            steps.append(
+                self._post_step(
+                    channel, thread_ts, chunk, blocks if last else None, message.buttons
+                )
+            )
         if uploads:
             steps.append(self._upload_step(channel, thread_ts, uploads))
+        if blocks and not chunks:  # files alone: the buttons follow them in a message of their own
+            fallback = " / ".join(label for label, _ in message.buttons)  # for notifications
+            steps.append(self._post_step(channel, thread_ts, fallback, blocks, message.buttons))
         if not steps:
             raise PermanentError("nothing to send: the message rendered to no visible text")
         sent = await self._partial.send(message, len(steps), lambda index: steps[index]())
         return SendResult(message_ids=tuple(sent))
 
     def _post_step(
-        self, channel: str, thread_ts: str | None, text: str, blocks: list[dict[str, Any]] | None
+        self,
+        channel: str,
+        thread_ts: str | None,
+        text: str,
+        blocks: list[dict[str, Any]] | None,
+        buttons: Sequence[tuple[str, str]],
     ) -> Callable[[], Awaitable[list[str]]]:
         async def post() -> list[str]:
             params: dict[str, Any] = {"channel": channel, "text": text, "unfurl_links": False}
@@ -459,7 +474,10 @@ class SlackConnector(BaseConnector):
             if blocks:
                 params["blocks"] = blocks
             result = await self.call("chat.postMessage", **params)
-            return [native_id(str(result.get("channel") or channel), str(result.get("ts")))]
+            sent = native_id(str(result.get("channel") or channel), str(result.get("ts")))
+            if blocks:
+                await self._buttons.keep(sent, buttons)
+            return [sent]
 
         return post
 
@@ -589,14 +607,28 @@ class SlackConnector(BaseConnector):
                 self._status_allowed = False  # not an assistant app: stop asking
             raise
 
-    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+    async def edit(
+        self, thread_id: str, message_id: str, text: str, *, buttons: EditButtons = KEEP
+    ) -> None:
+        """A message with buttons shows its blocks, and `chat.update` with `text` alone takes
+        them off: the new text goes in new blocks, with the buttons the message keeps."""
         channel, ts = _message(message_id)
         rendered = render(text, "markdown")
-        if len(rendered) > SLACK_TEXT_LIMIT:
+        shown = await self._buttons.for_edit(message_id, buttons)
+        limit = SECTION_TEXT_LIMIT if shown else SLACK_TEXT_LIMIT
+        if len(rendered) > limit:
             raise PermanentError(
-                f"edited text is longer than {SLACK_TEXT_LIMIT} characters after rendering"
+                f"edited text is longer than {limit} characters after rendering"
+                + (" (the most a text above buttons holds)" if shown else "")
             )
-        await self.call("chat.update", channel=channel, ts=ts, text=rendered)
+        params: dict[str, Any] = {"channel": channel, "ts": ts, "text": rendered}
+        if shown:
+            params["blocks"] = permanent(button_blocks, rendered, shown)
+        elif buttons is not KEEP:
+            params["blocks"] = []  # off with the old ones, whatever Slack's default
+        await self.call("chat.update", **params)
+        if buttons is not KEEP:
+            await self._buttons.keep(message_id, shown)
 
     async def delete(self, thread_id: str, message_id: str) -> None:
         channel, ts = _message(message_id)

@@ -45,6 +45,7 @@ from aiohttp import web
 from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, readable
+from talkbridge.connectors.buttons import KeptButtons
 from talkbridge.connectors.inbound_http import READ_TIMEOUT, app_runner, read_body, too_slow
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.telegram.albums import Albums
@@ -79,10 +80,10 @@ from talkbridge.errors import (
     NotFoundError,
     PermanentError,
     RateLimitedError,
-    StoreError,
     TransientError,
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.talk import KEEP, EditButtons
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 _NO_PREVIEW = LinkPreviewOptions(is_disabled=True)
@@ -125,8 +126,8 @@ class TelegramConnector(BaseConnector):
         self._migrations = Migrations(context.store, config.id)
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._offset_key = f"telegram:{config.id}:offset"
-        self._buttons_key = f"telegram:{config.id}:buttons:"
-        """+ a message id: the buttons it was sent with, which an edit must send again."""
+        self._buttons = KeptButtons(context, f"telegram:{config.id}:buttons:", self._log)
+        """The buttons each message carries, which an edit must send again."""
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
         self.read_timeout = READ_TIMEOUT
@@ -472,7 +473,7 @@ class TelegramConnector(BaseConnector):
             if isinstance(result, Message):
                 sent_id = native_id(result.chat.id, result.message_id)
                 if getattr(steps[index], "reply_markup", None) is not None:
-                    await self._keep_buttons(sent_id, message.buttons)
+                    await self._buttons.keep(sent_id, message.buttons)
                 return [sent_id]
             if isinstance(result, list):  # an album: one message per item
                 return [native_id(m.chat.id, m.message_id) for m in result]
@@ -560,12 +561,15 @@ class TelegramConnector(BaseConnector):
                     raise PermanentError(f"file is over the {limit}-byte limit")
         return bytes(received)
 
-    async def edit(self, thread_id: str, message_id: str, text: str) -> None:
+    async def edit(
+        self, thread_id: str, message_id: str, text: str, *, buttons: EditButtons = KEEP
+    ) -> None:
         chat_id, mid = _message(message_id)
         rendered = render(text, "markdown")
         if visible_length(rendered) > TELEGRAM_TEXT_LIMIT:
             raise PermanentError("edited text is longer than Telegram's 4,096-character limit")
-        buttons = await self._kept_buttons(message_id)
+        shown = await self._buttons.for_edit(message_id, buttons)
+        markup = permanent(_keyboard, shown) if shown else None
         with translated(self._token, chat_scoped=True):
             try:
                 await self.bot.edit_message_text(
@@ -574,30 +578,13 @@ class TelegramConnector(BaseConnector):
                     message_id=mid,
                     parse_mode="HTML",
                     link_preview_options=_NO_PREVIEW,  # as it was sent: else a preview appears
-                    reply_markup=_keyboard(buttons) if buttons else None,
+                    reply_markup=markup,
                 )
             except TelegramBadRequest as exc:
                 if "message is not modified" not in exc.message:
                     raise  # the same answer again is an edit done
-
-    async def _keep_buttons(self, message_id: str, buttons: Sequence[tuple[str, str]]) -> None:
-        """Telegram takes a message's buttons off when its text is edited unless the edit sends
-        them again: kept for as long as the bridge answers edits (`dedupe_for`)."""
-        try:
-            await self.context.store.set_state(
-                self._buttons_key + message_id,
-                json.dumps([list(button) for button in buttons]),
-                keep_for=self.context.dedupe_for,
-            )
-        except StoreError as exc:  # the message went out: only a later edit loses them
-            self._log.warning("could not keep the buttons of %s: %s", message_id, exc)
-
-    async def _kept_buttons(self, message_id: str) -> list[tuple[str, str]]:
-        try:
-            kept = await self.context.store.get_state(self._buttons_key + message_id)
-        except StoreError as exc:  # an edit now would take the buttons off
-            raise TransientError(f"cannot tell which buttons the message has: {exc}") from exc
-        return [(str(label), str(value)) for label, value in json.loads(kept)] if kept else []
+        if buttons is not KEEP:
+            await self._buttons.keep(message_id, shown)
 
     async def delete(self, thread_id: str, message_id: str) -> None:
         chat_id, mid = _message(message_id)

@@ -375,6 +375,27 @@ async def test_buttons_are_sent_and_a_click_arrives_as_a_message(
     assert peer.calls_of("POST", callback)[0].json["type"] == 6  # acknowledged, no new message
 
 
+async def test_an_edit_keeps_the_buttons_or_replaces_them_or_takes_them_off(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    running = await start()
+    sent = await running.connector.send_buttons(GENERAL, "Refund 5 EUR?", [("Approve", "ok")])
+    [message] = peer.messages[GENERAL]
+
+    def buttons() -> list[tuple[str, str]]:
+        rows = message["components"]
+        return [(b["label"], b["custom_id"]) for row in rows for b in row["components"]]
+
+    await running.connector.edit(GENERAL, sent.message_id, "Refund 7 EUR?")
+    assert message["content"] == "Refund 7 EUR?" and buttons() == [("Approve", "ok")]
+    await running.connector.edit(GENERAL, sent.message_id, "Approved", buttons=[("Undo", "u")])
+    assert message["content"] == "Approved" and buttons() == [("Undo", "u")]
+    await running.connector.edit(GENERAL, sent.message_id, "Approved.", buttons=())
+    assert message["content"] == "Approved." and message["components"] == []
+    with pytest.raises(PermanentError):
+        await running.connector.edit(GENERAL, sent.message_id, "x", buttons=[("", "u")])
+
+
 async def test_a_deleted_question_takes_our_reply_along(
     peer: DiscordPeer, start: Callable[..., Any], sqlite_store: SqliteStore
 ) -> None:

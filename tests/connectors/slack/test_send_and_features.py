@@ -18,7 +18,7 @@ from talkbridge.errors import (
 from talkbridge.message import Attachment, OutboundMessage
 from talkbridge.talk import History
 from tests.connectors.slack.conftest import BOT_TOKEN
-from tests.peers.slack import SlackPeer
+from tests.peers.slack import SlackPeer, buttons_of, shown
 
 DM = "D0DM00001"
 
@@ -350,4 +350,61 @@ async def test_mentions_written_above_buttons_notify_nobody(
     with_buttons, without = peer.messages["C0GENERAL1"]
     assert with_buttons["blocks"][0]["text"]["text"].startswith("@channel and @here")
     assert with_buttons["pings"] == without["pings"] == []
+    await connector.close()
+
+
+async def test_an_edit_shows_the_new_text_above_the_buttons_also_after_a_restart(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    """A message with buttons shows its blocks; `chat.update` with `text` alone takes them off
+    (the buttons with them), so the edit sends new blocks around the kept buttons."""
+    connector = make_connector()
+    choices = [("Approve", "approve"), ("Deny", "deny")]
+    sent = await connector.send_buttons(DM, "Refund 5 EUR?", choices)
+    await connector.close()
+    again = make_connector()  # a new process: what the buttons were is in the store
+    await again.edit(DM, sent.message_id, "Refund **7** EUR?")
+    [message] = peer.messages[DM]
+    assert shown(message) == "Refund *7* EUR?" and buttons_of(message) == choices
+    assert message["text"] == "Refund *7* EUR?"  # the notification's fallback follows
+    with pytest.raises(PermanentError, match="3000"):
+        await again.edit(DM, sent.message_id, "x" * 3500)  # a section holds no more
+    assert shown(message) == "Refund *7* EUR?"
+    await again.close()
+
+
+async def test_an_edit_replaces_the_buttons_or_takes_them_off(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    sent = await connector.send_buttons(DM, "Refund 5 EUR?", [("Approve", "approve")])
+    [message] = peer.messages[DM]
+    await connector.edit(DM, sent.message_id, "Approved by Ada", buttons=[("Undo", "undo")])
+    assert shown(message) == "Approved by Ada" and buttons_of(message) == [("Undo", "undo")]
+    await connector.edit(DM, sent.message_id, "Approved by Ada.")  # kept: the new ones
+    assert buttons_of(message) == [("Undo", "undo")]
+    await connector.edit(DM, sent.message_id, "Approved", buttons=())
+    assert shown(message) == "Approved" and "blocks" not in message
+    await connector.edit(DM, sent.message_id, "Approved.")  # none kept: none come back
+    assert shown(message) == "Approved." and "blocks" not in message
+    plain = await connector.send(OutboundMessage(thread_id=DM, text="Pick later"))
+    await connector.edit(DM, plain.message_id, "Pick now", buttons=[("Now", "now")])
+    assert buttons_of(peer.messages[DM][1]) == [("Now", "now")]
+    with pytest.raises(PermanentError, match="label, value"):
+        await connector.edit(DM, plain.message_id, "x", buttons=None)
+    await connector.close()
+
+
+async def test_buttons_on_a_message_of_files_alone_are_posted_after_the_files(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    connector = make_connector()
+    report = Attachment(kind="document", name="r.txt", data=b"numbers")
+    result = await connector.send(
+        OutboundMessage(thread_id=DM, attachments=(report,), buttons=(("Approve", "approve"),))
+    )
+    [file] = [f for f in peer.files.values() if f["shared"]]
+    [post] = peer.messages[DM]
+    assert buttons_of(post) == [("Approve", "approve")] and post["text"] == "Approve"
+    assert result.message_ids == (f"file:{file['id']}", f"{DM}:{post['ts']}")
     await connector.close()

@@ -843,6 +843,29 @@ async def test_an_edit_keeps_the_buttons_a_message_was_sent_with_also_after_a_re
     assert "reply_markup" not in peer.messages[(777, 1)]  # it had none: none is added
 
 
+async def test_an_edit_replaces_the_buttons_or_takes_them_off_also_after_a_restart(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start()
+    edit = running.connector.feature("edit")
+    sent = await running.connector.feature("interactions").send_buttons(
+        "777", "Refund 5 EUR?", [("Approve", "approve")]
+    )
+    undo = {"inline_keyboard": [[{"text": "Undo", "callback_data": "undo"}]]}
+    await edit.edit("777", sent.message_id, "Approved by Ada", buttons=[("Undo", "undo")])
+    assert peer.messages[(777, 1)]["reply_markup"] == undo
+    await running.stop()
+    again = await start()  # a new process: the buttons it now has are the ones kept
+    edit = again.connector.feature("edit")
+    await edit.edit("777", sent.message_id, "Approved by Ada.")
+    assert peer.messages[(777, 1)]["reply_markup"] == undo
+    await edit.edit("777", sent.message_id, "Approved", buttons=())
+    assert peer.messages[(777, 1)]["text"] == "Approved"
+    assert "reply_markup" not in peer.messages[(777, 1)]
+    await edit.edit("777", sent.message_id, "Approved.")  # none kept: none come back
+    assert "reply_markup" not in peer.messages[(777, 1)]
+
+
 async def test_an_edited_reply_keeps_its_link_without_a_preview(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
