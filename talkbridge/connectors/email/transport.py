@@ -41,7 +41,9 @@ from talkbridge.connectors.email.codec import (
     MailContext,
     attachment_bytes,
     needs_smtputf8,
+    message_id_of,
     new_message_id,
+    parse_mail,
     parse_ref,
     read_mail,
     recipients_of,
@@ -629,8 +631,7 @@ class EmailConnector(BaseConnector):
         session = ImapSession(self.config.imap, self.config.timeout)
         try:
             await session.open()
-            uids = await session.uids_of_message_id(message_id)
-            raw = await session.fetch(uids[-1]) if uids else None
+            raw = await _mail_with_id(session, message_id)
         finally:
             await session.close()
         if raw is None:
@@ -644,6 +645,17 @@ class EmailConnector(BaseConnector):
                 f"attachment is {len(data)} bytes, over the {max_bytes}-byte limit"
             )
         return data
+
+
+async def _mail_with_id(session: ImapSession, message_id: str) -> bytes | None:
+    """The first mail of the folder (by UID) whose own Message-ID is `message_id`: the one read
+    (later copies are dropped as seen). Anyone who saw the id (on a Cc) can send a mail that
+    carries it too, and a server's HEADER search matches any header containing it."""
+    for uid in await session.uids_of_message_id(message_id):
+        raw = await session.fetch(uid)
+        if raw is not None and message_id_of(parse_mail(raw), raw) == message_id:
+            return raw
+    return None
 
 
 def _as_bytes(mail: EmailMessage) -> bytes:
