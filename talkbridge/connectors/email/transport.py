@@ -41,8 +41,8 @@ from talkbridge.connectors.email.codec import (
     InboundMail,
     MailContext,
     attachment_bytes,
-    needs_smtputf8,
     message_id_of,
+    needs_smtputf8,
     new_message_id,
     parse_mail,
     parse_ref,
@@ -286,15 +286,13 @@ class EmailConnector(BaseConnector):
             return
         if isinstance(result, InboundMail):
             result = await self._reachable(result)
-        if isinstance(result, InboundMail):
-            result = await self._remember(result)
-        if isinstance(result, str):
-            self._log.info("not answering mail UID %s: %s", uid, result)
-            self.skipped.append((str(uid), result))
+        message = await self._remember(result) if isinstance(result, InboundMail) else result
+        if isinstance(message, str):
+            self._log.info("not answering mail UID %s: %s", uid, message)
+            self.skipped.append((str(uid), message))
             del self.skipped[:-100]
             self._notify()
             return
-        message = result
         await self.deliver_confirmed(message, f"mail {message.id}", *self._secrets)
         await session.mark_seen(uid)
         self.handled += 1
