@@ -2,16 +2,18 @@
 
 `bridges(tmp_path, connection)` yields `start(*connections)`: each connection dict is completed
 by `connection` (channel, peer URLs, …), the Bridge starts on a SQLite store in `tmp_path`, and
-`start` returns once every connection is up or down. All started Bridges stop at the end.
+`start` returns once every connection is up or down (`agents=`: the Bridge's agents, by name).
+All started Bridges stop at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from talkbridge.agents import Agent
 from talkbridge.bridge import Bridge
 from talkbridge.config import parse_config
 from talkbridge.registry import ConnectionState
@@ -28,11 +30,13 @@ async def bridges(
 ) -> AsyncIterator[StartBridge]:
     started: list[Bridge] = []
 
-    async def start(*connections: dict[str, Any]) -> Bridge:
+    async def start(
+        *connections: dict[str, Any], agents: Mapping[str, Agent] | None = None
+    ) -> Bridge:
         configured = [connection(c) for c in connections]
         data = {"store": f"sqlite:///{tmp_path}/talkbridge.db", "connections": configured}
         config, secrets = parse_config(data, tmp_path)
-        instance = Bridge(config, secrets, with_webchat=False)
+        instance = Bridge(config, secrets, agents=agents, with_webchat=False)
         await instance.start()
         started.append(instance)
         for c in configured:

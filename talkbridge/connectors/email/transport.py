@@ -26,6 +26,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from email import policy
 from email.message import EmailMessage
@@ -40,8 +41,10 @@ from talkbridge.connectors.email.codec import (
     InboundMail,
     MailContext,
     attachment_bytes,
+    message_id_of,
     needs_smtputf8,
     new_message_id,
+    parse_mail,
     parse_ref,
     read_mail,
     recipients_of,
@@ -283,13 +286,13 @@ class EmailConnector(BaseConnector):
             return
         if isinstance(result, InboundMail):
             result = await self._reachable(result)
-        if isinstance(result, str):
-            self._log.info("not answering mail UID %s: %s", uid, result)
-            self.skipped.append((str(uid), result))
+        message = await self._remember(result) if isinstance(result, InboundMail) else result
+        if isinstance(message, str):
+            self._log.info("not answering mail UID %s: %s", uid, message)
+            self.skipped.append((str(uid), message))
             del self.skipped[:-100]
             self._notify()
             return
-        message = await self._remember(result)
         await self.deliver_confirmed(message, f"mail {message.id}", *self._secrets)
         await session.mark_seen(uid)
         self.handled += 1
@@ -330,10 +333,16 @@ class EmailConnector(BaseConnector):
         if smtp.last_ehlo_response is not None:
             self._smtputf8 = smtp.supports_extension("smtputf8")
 
-    async def _remember(self, mail: InboundMail) -> NormalizedMessage:
-        """Store what a reply will need, and keep the thread of a chain we already know."""
+    async def _remember(self, mail: InboundMail) -> NormalizedMessage | str:
+        """Store what a reply will need, and keep the thread of a chain we already know. The
+        reason instead for another mail with the Message-ID of one read before: anyone who
+        learnt the id (Bcc'd) can send one, and its addresses would take the earlier mail's
+        answer (the router drops it as seen, after this). The same mail read again is taken."""
         message = mail.message
         store = self.context.store
+        earlier = await store.get_state(f"{self._prefix}msg:{message.id}")
+        if earlier is not None and not _same_mail(MailContext.from_json(earlier), mail.context):
+            return f"another mail with the Message-ID {message.id} was read before"
         thread_id = message.thread_id
         for mid in mail.chain:  # a client that dropped References still lands in our thread
             known = await store.get_state(f"{self._prefix}root:{mid}")
@@ -629,8 +638,7 @@ class EmailConnector(BaseConnector):
         session = ImapSession(self.config.imap, self.config.timeout)
         try:
             await session.open()
-            uids = await session.uids_of_message_id(message_id)
-            raw = await session.fetch(uids[-1]) if uids else None
+            raw = await _mail_with_id(session, message_id)
         finally:
             await session.close()
         if raw is None:
@@ -644,6 +652,22 @@ class EmailConnector(BaseConnector):
                 f"attachment is {len(data)} bytes, over the {max_bytes}-byte limit"
             )
         return data
+
+
+def _same_mail(earlier: MailContext, now: MailContext) -> bool:
+    """Whether two mails' contexts are of one mail (its thread may be known better now)."""
+    return replace(earlier, thread_id="") == replace(now, thread_id="")
+
+
+async def _mail_with_id(session: ImapSession, message_id: str) -> bytes | None:
+    """The first mail of the folder (by UID) whose own Message-ID is `message_id`: the one read
+    (later copies are dropped as seen). Anyone who saw the id (on a Cc) can send a mail that
+    carries it too, and a server's HEADER search matches any header containing it."""
+    for uid in await session.uids_of_message_id(message_id):
+        raw = await session.fetch(uid)
+        if raw is not None and message_id_of(parse_mail(raw), raw) == message_id:
+            return raw
+    return None
 
 
 def _as_bytes(mail: EmailMessage) -> bytes:

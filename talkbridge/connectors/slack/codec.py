@@ -391,7 +391,8 @@ def decode(
 
 def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
     """Whether the event (an edit: its new text) names the bot: an `app_mention`, `<@BOT>` in
-    the text, or a mention of it in the blocks."""
+    the text, or a mention of it in the blocks. Not one in a message it shares (forwarded
+    `@bot …` addresses the channel, and Slack sends no app_mention for it)."""
     event = event_of(payload) or {}
     if event.get("type") == "app_mention":
         return True
@@ -402,7 +403,7 @@ def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
     return (
         me.bot_user_id in mentioned_users(text)
         or f"<@{me.bot_user_id}|" in text
-        or (me.bot_user_id in users_shown(message))
+        or (me.bot_user_id in users_shown({"blocks": message.get("blocks")}))
     )
 
 

@@ -15,6 +15,7 @@ from talkbridge.registry import ConnectionState
 from tests.cluster.conftest import wait_until
 from tests.connectors.email.conftest import connection, mail
 from tests.peers.email import DovecotPeer, ReceivedMail, SmtpPeer
+from tests.support.agents import GatedAgent
 from tests.support.bridge import StartBridge, bridges
 
 
@@ -74,6 +75,25 @@ async def test_an_untrusted_sender_meets_the_sentinel(
     await smtp.wait_for(lambda: len(to(smtp, "mallory@evil.test")) == 1)
     reply = to(smtp, "mallory@evil.test")[0].message.get_body(("plain",)).get_content()
     assert "pairing code" in reply and "ignore previous instructions" not in reply
+
+
+async def test_a_strangers_mail_reusing_a_pending_mails_message_id_does_not_get_its_answer(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    """Anyone who learnt a trusted mail's Message-ID (Bcc'd on it, say) sends a mail with the
+    same id while its answer is being written: that answer still goes to the trusted sender."""
+    agent = GatedAgent()
+    instance = await bridge({}, agents={"echo": agent})
+    connector = instance.registry.get("help")
+    assert isinstance(connector, EmailConnector)
+    dovecot.deliver("help", mail(body="the salaries?", message_id="<q@example.org>"))
+    await asyncio.wait_for(agent.started["the salaries?"].wait(), 15)
+    dovecot.deliver("help", mail(sender="eve@attacker.test", message_id="<q@example.org>"))
+    await connector.wait_for(lambda: connector.handled + len(connector.skipped) == 2, timeout=15)
+    agent.gates["the salaries?"].set()
+    await smtp.wait_for(lambda: len(smtp.received) == 1)
+    assert smtp.received[0].rcpt_tos == ["ada@example.org"]
+    assert agent.turns == {"the salaries?": 1}
 
 
 async def test_a_trusted_sender_cc_ing_a_stranger_is_screened_but_gets_no_new_code(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from email.message import EmailMessage
 from typing import Any
 
 import pytest
@@ -263,28 +264,45 @@ async def test_the_reply_limit_stops_a_thread_after_n_replies(
     await connector.send(other)  # other threads are not affected
 
 
+def mail_with_file(sender: str, message_id: str, data: bytes) -> bytes:
+    msg = EmailMessage()
+    msg["From"] = sender
+    msg["To"] = "help@example.com"
+    msg["Subject"] = "log"
+    msg["Message-ID"] = message_id
+    msg.set_content("see attached")
+    msg.add_attachment(data, maintype="application", subtype="octet-stream", filename="log.bin")
+    return msg.as_bytes()
+
+
 async def test_inbound_media_downloads_an_attachment_over_imap(
     dovecot: DovecotPeer, start: Callable[..., Any]
 ) -> None:
-    from email.message import EmailMessage
-
-    msg = EmailMessage()
-    msg["From"] = "ada@example.org"
-    msg["To"] = "help@example.com"
-    msg["Subject"] = "log"
-    msg["Message-ID"] = "<att@example.org>"
-    msg.set_content("see attached")
-    msg.add_attachment(
-        b"\x00\x01binary", maintype="application", subtype="octet-stream", filename="log.bin"
-    )
     running = await start()
-    dovecot.deliver("help", msg.as_bytes())
+    dovecot.deliver(
+        "help", mail_with_file("ada@example.org", "<att@example.org>", b"\x00\x01binary")
+    )
     [received] = await running.inbox.wait_count(1)
     [attachment] = received.attachments
     media = running.connector.feature("inbound_media")
     assert await media.download(attachment) == b"\x00\x01binary"
     with pytest.raises(PermanentError, match="limit"):
         await media.download(attachment, max_bytes=3)
+
+
+async def test_a_later_mail_reusing_a_message_id_does_not_stand_in_for_its_attachments(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """Anyone who saw a mail's Message-ID (on its Cc, say) can send one with the same id: the
+    attachment of the mail that was read is what a download returns, not the stranger's."""
+    running = await start()
+    dovecot.deliver("help", mail_with_file("boss@example.org", "<att@example.org>", b"real"))
+    [received] = await running.inbox.wait_count(1)
+    dovecot.deliver("help", mail_with_file("eve@example.net", "<att@example.org>", b"evil"))
+    connector: EmailConnector = running.connector
+    await connector.wait_for(lambda: connector.handled + len(connector.skipped) == 2)
+    [attachment] = received.attachments
+    assert await connector.feature("inbound_media").download(attachment) == b"real"
 
 
 async def test_an_imap_login_refused_for_now_is_retried_not_a_wrong_password(

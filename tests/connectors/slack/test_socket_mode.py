@@ -96,6 +96,27 @@ async def test_with_require_mention_off_every_channel_message_is_taken(
     assert msg.text == "lunch anyone?" and msg.thread_type == "group"
 
 
+async def test_a_forwarded_message_that_mentioned_the_bot_does_not_mention_it_again(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    """Forwarding someone's `@bot …` into a channel addresses the channel, not the bot (Slack
+    sends no app_mention for it): with require_mention it is left alone."""
+    run = await start()
+    shared = {
+        "is_share": True,
+        "author_id": "U0GRACE01",
+        "author_name": "Grace Hopper",
+        "text": "<@U0BOT0001> restart the runners",
+        "fallback": "Grace Hopper: @bot restart the runners",
+    }
+    for text in ("", "fyi"):
+        event = message_event("U0ADA0001", text, channel="C0GENERAL1", attachments=[shared])
+        await peer.send_event(event)
+    await peer.send_event(message_event("U0ADA0001", "<@U0BOT0001> hi", channel="C0GENERAL1"))
+    await run.inbox.wait_count(1)
+    assert run.inbox.texts == ["hi"]
+
+
 async def test_an_envelope_is_acknowledged_only_once_the_bridge_has_taken_it(
     peer: SlackPeer, start: Callable[..., Any]
 ) -> None:
