@@ -783,3 +783,35 @@ async def test_a_dead_letter_says_the_line_that_raised_and_the_list_shows_it(
     assert code == 0, err
     [line] = out.splitlines()
     assert "RuntimeError: the CRM said: no no" in line and line.endswith("…" + where)
+
+
+async def test_a_handlers_own_timeout_error_is_not_taken_for_the_attempt_limit(
+    store: Store,
+) -> None:
+    """A TimeoutError the handler's own client raised was kept as "timed out after 30 s": the
+    limit of the attempt, which had not run out."""
+    durable = hooks(store)
+    durable.retries = 0
+    second = asyncio.Event()
+
+    async def crm(event: TurnCompleted | JobCompleted) -> None:
+        if event.event_id == "e2":
+            second.set()
+            return
+        raise TimeoutError("the CRM did not answer in 2 s")
+
+    durable.register("crm", crm)
+    await durable.emit(turn("e1"))
+    await durable.emit(turn("e2"))
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await durable.stop()
+    [dead] = await durable.dead_letters()
+    raised_at = crm.__code__.co_firstlineno + 4
+    assert (
+        dead.last_error
+        == f"TimeoutError: the CRM did not answer in 2 s (at {HERE} line {raised_at})"
+    )
