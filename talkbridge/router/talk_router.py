@@ -395,8 +395,8 @@ class TalkRouter:
                     log_failure(
                         log,
                         logging.ERROR,
-                        "a subscriber failed on %s/%s: %s%s raised %s; the message went on to "
-                        "the other subscribers, and is not handed to this one again",
+                        "a subscriber failed on %s/%s: %s%s raised %s; the other subscribers "
+                        "still get the message, this one does not get it again",
                         message.connection_id,
                         message.id,
                         handler_name(handler),

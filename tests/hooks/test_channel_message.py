@@ -190,8 +190,8 @@ async def test_a_failing_subscriber_of_an_imperative_hook_is_one_line_naming_it(
         (
             logging.ERROR,
             f"a subscriber failed on test/m-7: Relay.copy ({where} line 8) raised RuntimeError: "
-            f"the other room is gone (at {where} line 9); the message went on to the other "
-            "subscribers, and is not handed to this one again",
+            f"the other room is gone (at {where} line 9); the other subscribers still get the "
+            "message, this one does not get it again",
             None,
         )
     ]
