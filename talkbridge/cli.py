@@ -508,6 +508,16 @@ def _state(pairing: Pairing, now: datetime) -> str:
     return "expired" if pairing.expired(now) else "pending"
 
 
+def _error_shown(error: str, limit: int) -> str:
+    """A dead letter's error, `_shown`; a long one is cut in its message, not in the
+    `(at FILE line N)` at its end that says where the hook raised."""
+    where = re.search(r" \(at [^()]+ line \d+\)$", error)
+    if where is None or len(error) <= limit or len(where.group()) > limit - 40:
+        return _shown(error, limit)
+    tail = where.group()
+    return _shown(error[: where.start()], limit - len(tail)) + _shown(tail, len(tail))
+
+
 def _shown(text: str, limit: int = 40) -> str:
     """A sender's name or id as the platform gave it, safe to print: it is the untrusted
     sender's own text, and a newline or a terminal escape in it must not rewrite the
@@ -609,7 +619,7 @@ async def _hooks(args: argparse.Namespace) -> int:
         for d in dead:
             _console.out(
                 f"{d.id}  {d.app_id}  {d.handler}  {d.event_id}  {d.created_at:%Y-%m-%d %H:%M}"
-                f"  attempts={d.attempts}  {_shown(d.last_error or '', 200)}"
+                f"  attempts={d.attempts}  {_error_shown(d.last_error or '', 200)}"
             )
         return EXIT_OK
 

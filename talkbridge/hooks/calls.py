@@ -74,6 +74,14 @@ def _code_of(fn: Any) -> Any:
     return code
 
 
+def handler_name(fn: Any) -> str:
+    """How a handler reads in a log line: `Bridge.handler`, `relay`, `partial(relay)`."""
+    if isinstance(fn, functools.partial):
+        return f"partial({handler_name(fn.func)})"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return str(name) if name else type(fn).__qualname__
+
+
 def defined_at(fn: Any) -> str:
     """` (FILE line N)` where `fn` is defined, when it is Python code."""
     code = _code_of(fn)

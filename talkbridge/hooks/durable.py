@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from talkbridge.cancellation import cancelling
 from talkbridge.errors import TalkbridgeError
+from talkbridge.hooks.calls import describe_hook_error
 from talkbridge.message import utcnow
 from talkbridge.outage import Outage
 from talkbridge.store.base import HookDelivery, Store
@@ -460,8 +461,9 @@ class DurableHooks:
         except ValidationError as exc:  # cannot succeed on any retry
             await store.fail_hook_delivery(delivery.id, f"unreadable event: {exc}", retry_at=None)
             return
+        deadline = asyncio.timeout(self.attempt_timeout)
         try:
-            async with asyncio.timeout(self.attempt_timeout):
+            async with deadline:
                 await handler(event)
         except asyncio.CancelledError as exc:
             if cancelling():
@@ -471,11 +473,14 @@ class DurableHooks:
                 raise
             # The handler's own (a task it awaited was cancelled): a failed attempt, or it
             # would be handed back at once, again and again, and never become a dead letter.
-            error = f"{type(exc).__name__}: {exc}".rstrip(": ")
-        except TimeoutError:
-            error = f"timed out after {self.attempt_timeout:g} s"
+            error = describe_hook_error(exc)
+        except TimeoutError as exc:  # ours, or one the handler raised (its client's)
+            if deadline.expired():
+                error = f"timed out after {self.attempt_timeout:g} s"
+            else:
+                error = describe_hook_error(exc)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe_hook_error(exc)  # kept with the line that raised, for the list
         else:
             try:
                 await store.ack_hook_delivery(delivery.id)

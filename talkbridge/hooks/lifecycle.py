@@ -1,7 +1,8 @@
 """Turn lifecycle watchers: `agent-turn-started` / `agent-turn-finished`, fire and forget.
 
 Watchers get a versioned, serializable event and cannot change the turn; a slow or raising watcher
-never delays or breaks it. Background tasks are kept until done; `drain()` waits for them.
+never delays or breaks it. Each watcher gets one conversation's events in order (`WatcherLine`).
+Background tasks are kept until done; `drain()` waits for them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnCont
 from talkbridge.cancellation import drain_tasks
 from talkbridge.hooks.calls import describe_hook_error, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
+from talkbridge.hooks.watcher_line import MAX_BEHIND, WatcherLine
 from talkbridge.message import utcnow
 
 log = logging.getLogger("talkbridge.hooks")
@@ -171,13 +173,18 @@ Watcher = Callable[[Any], Any]
 
 
 class LifecycleWatchers:
-    """Watchers of turn start/finish, each run in its own background task."""
+    """Watchers of turn start/finish, run in background tasks: one watcher's events of one
+    conversation one after the other, in order (a name added for both kinds shares the line)."""
 
-    def __init__(self, *, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, *, timeout: float | None = DEFAULT_TIMEOUT, max_behind: int = MAX_BEHIND
+    ) -> None:
         self._watchers: dict[str, dict[str, Watcher]] = {TURN_STARTED: {}, TURN_FINISHED: {}}
         self._timeout = timeout
+        self._max_behind = max_behind
         self._frozen = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lines: dict[str, WatcherLine] = {}
 
     def add(self, kind: LifecycleKind, fn: Watcher, *, name: str) -> None:
         """Add a watcher called as `fn(event)` (sync or async)."""
@@ -194,6 +201,10 @@ class LifecycleWatchers:
         if name in self._watchers[kind]:
             raise ValueError(f"a {kind} watcher named {name!r} is already registered")
         self._watchers[kind][name] = fn
+        if name not in self._lines:
+            self._lines[name] = WatcherLine(
+                name, self._call, self._tasks, max_behind=self._max_behind
+            )
 
     def remove(self, name: str, *, missing_ok: bool = False) -> int:
         found = [kind for kind, watchers in self._watchers.items() if name in watchers]
@@ -205,6 +216,7 @@ class LifecycleWatchers:
             )
         for kind in found:
             del self._watchers[kind][name]
+        self._lines.pop(name, None)  # events already queued are still delivered
         return len(found)
 
     def names(self) -> list[str]:
@@ -232,11 +244,9 @@ class LifecycleWatchers:
     def turn_finished(self, event: TurnFinishedEvent) -> None:
         self._dispatch(TURN_FINISHED, event)
 
-    def _dispatch(self, kind: str, event: Any) -> None:
+    def _dispatch(self, kind: str, event: TurnStartedEvent | TurnFinishedEvent) -> None:
         for name, fn in self._watchers[kind].items():
-            task = asyncio.create_task(self._call(kind, name, fn, event), name=f"{kind} {name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._lines[name].put(event.turn.session_id, kind, fn, event)
 
     async def _call(self, kind: str, name: str, fn: Watcher, event: Any) -> None:
         try:

@@ -23,12 +23,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from talkbridge.cancellation import cancel_and_wait
-from talkbridge.hooks.calls import check_call
+from talkbridge.hooks.calls import check_call, defined_at
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
 from talkbridge.hooks.engine import HookFilter
-from talkbridge.hooks.lifecycle import TURN_FINISHED, TURN_STARTED, LifecycleWatchers
-from talkbridge.hooks.listeners import RunListeners
+from talkbridge.hooks.lifecycle import (
+    TURN_FINISHED,
+    TURN_STARTED,
+    LifecycleKind,
+    LifecycleWatchers,
+)
+from talkbridge.hooks.listeners import LISTENER_EVENTS, RunListeners
 from talkbridge.hooks.middleware import (
     ConfiguredMiddleware,
     FunctionMiddleware,
@@ -74,6 +79,21 @@ _METHOD: Final[dict[str, str]] = {
     "reply": "on_reply",
     "durable": "on_event",
 }
+
+# the methods through which each kind calls an object hook; `on_error` is left out: it is also
+# the fail-open/fail-closed option of several kinds, so it tells nothing about the kind meant
+_METHODS_OF: Final[dict[str, frozenset[str]]] = {
+    "channel-message": frozenset({"on_message", "register_connection"}),
+    "turn-middleware": frozenset({"handle"}),
+    "agent-turn-started": frozenset({"on_turn_started", "on_turn_finished"}),
+    "agent-turn-finished": frozenset({"on_turn_started", "on_turn_finished"}),
+    "run-listener": frozenset(LISTENER_EVENTS) - {"on_error"},
+    "chat": frozenset({"on_chat"}),
+    "reply": frozenset({"on_reply"}),
+    "durable": frozenset({"on_event"}),
+}
+
+log = logging.getLogger("talkbridge.hooks")
 
 # kinds whose function is called with one argument (the others check their own calls)
 _ONE_ARGUMENT: Final[dict[str, str]] = {
@@ -147,6 +167,30 @@ def _callable_of(kind: str, obj: Any, name: str) -> Callable[..., Any]:
     )
 
 
+def _warn_of_other_kinds(kind: str, hook: Any, name: str) -> None:
+    """An object registered as one kind that has another kind's method (`on_turn_finished` on a
+    channel-message hook): that method is never called, which would pass unnoticed."""
+    if inspect.isroutine(hook):
+        return
+    for other in sorted(set().union(*_METHODS_OF.values()) - _METHODS_OF[kind]):
+        method = getattr(hook, other, None)
+        if not callable(method):
+            continue
+        kinds = [k for k, methods in _METHODS_OF.items() if other in methods]
+        log.warning(
+            "%s hook %r: its %s()%s is never called: the hook is registered as %s, and %s() "
+            "is what %s hooks call; to have it called, register it as that kind too (a hook "
+            "folder of its own)",
+            kind,
+            name,
+            other,
+            defined_at(method),
+            kind,
+            other,
+            " or ".join(kinds),
+        )
+
+
 class HookRegistry:
     """Every hook kind of one bridge."""
 
@@ -193,6 +237,7 @@ class HookRegistry:
             raise ValueError(f"a hook named {name!r} is already registered (kind {owner})")
         getattr(self, "_add_" + kind.replace("-", "_"))(hook, name, options)
         self._kinds[name] = kind
+        _warn_of_other_kinds(kind, hook, name)
         return RegisteredHook(self, kind, name)
 
     def _add_channel_message(self, hook: Any, name: str, options: dict[str, Any]) -> None:
@@ -246,10 +291,23 @@ class HookRegistry:
             )
 
     def _add_agent_turn_started(self, hook: Any, name: str, options: dict[str, Any]) -> None:
-        self.lifecycle.add(TURN_STARTED, _callable_of(TURN_STARTED, hook, name), name=name)
+        self._add_watcher(TURN_STARTED, hook, name)
 
     def _add_agent_turn_finished(self, hook: Any, name: str, options: dict[str, Any]) -> None:
-        self.lifecycle.add(TURN_FINISHED, _callable_of(TURN_FINISHED, hook, name), name=name)
+        self._add_watcher(TURN_FINISHED, hook, name)
+
+    def _add_watcher(self, kind: str, hook: Any, name: str) -> None:
+        """A function watches `kind`; an object gets the events it has methods for, both when
+        it has both, whichever of the two kinds it is registered as (one watcher, one name,
+        its events in order)."""
+        kinds: list[LifecycleKind] = [
+            k for k in (TURN_STARTED, TURN_FINISHED) if callable(getattr(hook, _METHOD[k], None))
+        ]
+        if not kinds:
+            kinds = [TURN_STARTED if kind == TURN_STARTED else TURN_FINISHED]
+        calls = [(k, _callable_of(k, hook, name)) for k in kinds]  # all checked before adding
+        for k, fn in calls:
+            self.lifecycle.add(k, fn, name=name)
 
     def _add_run_listener(self, hook: Any, name: str, options: dict[str, Any]) -> None:
         self.listeners.add(hook, name=name, event=options.get("event"))

@@ -29,6 +29,7 @@ from talkbridge.errors import (
     LeaseLostError,
     UnknownConnectionError,
 )
+from talkbridge.hooks.calls import defined_at, describe_hook_error, handler_name, log_failure
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.router.outbound import OutboundQueue, TroubleListener
@@ -391,7 +392,18 @@ class TalkRouter:
                         raise  # we are being stopped (or the shard was lost)
                     # (a stray one: the subscriber awaited a task something else
                     # cancelled; raised on, it ended the task serving the thread)
-                    log.exception("a subscriber failed on %s/%s", message.connection_id, message.id)
+                    log_failure(
+                        log,
+                        logging.ERROR,
+                        "a subscriber failed on %s/%s: %s%s raised %s; the other subscribers "
+                        "still get the message, this one does not get it again",
+                        message.connection_id,
+                        message.id,
+                        handler_name(handler),
+                        defined_at(handler),
+                        describe_hook_error(exc),
+                        exc=exc,
+                    )
 
     async def _answer_from_bus(self, message: NormalizedMessage, ack: Ack) -> None:
         """Handle a message of a held shard, then acknowledge it. Should the shard be lost

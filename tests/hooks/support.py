@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from talkbridge.agents.base import TurnContext, TurnInput, TurnSession
 from talkbridge.message import NormalizedMessage
+from tests.support.talk_connector import TalkConnector
 
 WAIT = 5.0
 """Safety-net timeout for awaiting events; tests never assert on time."""
@@ -59,3 +63,38 @@ def make_ctx(prompt: str = "hello", *, agent: str = "echo") -> TurnContext:
         load_history=no_history,
         events=events,
     )
+
+
+def _write_hook(folder: Path, code: str) -> None:
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(code, encoding="utf-8")
+
+
+@asynccontextmanager
+async def hook_folder_bridge(
+    tmp_path: Path,
+    folder: Path,
+    code: str,
+    *,
+    prepare: Callable[[Any], None] = lambda bridge: None,
+    **options: Any,
+) -> AsyncIterator[tuple[Any, TalkConnector]]:
+    """A Bridge that loads the hook folder `folder` (its `hook.py` is `code`) from its config,
+    as a user's does, over a connection "test" trusting alice; `prepare(bridge)` runs before
+    the start. `deps.context["bridge"]` is the Bridge. Stopped at the end."""
+    from talkbridge.bridge import Bridge
+    from talkbridge.config import BridgeConfig, ConnectionConfig
+
+    _write_hook(folder, code)
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "hooks": [str(folder)]}
+    )
+    bridge = Bridge(config, with_webchat=False, **options)
+    conn = TalkConnector("test")
+    bridge.registry.add(conn, ConnectionConfig(id="test", channel="telegram", trusted=["alice"]))
+    prepare(bridge)
+    await bridge.start()
+    try:
+        yield bridge, conn
+    finally:
+        await bridge.stop()

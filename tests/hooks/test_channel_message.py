@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +20,10 @@ from talkbridge.hooks import (
     RouteToSentinel,
     Scope,
 )
+from talkbridge.hooks.calls import shown_path
 from talkbridge.message import NormalizedMessage
 
-from .support import WAIT, make_msg
+from .support import WAIT, hook_folder_bridge, make_msg
 
 
 @pytest.mark.parametrize(
@@ -149,3 +152,48 @@ async def test_registry_decorator_forms() -> None:
     assert hooks.kind_of("first") == "channel-message"
     hooks.unregister("vip")
     assert (await hooks.channel_message.decide(make_msg())).decision is None
+
+
+async def test_a_failing_subscriber_of_an_imperative_hook_is_one_line_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that a hook folder subscribed (`deps.router.subscribe`) and that raised was
+    logged as "a subscriber failed on conn/id" and a traceback, naming neither the handler nor
+    its hook: now one line names both places, the traceback is at debug level, and the
+    message is still answered (by the bridge's own subscriber) and done with."""
+    from tests.support.talk_connector import make_message
+
+    folder = tmp_path / "hooks" / "channel-message" / "relay"
+    code = (
+        "class Relay:\n"
+        "    def __init__(self, router):\n"
+        "        self.router = router\n"
+        "    def register(self):\n"
+        "        pass\n"
+        "    def register_connection(self, connection_id):\n"
+        "        self.router.subscribe(connection_id, self.copy)\n"
+        "    async def copy(self, msg):\n"
+        "        raise RuntimeError('the other room is gone')\n"
+        "def create_hook(deps):\n"
+        "    return Relay(deps.router)\n"
+    )
+    async with hook_folder_bridge(tmp_path, folder, code) as (bridge, conn):
+        with caplog.at_level(logging.DEBUG, logger="talkbridge.router"):
+            await conn.inject(make_message("hello", thread_id="chat-1", message_id="m-7"))
+            (sent,) = await conn.wait_sent(1)
+            await bridge.router.join()
+        assert sent.message.text == "hello"
+        assert await bridge.store.pending_inbound() == []  # done with: not handled again
+    where = shown_path(str(folder / "hook.py"))
+    failed = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.getMessage(), r.exc_info) for r in failed] == [
+        (
+            logging.ERROR,
+            f"a subscriber failed on test/m-7: Relay.copy ({where} line 8) raised RuntimeError: "
+            f"the other room is gone (at {where} line 9); the other subscribers still get the "
+            "message, this one does not get it again",
+            None,
+        )
+    ]
+    traceback = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+    assert len(traceback) == 1 and "the other room is gone" in str(traceback[0].exc_info[1])  # type: ignore[index]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from talkbridge.hooks.calls import shown_path
 from talkbridge.hooks.durable import (
     CAPACITY,
     DurableHooks,
@@ -24,7 +25,11 @@ from talkbridge.message import utcnow
 from talkbridge.store import Store
 from tests.store.conftest import Backend
 
+from .support import hook_folder_bridge
+
 WAIT = 10.0
+HERE = shown_path(__file__)
+"""This file as a hook error names it (`(at FILE line N)`)."""
 """Safety net only: every wait below ends on an event long before this."""
 
 
@@ -55,6 +60,10 @@ class Recorder:
             while not predicate(self.calls):
                 self._changed.clear()
                 await self._changed.wait()
+
+
+RAISED_AT = Recorder.__call__.__code__.co_firstlineno + 4
+"""The line where `Recorder` raises."""
 
 
 def hooks(store: Store, **options: Any) -> DurableHooks:
@@ -106,7 +115,8 @@ async def test_dead_letter_after_six_attempts_does_not_block_the_conversation(
     assert handler.calls == ["bad"] * 6 + ["next", "last"]
     [dead] = await durable.dead_letters()
     assert (dead.event_id, dead.attempts, dead.handler) == ("bad", 6, "crm")
-    assert dead.last_error == "RuntimeError: refused bad"
+    # with the line of the handler that raised, as the log says it
+    assert dead.last_error == f"RuntimeError: refused bad (at {HERE} line {RAISED_AT})"
     assert parse_event(dead.body).model_dump(exclude={"occurred_at"}) == turn("bad").model_dump(
         exclude={"occurred_at"}
     )
@@ -142,6 +152,8 @@ async def test_a_handler_raising_a_stray_cancelled_error_fails_and_becomes_a_dea
         task.cancel()  # by something else, before or while it runs: the same to its awaiter
         await task
 
+    awaited_at = crm.__code__.co_firstlineno + 7  # `await task`
+
     durable = hooks(store)
     durable.register("crm", crm)
     await durable.emit(turn("e1"))
@@ -154,7 +166,8 @@ async def test_a_handler_raising_a_stray_cancelled_error_fails_and_becomes_a_dea
         await durable.stop()
     assert calls == ["e1"] * 6 + ["e2"]
     [dead] = await durable.dead_letters()
-    assert (dead.event_id, dead.attempts, dead.last_error) == ("e1", 6, "CancelledError")
+    assert (dead.event_id, dead.attempts) == ("e1", 6)
+    assert dead.last_error == f"CancelledError (at {HERE} line {awaited_at})"
 
 
 async def test_other_conversations_go_on_while_one_waits(store: Store) -> None:
@@ -689,7 +702,7 @@ async def test_a_dead_letters_error_keeps_no_secret_for_the_cli_to_print(tmp_pat
         [dead] = await bridge.durable.dead_letters()
     finally:
         await bridge.store.close()
-    assert dead.last_error == "RuntimeError: the CRM refused key ***"
+    assert dead.last_error.startswith("RuntimeError: the CRM refused key *** (at tests/hooks/")
     code, out, err = await finish(await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path))
     assert code == 0 and "the CRM refused key ***" in out, err
     assert "dead-letter-secret-99" not in out + err
@@ -728,3 +741,77 @@ async def test_a_store_outage_is_said_once_and_its_end_too(
     assert len(said(logging.WARNING)) == 1 and not said(logging.ERROR)
     assert said(logging.WARNING)[0].startswith("durable hooks: reading the queue failed: ")
     assert said(logging.INFO)[0].startswith("durable hooks: reading the queue works again")
+
+
+async def test_a_dead_letter_says_the_line_that_raised_and_the_list_shows_it(
+    tmp_path: Path,
+) -> None:
+    """A dead letter kept only `RuntimeError: message`: where the hook raised was in the log
+    of the attempt, not in `hooks dead-letters list`. Kept now in the same text as the log's
+    (`(at FILE line N)` at its end), which the list shows even for a long message."""
+    from tests.support.talk_connector import make_message
+    from tests.test_cli import finish, talkbridge
+
+    def prepare(bridge: Any) -> None:
+        bridge.durable.retries, bridge.durable.backoff = 0, lambda retry: 0.0
+        bridge.next_delivered = asyncio.Event()
+
+    folder = tmp_path / "hooks" / "durable" / "crm"
+    code = (
+        "def create_hook(deps):\n"
+        "    bridge, calls = deps.context['bridge'], []\n"
+        "    async def on_event(event):\n"
+        "        calls.append(event)\n"
+        "        if len(calls) == 1:\n"
+        "            raise RuntimeError('the CRM said: ' + 'no ' * 100)\n"
+        "        bridge.next_delivered.set()\n"
+        "    return on_event\n"
+    )
+    async with hook_folder_bridge(tmp_path, folder, code, prepare=prepare, app_id="app") as (
+        bridge,
+        conn,
+    ):
+        await conn.inject(make_message("one", thread_id="chat-1"))
+        await conn.wait_sent(1)
+        await conn.inject(make_message("two", thread_id="chat-1"))  # after "one" is dead
+        async with asyncio.timeout(WAIT):
+            await bridge.next_delivered.wait()
+        [dead] = await bridge.durable.dead_letters()
+    where = f" (at {shown_path(str(folder / 'hook.py'))} line 6)"
+    assert dead.last_error == "RuntimeError: the CRM said: " + "no " * 99 + "no" + where
+    code, out, err = await finish(await talkbridge("hooks", "dead-letters", "list", cwd=tmp_path))
+    assert code == 0, err
+    [line] = out.splitlines()
+    assert "RuntimeError: the CRM said: no no" in line and line.endswith("…" + where)
+
+
+async def test_a_handlers_own_timeout_error_is_not_taken_for_the_attempt_limit(
+    store: Store,
+) -> None:
+    """A TimeoutError the handler's own client raised was kept as "timed out after 30 s": the
+    limit of the attempt, which had not run out."""
+    durable = hooks(store)
+    durable.retries = 0
+    second = asyncio.Event()
+
+    async def crm(event: TurnCompleted | JobCompleted) -> None:
+        if event.event_id == "e2":
+            second.set()
+            return
+        raise TimeoutError("the CRM did not answer in 2 s")
+
+    durable.register("crm", crm)
+    await durable.emit(turn("e1"))
+    await durable.emit(turn("e2"))
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await durable.stop()
+    [dead] = await durable.dead_letters()
+    raised_at = crm.__code__.co_firstlineno + 4
+    assert (
+        dead.last_error
+        == f"TimeoutError: the CRM did not answer in 2 s (at {HERE} line {raised_at})"
+    )

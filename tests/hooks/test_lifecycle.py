@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from talkbridge.agents.base import Result, ToolCall, ToolResult
 from talkbridge.hooks import LifecycleWatchers, TurnFinishedEvent, TurnStartedEvent
 
-from .support import WAIT, make_ctx
+from .support import WAIT, hook_folder_bridge, make_ctx
 
 
 def test_started_event_shape() -> None:
@@ -93,3 +94,110 @@ def test_unknown_kind_and_frozen() -> None:
     watchers.freeze()
     with pytest.raises(RuntimeError, match="frozen"):
         watchers.add("agent-turn-started", print, name="x")
+
+
+def _turn(event: Any, thread: str, turn_id: str) -> Any:
+    """`event` as one of conversation `thread`'s turns."""
+    ref = event.turn.model_copy(update={"session_id": thread, "turn_id": turn_id})
+    return event.model_copy(update={"turn": ref})
+
+
+async def test_a_watcher_gets_a_conversations_events_in_order_without_holding_others() -> None:
+    """Each event ran as its own task: a watcher awaiting something in `on_turn_started` got
+    the turn's `finished` (and the next turn's `started`) first. Now one watcher's events of
+    one conversation wait for each other; other conversations and other watchers go on."""
+    watchers = LifecycleWatchers()
+    release = asyncio.Event()
+    seen: list[str] = []
+    probed = asyncio.Event()
+    other_thread = asyncio.Event()
+
+    class Audit:
+        async def on_turn_started(self, event: TurnStartedEvent) -> None:
+            if event.turn.session_id == "A" and event.turn.turn_id == "1":
+                await release.wait()
+            seen.append(f"started {event.turn.session_id}{event.turn.turn_id}")
+            if event.turn.session_id == "B":
+                other_thread.set()
+
+        async def on_turn_finished(self, event: TurnFinishedEvent) -> None:
+            seen.append(f"finished {event.turn.session_id}{event.turn.turn_id}")
+
+    audit = Audit()
+    watchers.add("agent-turn-started", audit.on_turn_started, name="audit")
+    watchers.add("agent-turn-finished", audit.on_turn_finished, name="audit")
+    watchers.add("agent-turn-finished", lambda event: probed.set(), name="probe")
+
+    started = TurnStartedEvent.from_context(make_ctx())
+    finished = TurnFinishedEvent.from_context(make_ctx(), "completed")
+    watchers.turn_started(_turn(started, "A", "1"))
+    watchers.turn_finished(_turn(finished, "A", "1"))
+    watchers.turn_started(_turn(started, "A", "2"))
+    watchers.turn_started(_turn(started, "B", "1"))
+    async with asyncio.timeout(WAIT):
+        await probed.wait()  # another watcher got A1's finish: this one had its chance too
+        await other_thread.wait()  # and conversation B is not held up behind A
+    assert seen == ["started B1"]
+    release.set()
+    await asyncio.wait_for(watchers.drain(), WAIT)
+    assert seen == ["started B1", "started A1", "finished A1", "started A2"]
+
+
+async def test_a_watcher_too_far_behind_has_events_dropped_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    watchers = LifecycleWatchers(max_behind=2)
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def stuck(event: TurnStartedEvent) -> None:
+        await release.wait()
+        got.append(event.turn.turn_id)
+
+    watchers.add("agent-turn-started", stuck, name="stuck")
+    started = TurnStartedEvent.from_context(make_ctx())
+    with caplog.at_level(logging.WARNING, logger="talkbridge.hooks"):
+        for n in range(5):  # never waits: the turns go on
+            watchers.turn_started(_turn(started, "A", str(n)))
+        release.set()
+        await asyncio.wait_for(watchers.drain(), WAIT)
+    assert got == ["0", "1"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "turn watcher 'stuck' is 2 events behind: dropping this agent-turn-started event and "
+        "the next ones until it catches up (a watcher should return quickly and start slow "
+        "work as a task of its own)",
+        "turn watcher 'stuck' caught up; 3 events were dropped",
+    ]
+
+
+async def test_an_object_with_both_methods_in_one_folder_gets_both_events(
+    tmp_path: Path,
+) -> None:
+    """A hook folder under agent-turn-started whose object also has `on_turn_finished` was
+    registered for the start only: the finish was silently never delivered."""
+    from tests.support.talk_connector import make_message
+
+    folder = tmp_path / "hooks" / "agent-turn-started" / "audit"
+    code = (
+        "import asyncio\n"
+        "class Audit:\n"
+        "    def __init__(self, bridge):\n"
+        "        self.bridge = bridge\n"
+        "    async def on_turn_started(self, event):\n"
+        "        await self.bridge.release.wait()\n"
+        "        self.bridge.seen.append('started')\n"
+        "    async def on_turn_finished(self, event):\n"
+        "        self.bridge.seen.append('finished ' + event.status)\n"
+        "def create_hook(deps):\n"
+        "    bridge = deps.context['bridge']\n"
+        "    bridge.seen, bridge.release = [], asyncio.Event()\n"
+        "    return Audit(bridge)\n"
+    )
+    async with hook_folder_bridge(tmp_path, folder, code) as (bridge, conn):
+        assert bridge.hooks.names() == {"audit": "agent-turn-started"}
+        await conn.inject(make_message("hello", thread_id="chat-1"))
+        await conn.wait_sent(1)  # the turn is over: its finish is announced
+        await bridge.router.join()
+        bridge.release.set()
+        await asyncio.wait_for(bridge.hooks.drain(), WAIT)
+        assert bridge.seen == ["started", "finished completed"]

@@ -21,6 +21,7 @@ from talkbridge.hooks import (
     load_hook_folders,
     load_hooks,
 )
+from talkbridge.hooks.calls import shown_path
 
 from .support import make_ctx, make_msg
 
@@ -503,3 +504,34 @@ def test_a_create_hook_that_takes_no_deps_is_named_with_its_line(tmp_path: Path)
         f"hook folder {folder}: create_hook() ({folder / 'hook.py'} line 3) cannot be called as "
         "create_hook(deps): too many positional arguments"
     )
+
+
+def test_a_method_of_another_kind_is_named_at_load(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A channel-message object that also has `on_turn_finished` was registered as a
+    channel-message hook only, and that method silently never ran: the load says so, naming
+    the file and line. Methods of its own kind, and `on_error` (an option too), say nothing."""
+    folder = write_hook(
+        tmp_path / "channel-message" / "moderator",
+        """
+        class Moderator:
+            on_error = "fail-open"
+            async def on_message(self, msg):
+                return None
+            async def on_turn_finished(self, event):
+                pass
+        def create_hook(deps):
+            return Moderator()
+        """,
+    )
+    registry = HookRegistry()
+    with caplog.at_level(logging.WARNING, logger="talkbridge.hooks"):
+        load_hooks([folder], deps(registry), registry)
+    assert registry.names() == {"moderator": "channel-message"}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"channel-message hook 'moderator': its on_turn_finished() ({shown_path(str(folder))}"
+        "/hook.py line 6) is never called: the hook is registered as channel-message, and "
+        "on_turn_finished() is what agent-turn-started or agent-turn-finished hooks call; to "
+        "have it called, register it as that kind too (a hook folder of its own)"
+    ]
