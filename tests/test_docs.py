@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,21 @@ def test_the_readme_starts_from_a_clone_and_shows_what_run_prints() -> None:
     shown = readme.split("`talkbridge run` prints the address", 1)[1].split("```\n", 2)[1]
     assert shown.splitlines()[-1] == "Press Ctrl-C to stop."  # the third line `run` prints
     assert '_console.out("Press Ctrl-C to stop.")' in (ROOT / "talkbridge" / "cli.py").read_text()
+
+
+async def test_a_run_in_the_clone_leaves_no_file_git_would_list(tmp_path: Path) -> None:
+    """The README runs the bridge from the clone: every file the default store makes beside
+    itself (the lock too) is one `.gitignore` names, so `git status` stays clean."""
+    from talkbridge.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    store.lock_for_serving()  # as `talkbridge run` does
+    made = sorted(p.name for p in tmp_path.iterdir())
+    await store.close()
+    patterns = (ROOT / ".gitignore").read_text().split()
+    listed = [name for name in made if not any(fnmatch(name, p) for p in patterns)]
+    assert "talkbridge.db.lock" in made and listed == []
 
 
 def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials() -> None:
