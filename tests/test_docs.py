@@ -91,6 +91,16 @@ async def test_a_run_in_the_clone_leaves_no_file_git_would_list(tmp_path: Path) 
     assert "talkbridge.db.lock" in made and listed == []
 
 
+def test_the_slack_section_says_which_events_to_subscribe_to() -> None:
+    """It named `message.channels` only: an app set up from it never heard a direct message,
+    though the connector answers every one."""
+    section = REFERENCE.read_text().split("### `channel: slack`")[1].split("\n### ")[0]
+    for event in ("message.im", "message.channels", "message.groups", "app_mention"):
+        assert f"`{event}`" in section
+    for scope in ("chat:write", "im:history", "channels:history", "users:read"):
+        assert f"`{scope}`" in section
+
+
 def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials() -> None:
     readme = (ROOT / "README.md").read_text()
     starter = (TEMPLATE / "talkbridge.yaml").read_text()
@@ -112,7 +122,9 @@ def test_the_config_examples_of_the_docs_are_valid(
     configs = [data for data in map(yaml.safe_load, examples) if isinstance(data, dict)]
     assert configs, f"{doc}: no config example found"
     for name in {n for e in examples for n in re.findall(r"\$\{(\w+)\}", e)}:
-        monkeypatch.setenv(name, "123456:example-Value_1")  # a bot token's shape fits all
+        # Slack's tokens have their own prefixes; a Telegram bot token's shape fits the rest.
+        shapes = {"SLACK_BOT_TOKEN": "xoxb-1-example", "SLACK_APP_TOKEN": "xapp-1-example"}
+        monkeypatch.setenv(name, shapes.get(name, "123456:example-Value_1"))
     for data in configs:
         assert set(data) <= set(BridgeConfig.model_fields), data
         parse_config(data)
