@@ -102,6 +102,15 @@ def test_the_slack_section_says_which_events_to_subscribe_to() -> None:
         assert f"`{scope}`" in section
 
 
+def test_the_readme_that_offers_a_redis_store_says_it_must_keep_its_data() -> None:
+    """A reader switching to Redis from the README never learnt that one without persistence
+    loses the messages waiting to be answered (the reference says so, far below)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    offer = readme.split("`store: redis://", 1)[1].split("## 2.", 1)[0]
+    assert "`appendonly yes`" in offer and "`talkbridge check` warns" in offer
+    assert "`appendonly yes`" in REFERENCE.read_text()
+
+
 def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials() -> None:
     readme = (ROOT / "README.md").read_text()
     starter = (TEMPLATE / "talkbridge.yaml").read_text()
