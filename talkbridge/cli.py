@@ -782,7 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     init = sub.add_parser("init", help="write a starter config and an example hook")
-    init.add_argument("directory", nargs="?", default=".")
+    init.add_argument(
+        "directory", nargs="?", default=".", help="where to write (default: this folder)"
+    )
     init.add_argument("--force", action="store_true", help="overwrite existing files")
 
     pair = sub.add_parser("pair", help="list, approve or revoke sentinel pairing codes")
@@ -794,12 +796,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     approve = pair_sub.add_parser("approve", help="trust the sender who got CODE")
     config_arg(approve)
-    approve.add_argument("code")
+    approve.add_argument("code", help="a code from `pair list` (ABCD-EFGH)")
     revoke = pair_sub.add_parser(
         "revoke", help="stop trusting the sender who got CODE (or drop a pending CODE)"
     )
     config_arg(revoke)
-    revoke.add_argument("code")
+    revoke.add_argument("code", help="a code from `pair list --all`")
 
     hooks = sub.add_parser("hooks", help="durable hook queue")
     hooks_sub = hooks.add_subparsers(dest="hooks_command", required=True)
@@ -808,13 +810,26 @@ def build_parser() -> argparse.ArgumentParser:
     dead_list = dead_sub.add_parser("list", help="events whose handler gave up after retries")
     config_arg(dead_list)
     dead_list.add_argument("--app", help="only this app id")
-    dead_list.add_argument("--limit", type=_positive_int, default=1000)
+    dead_list.add_argument(
+        "--limit", type=_positive_int, default=1000, help="show at most this many (default 1000)"
+    )
     replay = dead_sub.add_parser("replay", help="queue dead letters again, attempts reset")
     config_arg(replay)
     replay.add_argument("ids", nargs="*", type=_positive_int, metavar="ID", help="ids from `list`")
     replay.add_argument("--all", action="store_true", help="every dead letter")
     replay.add_argument("--app", help="only this app id")
+    _name_subcommands(parser)
     return parser
+
+
+def _name_subcommands(parser: argparse.ArgumentParser) -> None:
+    """A command given without its subcommand is told the ones to choose from, as the usage
+    line shows them: argparse would name the `dest`, which no user can type."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            action.metavar = "{" + ",".join(action.choices) + "}"
+            for subparser in action.choices.values():
+                _name_subcommands(subparser)
 
 
 async def _interruptible(command: Coroutine[Any, Any, int]) -> int:

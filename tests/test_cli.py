@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib.util
@@ -280,6 +281,37 @@ async def test_missing_config_file_and_unknown_command(tmp_path: Path) -> None:
     assert code == 2 and "nope.yaml" in err
     code, _, err = await finish(await talkbridge("fly", cwd=tmp_path))
     assert code == 2 and "invalid choice" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        ([], "{run,check,init,pair,hooks}"),
+        (["pair"], "{list,approve,revoke}"),
+        (["hooks"], "{dead-letters}"),
+        (["hooks", "dead-letters"], "{list,replay}"),
+    ],
+)
+def test_a_command_given_without_its_subcommand_names_the_ones_to_choose_from(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said `required: pair_command`, a name of the code's that no user can type."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and f"the following arguments are required: {named}" in err
+    assert "_command" not in err
+
+
+def test_every_argument_says_what_it_is_in_help() -> None:
+    """`talkbridge init --help` listed `directory` with nothing beside it."""
+    parsers = [build_parser()]
+    for parser in parsers:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            elif action.dest != "help":
+                assert action.help, f"{parser.prog}: {action.dest} has no help text"
 
 
 async def test_pair_list_is_a_table_where_a_senders_own_name_cannot_forge_a_row(

@@ -507,3 +507,17 @@ def test_reasons_are_in_the_words_of_the_yaml_not_of_pydantic() -> None:
         "  connections[0].webhook_path: must be a path starting with / (such as /hooks/in)",
         "  connections[1].imap.host: must not be empty",
     ]
+
+
+@pytest.mark.parametrize("value", [True, "", 2024, ["Sent"]])
+def test_a_sent_folder_that_is_none_is_one_line_saying_what_it_takes(value: object) -> None:
+    """`sent_folder: true` was two lines naming pydantic's union branches
+    (`sent_folder.str: …`, `sent_folder.literal[False]: must be False`)."""
+    imap = {"host": "127.0.0.1", "username": "u", "password": "p", "sent_folder": value}
+    mail = {"id": "m", "channel": "email", "address": "help@example.com", "imap": imap}
+    with pytest.raises(ConfigError) as err:
+        parse_config({"connections": [{**mail, "smtp": {"host": "127.0.0.1"}}]})
+    assert str(err.value).splitlines()[1:] == [
+        "  connections[0].imap.sent_folder: names the folder replies are saved to: "
+        "auto, a folder's name, or false"
+    ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,40 @@ def test_the_readme_starts_from_a_clone_and_shows_what_run_prints() -> None:
     assert '_console.out("Press Ctrl-C to stop.")' in (ROOT / "talkbridge" / "cli.py").read_text()
 
 
+async def test_a_run_in_the_clone_leaves_no_file_git_would_list(tmp_path: Path) -> None:
+    """The README runs the bridge from the clone: every file the default store makes beside
+    itself (the lock too) is one `.gitignore` names, so `git status` stays clean."""
+    from talkbridge.store.sqlite import SqliteStore
+
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    store.lock_for_serving()  # as `talkbridge run` does
+    made = sorted(os.listdir(tmp_path))
+    await store.close()
+    patterns = (ROOT / ".gitignore").read_text().split()
+    listed = [name for name in made if not any(fnmatch(name, p) for p in patterns)]
+    assert "talkbridge.db.lock" in made and listed == []
+
+
+def test_the_slack_section_says_which_events_to_subscribe_to() -> None:
+    """It named `message.channels` only: an app set up from it never heard a direct message,
+    though the connector answers every one."""
+    section = REFERENCE.read_text().split("### `channel: slack`")[1].split("\n### ")[0]
+    for event in ("message.im", "message.channels", "message.groups", "app_mention"):
+        assert f"`{event}`" in section
+    for scope in ("chat:write", "im:history", "channels:history", "users:read"):
+        assert f"`{scope}`" in section
+
+
+def test_the_readme_that_offers_a_redis_store_says_it_must_keep_its_data() -> None:
+    """A reader switching to Redis from the README never learnt that one without persistence
+    loses the messages waiting to be answered (the reference says so, far below)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    offer = readme.split("`store: redis://", 1)[1].split("## 2.", 1)[0]
+    assert "`appendonly yes`" in offer and "`talkbridge check` warns" in offer
+    assert "`appendonly yes`" in REFERENCE.read_text()
+
+
 def test_the_readme_and_the_starter_config_agree_on_connections_and_credentials() -> None:
     readme = (ROOT / "README.md").read_text()
     starter = (TEMPLATE / "talkbridge.yaml").read_text()
@@ -96,7 +132,9 @@ def test_the_config_examples_of_the_docs_are_valid(
     configs = [data for data in map(yaml.safe_load, examples) if isinstance(data, dict)]
     assert configs, f"{doc}: no config example found"
     for name in {n for e in examples for n in re.findall(r"\$\{(\w+)\}", e)}:
-        monkeypatch.setenv(name, "123456:example-Value_1")  # a bot token's shape fits all
+        # Slack's tokens have their own prefixes; a Telegram bot token's shape fits the rest.
+        shapes = {"SLACK_BOT_TOKEN": "xoxb-1-example", "SLACK_APP_TOKEN": "xapp-1-example"}
+        monkeypatch.setenv(name, shapes.get(name, "123456:example-Value_1"))
     for data in configs:
         assert set(data) <= set(BridgeConfig.model_fields), data
         parse_config(data)

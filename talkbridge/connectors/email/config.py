@@ -35,9 +35,14 @@ class ImapConfig(_Section):
     @field_validator("sent_folder", mode="before")
     @classmethod
     def _no_sent_folder(cls, value: Any) -> Any:
-        if isinstance(value, str) and not value.strip():
-            raise ValueError("names the folder replies are saved to: auto, a name, or false")
-        return False if value is None else value
+        """One line for whatever is no folder (`true`, a number): not one per union member."""
+        if value is None or value is False:
+            return False
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                "names the folder replies are saved to: auto, a folder's name, or false"
+            )
+        return value
 
     @property
     def effective_port(self) -> int:
