@@ -367,9 +367,10 @@ class EmailConnector(BaseConnector):
         return message
 
     async def _thread_of(self, mail: InboundMail) -> str:
-        """The thread a mail joins: the newest thread of our own it references (a client that
-        dropped References still lands in it), else its chain's root, whose participants its
-        sender and answer are among (`threads`); else a thread of its own."""
+        """The thread a mail joins: of those it references (ours newest first, so a client
+        that dropped References still lands in ours; then its chain's root), the first that
+        has its sender and the addresses its answer goes to among its participants
+        (`threads`); else a thread of its own."""
         message, context, store = mail.message, mail.context, self.context.store
         candidates: list[str] = []
         for mid in reversed(mail.chain):
