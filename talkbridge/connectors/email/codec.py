@@ -2,7 +2,8 @@
 
 Inbound: `decode_mail(raw, ...)` gives a `NormalizedMessage` (or None for mail we must not
 answer; see `safety`). Its id is the Message-ID; its thread is the root Message-ID of the
-References / In-Reply-To chain, so a conversation stays one thread across replies. `text` is
+References / In-Reply-To chain, so a conversation stays one thread across replies (the
+transport lets only the thread's participants join it: `threads`). `text` is
 the new part of the mail (plain preferred, HTML converted, quotes and signature trimmed); the
 full text, the HTML and the raw bytes stay in `raw_event` for hooks.
 

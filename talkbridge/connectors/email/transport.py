@@ -55,6 +55,7 @@ from talkbridge.connectors.email.deferrals import Deferrals, Deferred
 from talkbridge.connectors.email.errors import smtp_errors
 from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
 from talkbridge.connectors.email.safety import ReplyLimiter
+from talkbridge.connectors.email.threads import Participants
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -87,6 +88,7 @@ class EmailConnector(BaseConnector):
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
         self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
+        self._participants = Participants(context.store, self._prefix, context.dedupe_for)
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -334,21 +336,18 @@ class EmailConnector(BaseConnector):
             self._smtputf8 = smtp.supports_extension("smtputf8")
 
     async def _remember(self, mail: InboundMail) -> NormalizedMessage | str:
-        """Store what a reply will need, and keep the thread of a chain we already know. The
+        """Store what a reply will need, and put the mail in its thread (`_thread_of`). The
         reason instead for another mail with the Message-ID of one read before: anyone who
         learnt the id (Bcc'd) can send one, and its addresses would take the earlier mail's
         answer (the router drops it as seen, after this). The same mail read again is taken."""
         message = mail.message
         store = self.context.store
         earlier = await store.get_state(f"{self._prefix}msg:{message.id}")
-        if earlier is not None and not _same_mail(MailContext.from_json(earlier), mail.context):
+        before = MailContext.from_json(earlier) if earlier is not None else None
+        if before is not None and not _same_mail(before, mail.context):
             return f"another mail with the Message-ID {message.id} was read before"
-        thread_id = message.thread_id
-        for mid in mail.chain:  # a client that dropped References still lands in our thread
-            known = await store.get_state(f"{self._prefix}root:{mid}")
-            if known:
-                thread_id = known
-                break
+        thread_id = before.thread_id if before and before.thread_id else ""
+        thread_id = thread_id or await self._thread_of(mail)
         if thread_id != message.thread_id:
             message = message.model_copy(update={"thread_id": thread_id})
         context = MailContext(
@@ -362,7 +361,39 @@ class EmailConnector(BaseConnector):
         await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
         await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
         await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
+        await self._participants.add(
+            thread_id, (message.channel_user_id, *context.reply_to, *context.cc)
+        )
         return message
+
+    async def _thread_of(self, mail: InboundMail) -> str:
+        """The thread a mail joins: of those it references (ours newest first, so a client
+        that dropped References still lands in ours; then its chain's root), the first that
+        has its sender and the addresses its answer goes to among its participants
+        (`threads`); else a thread of its own."""
+        message, context, store = mail.message, mail.context, self.context.store
+        candidates: list[str] = []
+        for mid in reversed(mail.chain):
+            known = await store.get_state(f"{self._prefix}root:{mid}")
+            if known and known not in candidates:
+                candidates.append(known)
+        if message.thread_id not in candidates:
+            candidates.append(message.thread_id)  # the chain's root (or the mail's own id)
+        writers = {message.channel_user_id, *context.reply_to}
+        if message.sender_verified is False:  # the sender is a claim; the Cc gets the answer
+            writers.update(context.cc)
+        for thread_id in candidates:
+            if await self._participants.admits(thread_id, writers):
+                return thread_id
+        self._log.info(
+            "mail %s from %s references thread %s but %s not among its participants: "
+            "answered in a thread of its own",
+            message.id,
+            message.channel_user_id,
+            candidates[0],
+            ", ".join(sorted(writers)) + (" is" if len(writers) == 1 else " are"),
+        )
+        return message.id
 
     # ---- check -----------------------------------------------------------------------------
 
@@ -532,6 +563,7 @@ class EmailConnector(BaseConnector):
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
+        await self._participants.add(thread_id, recipients)
         return SendResult(message_ids=(message_id,))
 
     async def _save_sent(self, mail: EmailMessage, message_id: str) -> None:

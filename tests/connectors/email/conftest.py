@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from email.message import EmailMessage
 from email.utils import make_msgid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from talkbridge.store import SqliteStore
 from tests.conftest import require
 from tests.peers.email import DovecotPeer, SmtpPeer, dovecot_available
 from tests.support import running
+from tests.support.bridge import StartBridge, bridges
 
 USERS = {"help": "imap-pw-help", "other": "imap-pw-other"}
 SMTP_USERS = {"help": "smtp-pw-help", "other": "smtp-pw-other"}
@@ -95,6 +97,15 @@ class Inbox(running.Inbox):
 
     def refusal_key(self, message: NormalizedMessage) -> str:
         return message.text
+
+
+@pytest.fixture
+async def bridge(
+    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
+) -> AsyncIterator[StartBridge]:
+    """The whole Bridge over these peers (`tests.support.bridge`)."""
+    async with bridges(tmp_path, lambda c: connection(dovecot, smtp, **c), timeout=15) as start:
+        yield start
 
 
 @pytest.fixture

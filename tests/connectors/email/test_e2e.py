@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from talkbridge.agents.sentinel import OTHERS_NOTICE
 from talkbridge.connectors.email.transport import EmailConnector
@@ -16,15 +13,6 @@ from tests.cluster.conftest import wait_until
 from tests.connectors.email.conftest import connection, mail
 from tests.peers.email import DovecotPeer, ReceivedMail, SmtpPeer
 from tests.support.agents import GatedAgent
-from tests.support.bridge import StartBridge, bridges
-
-
-@pytest.fixture
-async def bridge(
-    dovecot: DovecotPeer, smtp: SmtpPeer, tmp_path: Path
-) -> AsyncIterator[StartBridge]:
-    async with bridges(tmp_path, lambda c: connection(dovecot, smtp, **c), timeout=15) as start:
-        yield start
 
 
 def to(smtp: SmtpPeer, address: str) -> list[ReceivedMail]:
