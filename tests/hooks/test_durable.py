@@ -82,6 +82,19 @@ def turn(event_id: str, conversation: str = "web\x1ft1") -> TurnCompleted:
     return TurnCompleted(event_id=event_id, app_id="app", turn=ref, status="completed")
 
 
+async def first_dead_then_second(durable: DurableHooks, second: asyncio.Event) -> None:
+    """Emit e1 then e2 of one conversation and run the hooks until the handler sets `second`
+    (e2 reached it: e1 is done with, here a dead letter)."""
+    await durable.emit(turn("e1"))
+    await durable.emit(turn("e2"))
+    await durable.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            await second.wait()
+    finally:
+        await durable.stop()
+
+
 async def test_fails_twice_then_succeeds_three_calls_same_event_id(store: Store) -> None:
     durable = hooks(store)
     handler = Recorder(fail=lambda event, n: n <= 2)
@@ -156,14 +169,7 @@ async def test_a_handler_raising_a_stray_cancelled_error_fails_and_becomes_a_dea
 
     durable = hooks(store)
     durable.register("crm", crm)
-    await durable.emit(turn("e1"))
-    await durable.emit(turn("e2"))  # the same conversation: after e1 is done with
-    await durable.start()
-    try:
-        async with asyncio.timeout(WAIT):
-            await second.wait()
-    finally:
-        await durable.stop()
+    await first_dead_then_second(durable, second)  # one conversation: e2 after e1 is done with
     assert calls == ["e1"] * 6 + ["e2"]
     [dead] = await durable.dead_letters()
     assert (dead.event_id, dead.attempts) == ("e1", 6)
@@ -801,14 +807,7 @@ async def test_a_handlers_own_timeout_error_is_not_taken_for_the_attempt_limit(
         raise TimeoutError("the CRM did not answer in 2 s")
 
     durable.register("crm", crm)
-    await durable.emit(turn("e1"))
-    await durable.emit(turn("e2"))
-    await durable.start()
-    try:
-        async with asyncio.timeout(WAIT):
-            await second.wait()
-    finally:
-        await durable.stop()
+    await first_dead_then_second(durable, second)
     [dead] = await durable.dead_letters()
     raised_at = crm.__code__.co_firstlineno + 4
     assert (
