@@ -8,6 +8,8 @@ Only the lease holder of a connection reads its request stream. When it takes a 
 it first claims the requests the previous owner read but never acknowledged; those are sent with
 the idempotency check on, so a request the dead owner already sent is answered from the store
 instead of reaching the platform twice. A request whose sender stopped waiting is not sent.
+A live node whose read comes back after it lost the connection (the new owner's claim may be
+over by then) puts the requests it got back on the stream, for the new owner to read.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class OutboundBus:
         self._handling: set[asyncio.Task[None]] = set()
         self._reply_script = client.register_script(scripts.REPLY)
         self._ack = client.register_script(scripts.ACK)
+        self._give_back = client.register_script(scripts.GIVE_BACK)
         self._replies: asyncio.Task[None] | None = None
         self._server: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -296,9 +299,22 @@ class OutboundBus:
             for name, entries in read_entries(result):
                 cid = self._served.get(name)
                 for entry in entries:
-                    if cid is not None:  # else ownership was lost: the next owner claims it
+                    if cid is not None:
                         await self._take(cid, name, entry, reclaimed=False)
+                    else:  # the connection was lost while reading
+                        await self._hand_back(name, entry)
             self._cycles.bump()
+
+    async def _hand_back(self, stream: str, entry: Entry) -> None:
+        """Put a request this node read after losing its connection back on the stream: left
+        pending here, no node would send it (the new owner claimed what was pending already)."""
+        entry_id, fields = entry
+        args = [GROUP, self._node, entry_id, *(x for kv in fields.items() for x in kv)]
+        try:
+            await self._give_back(keys=[stream], args=args)
+        except (RedisError, OSError) as exc:
+            raise_if_cancelling()
+            log.warning("handing send request %s back failed: %s", entry_id, exc)
 
     async def _take(self, cid: str, stream: str, entry: Entry, *, reclaimed: bool) -> None:
         # A task per request, created in stream order: each reaches the connection's queue

@@ -100,6 +100,19 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return redis.call('XDEL', KEYS[1], ARGV[2])
 """
 
+# A send request read by a node in the instant it lost the connection: had it stayed pending
+# with that node, the new owner (whose takeover claim may have run already) would never see it.
+# Put back at the end of the stream for whoever serves it now, unless another consumer claimed it.
+# KEYS: request stream  ARGV: group, consumer, entry id, then its field/value pairs
+#   -> 1 put back, 0 not this consumer's any more
+GIVE_BACK: Final = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2]) == 0 then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+return 1
+"""
+
 # KEYS: reply stream  ARGV: ttl_ms, then field/value pairs
 REPLY: Final = """
 local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', 10000, '*', unpack(ARGV, 2))

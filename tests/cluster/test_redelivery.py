@@ -13,7 +13,7 @@ from talkbridge.agents.base import Result, TurnContext
 from talkbridge.cluster import Cluster as Node
 from talkbridge.cluster.inbound import GROUP, Ack
 from talkbridge.config import ClusterConfig
-from talkbridge.message import NormalizedMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.redis import RedisStore
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
 from tests.support.talk_connector import make_message
@@ -360,4 +360,39 @@ async def test_a_reply_waits_while_the_lease_is_unsure_and_goes_once_it_is_renew
     finally:
         await client.delete(a.keys.lease("shard", str(busy)))
         await client.aclose()
+        await a.stop()
+
+
+async def test_a_send_request_read_just_as_its_connection_was_lost_reaches_the_new_owner(
+    store: RedisStore,
+) -> None:
+    """The old owner's read is under way when it learns another node took the connection (whose
+    takeover claim found nothing pending yet): before, the request stayed pending with the old
+    owner and its sender waited out `send_timeout`."""
+    config = CONFIG.model_copy(update={"lease_ttl": 6.0})  # reads block 1 s: a's stays out
+    a, b = Node(store, config, "a"), Node(store, config, "b")
+    sent: list[tuple[str, str]] = []
+
+    def local(node: str) -> Callable[[str, OutboundMessage, bool], Awaitable[SendResult]]:
+        async def send(cid: str, message: OutboundMessage, check: bool) -> SendResult:
+            sent.append((node, message.text))
+            return SendResult(message_ids=(f"{node}-1",))
+
+        return send
+
+    a.outbound.set_local(local("a"))
+    b.outbound.set_local(local("b"))
+    await a.start()
+    await b.start()
+    try:
+        await a.acquired("test")
+        await a.outbound._cycles.wait_past(a.outbound._cycles.count)  # a reads "test" now
+        await b.acquired("test")  # b takes it over: nothing pending to claim
+        a.lost("test")  # and a learns it, its read still out
+        result = await b.outbound.request(
+            "test", OutboundMessage(thread_id="t1", text="hi"), check_sent=False
+        )
+        assert sent == [("b", "hi")] and result.message_ids == ("b-1",)
+    finally:
+        await b.stop()
         await a.stop()
