@@ -37,3 +37,22 @@ async def finish(process: asyncio.subprocess.Process) -> tuple[int, str, str]:
         raise
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
+
+
+def write_config(folder: Path, connections: str) -> Path:
+    """`folder/talkbridge.yaml`: a SQLite store in `folder` and `connections` (the YAML list
+    under `connections:`, as a user writes it)."""
+    config = folder / "talkbridge.yaml"
+    body = f"store: sqlite:///{folder}/talkbridge.db\nconnections:\n{connections}"
+    config.write_text(body, encoding="utf-8")
+    return config
+
+
+async def check(
+    config: Path, *args: str, env: Mapping[str, str] | None = None
+) -> tuple[int, list[str], str]:
+    """`talkbridge check --config config *args`: its exit code, its table's lines (stdout),
+    and all it printed (stdout and stderr, where no secret may appear)."""
+    process = await talkbridge("check", "--config", str(config), *args, env=env)
+    code, out, err = await finish(process)
+    return code, out.splitlines(), out + err
