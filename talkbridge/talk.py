@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Literal, Protocol, TypeAlias, overload, runtime_checkable
@@ -24,6 +25,11 @@ FeatureName = Literal[
     "streaming",
 ]
 FEATURE_NAMES: tuple[str, ...] = FeatureName.__args__  # type: ignore[attr-defined]
+
+KEYLESS_SEND: ContextVar[str | None] = ContextVar("talkbridge_keyless_send", default=None)
+"""Set by the router around the tries of one `send` without an idempotency key, so a
+connector's retry of it resumes where the failed try stopped (in this process only: a restart
+retries no such send, so it is not stored)."""
 
 
 class Subscription:

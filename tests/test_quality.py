@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,53 @@ def test_ruff_lint_and_format_are_clean() -> None:
 def test_mypy_strict_is_clean() -> None:
     result = _run("mypy", "--strict", "talkbridge")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Each platform's SDK belongs to its own connector folder; the core reaches connectors only
+# through the channel catalog (`talkbridge.connectors`), never a connector's own modules.
+PLATFORM_SDKS = {
+    "aiogram": "telegram",
+    "slack_sdk": "slack",
+    "discord": "discord",
+    "aioimaplib": "email",
+    "aiosmtplib": "email",
+    "publicsuffixlist": "email",
+}
+CORE_FOLDERS = ("router", "store", "agents", "hooks", "cluster")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _package_modules() -> list[tuple[Path, set[str]]]:
+    return [(p.relative_to(ROOT), _imports(p)) for p in sorted((ROOT / "talkbridge").rglob("*.py"))]
+
+
+def test_platform_sdks_are_imported_only_inside_their_connector() -> None:
+    strays = [
+        f"{path} imports {name}"
+        for path, names in _package_modules()
+        for name in names
+        if (channel := PLATFORM_SDKS.get(name.split(".")[0]))
+        and path.parts[1:3] != ("connectors", channel)
+    ]
+    assert strays == []
+
+
+def test_the_core_imports_no_connector_module() -> None:
+    strays = [
+        f"{path} imports {name}"
+        for path, names in _package_modules()
+        if path.parts[1] in CORE_FOLDERS
+        for name in names
+        if name.startswith("talkbridge.connectors.")
+    ]
+    assert strays == []

@@ -14,13 +14,13 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any, NamedTuple, TypeVar
 
 from talkbridge.errors import StoreError, TransientError
 from talkbridge.message import OutboundMessage
 from talkbridge.store.base import Store
+from talkbridge.talk import KEYLESS_SEND
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -28,10 +28,6 @@ V = TypeVar("V")
 log = logging.getLogger("talkbridge.connectors.sending")
 
 Step = Callable[[int], Awaitable[Sequence[str]]]
-
-KEYLESS_SEND: ContextVar[str | None] = ContextVar("talkbridge_keyless_send", default=None)
-"""Set by the router around the tries of one send without an idempotency key: they resume
-one another in this process (a restart retries no such send, so it is not stored)."""
 
 
 def keep_latest(cache: OrderedDict[K, V], key: K, value: V, limit: int) -> None:

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import NoReturn, Protocol
 
 from talkbridge.backoff import Backoff
-from talkbridge.connectors.sending import KEYLESS_SEND
 from talkbridge.errors import (
     ConnectorError,
     RateLimitedError,
@@ -36,6 +35,7 @@ from talkbridge.errors import (
 from talkbridge.message import OutboundMessage, SendResult, utcnow
 from talkbridge.router.ordering import KeyedSerialExecutor
 from talkbridge.store.base import FailedSend, Store
+from talkbridge.talk import KEYLESS_SEND
 
 log = logging.getLogger("talkbridge.router.outbound")
 
