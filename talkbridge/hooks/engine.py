@@ -31,7 +31,13 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from talkbridge.cancellation import cancelling, drain_tasks
-from talkbridge.hooks.calls import check_call, describe_hook_error, log_failure
+from talkbridge.hooks.calls import (
+    check_call,
+    describe_hook_error,
+    hook_code,
+    log_failure,
+    message_ref,
+)
 
 E = TypeVar("E")
 
@@ -730,12 +736,7 @@ class HookChain(Generic[E]):
                                 modified_by.append(reg.name)
                                 continue
                     elif code == _UNUSABLE:
-                        failure = self._unusable(
-                            reg,
-                            f"returned an unusable value {result!r:.200} (a hook returns None, "
-                            "or an instance such as Continue(), Modify(msg), RouteToAgent('name'), "
-                            "RouteToSentinel(), Drop('why') or Forward('connection-id'))",
-                        )
+                        failure = self._unusable(reg, _not_a_decision(result, event))
                     else:  # block or terminal
                         decision, decided_by = result, reg.name
                         break
@@ -743,7 +744,7 @@ class HookChain(Generic[E]):
                 if failures is None:
                     failures = []
                 failures.append(failure)
-                self._log_failure(failure)
+                self._log_failure(failure, reg, current)
                 if reg.on_error == "fail-closed":
                     decision = Block(
                         f"{self.kind} hook {reg.name!r} failed closed: {failure.detail}"
@@ -776,24 +777,18 @@ class HookChain(Generic[E]):
     def _unusable(self, reg: Registration, detail: str) -> HookFailure:
         return HookFailure(reg.name, "unusable", detail, reg.on_error)
 
-    def _log_failure(self, failure: HookFailure) -> None:
+    def _log_failure(self, failure: HookFailure, reg: Registration, event: Any) -> None:
+        """One line: the hook (its name, and its code's name and place), the message it was
+        handling (its id, never its text), what went wrong and what became of the message."""
         action = (
             "blocking (fail-closed)" if failure.on_error == "fail-closed" else "skipped (fail-open)"
         )
-        message = "%s hook %r %s; %s"
+        message = "%s hook %r failed on %s: %s %s; %s"
+        args = (self.kind, failure.hook, message_ref(event), hook_code(reg.fn), failure.detail)
         if failure.kind == "exception" and failure.error is not None:
-            log_failure(
-                self._log,
-                logging.WARNING,
-                message,
-                self.kind,
-                failure.hook,
-                failure.detail,
-                action,
-                exc=failure.error,
-            )
+            log_failure(self._log, logging.WARNING, message, *args, action, exc=failure.error)
         else:
-            self._log.warning(message, self.kind, failure.hook, failure.detail, action)
+            self._log.warning(message, *args, action)
 
     # -- observers ----------------------------------------------------------------------------
 
@@ -822,31 +817,32 @@ class HookChain(Generic[E]):
                 else:
                     continue
             except Exception as exc:
-                self._log_observer(reg, exc)
+                self._log_observer(reg, event, exc)
                 continue
             task = asyncio.create_task(
-                self._observe(reg, rest), name=f"{self.kind} observer {reg.name}"
+                self._observe(reg, event, rest), name=f"{self.kind} observer {reg.name}"
             )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _observe(self, reg: Registration, rest: Awaitable[Any]) -> None:
+    async def _observe(self, reg: Registration, event: Any, rest: Awaitable[Any]) -> None:
         try:
             await _bounded(rest, reg.timeout)
         except Exception as exc:
-            self._log_observer(reg, exc)
+            self._log_observer(reg, event, exc)
 
-    def _log_observer(self, reg: Registration, exc: Exception) -> None:
+    def _log_observer(self, reg: Registration, event: Any, exc: Exception) -> None:
+        message = "%s observer %r failed on %s: %s %s"
+        args = (self.kind, reg.name, message_ref(event), hook_code(reg.fn))
         if isinstance(exc, HookTimeoutError):
-            self._log.warning("%s observer %r %s", self.kind, reg.name, exc)
+            self._log.warning(message, *args, exc)
             return
         log_failure(
             self._log,
             logging.WARNING,
-            "%s observer %r failed: %s",
-            self.kind,
-            reg.name,
-            describe_hook_error(exc),
+            message,
+            *args,
+            f"raised {describe_hook_error(exc)}",
             exc=exc,
         )
 
@@ -868,3 +864,19 @@ class HookChain(Generic[E]):
 
 def _modify_event(result: Modify[Any]) -> Any:
     return result.event
+
+
+def _not_a_decision(result: Any, event: Any) -> str:
+    """What is wrong with a hook's return value, by its type: the value itself may hold the
+    message's text (`return msg`, `return msg.text`), which stays out of the log."""
+    hint = (
+        "a hook returns None, or an instance such as Continue(), Modify(msg), "
+        "RouteToAgent('name'), RouteToSentinel(), Drop('why') or Forward('connection-id')"
+    )
+    if type(result) is type(event):
+        return (
+            f"returned the message itself instead of a decision (to change it: Modify(msg); {hint})"
+        )
+    if isinstance(result, type):
+        return f"returned the class {result.__name__} instead of an instance of it ({hint})"
+    return f"returned a value of type {type(result).__qualname__}, which is not a decision ({hint})"

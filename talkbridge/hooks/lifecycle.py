@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.cancellation import drain_tasks
-from talkbridge.hooks.calls import describe_hook_error, log_failure
+from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
 from talkbridge.hooks.watcher_line import MAX_BEHIND, WatcherLine
 from talkbridge.message import utcnow
@@ -251,12 +251,16 @@ class LifecycleWatchers:
     async def _call(self, kind: str, name: str, fn: Watcher, event: Any) -> None:
         try:
             await settle(fn(event), self._timeout)
-        except HookTimeoutError as exc:
-            log.warning("%s watcher %r %s", kind, name, exc)
         except Exception as exc:
-            message = "%s watcher %r failed: %s"
+            turn = event.turn
+            on = f"turn {turn.turn_id} of {turn.thread.connection_id}/{turn.thread.thread_id}"
+            message = "%s watcher %r failed on %s: %s %s"
+            if isinstance(exc, HookTimeoutError):
+                log.warning(message, kind, name, on, hook_code(fn), exc)
+                return
+            error = f"raised {describe_hook_error(exc)}"
             log_failure(
-                log, logging.WARNING, message, kind, name, describe_hook_error(exc), exc=exc
+                log, logging.WARNING, message, kind, name, on, hook_code(fn), error, exc=exc
             )
 
     def running(self) -> set[asyncio.Task[None]]:
