@@ -205,6 +205,7 @@ class LifecycleWatchers:
             self._lines[name] = WatcherLine(
                 name, self._call, self._tasks, max_behind=self._max_behind
             )
+        self._lines[name].paired = all(name in w for w in self._watchers.values())
 
     def remove(self, name: str, *, missing_ok: bool = False) -> int:
         found = [kind for kind, watchers in self._watchers.items() if name in watchers]
@@ -245,8 +246,17 @@ class LifecycleWatchers:
         self._dispatch(TURN_FINISHED, event)
 
     def _dispatch(self, kind: str, event: TurnStartedEvent | TurnFinishedEvent) -> None:
+        turn = event.turn
+        key = f"{turn.session_id}\x1f{turn.turn_id}"
         for name, fn in self._watchers[kind].items():
-            self._lines[name].put(event.turn.session_id, kind, fn, event)
+            self._lines[name].put(turn.session_id, kind, fn, event, key)
+
+    def health(self) -> dict[str, dict[str, int]]:
+        """Each watcher's events waiting (`behind`) and dropped since the start, for /healthz."""
+        return {
+            name: {"behind": line.behind, "dropped": line.dropped_total}
+            for name, line in self._lines.items()
+        }
 
     async def _call(self, kind: str, name: str, fn: Watcher, event: Any) -> None:
         try:
