@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass
@@ -45,6 +46,10 @@ OnError = Literal["fail-open", "fail-closed"]
 Direction = Literal["inbound", "outbound"]
 ON_ERROR_VALUES: Final = ("fail-open", "fail-closed")
 DEFAULT_TIMEOUT: Final = 30.0
+BLOCKING_WARNING: Final = 1.0
+"""Seconds a hook may run without awaiting before the log says it held up the event loop."""
+_DONE: Final = object()
+_monotonic: Final = time.monotonic
 
 log = logging.getLogger("talkbridge.hooks")
 
@@ -675,20 +680,26 @@ class HookChain(Generic[E]):
                     if task is not None:
                         result = await task
                     else:
+                        began = _monotonic()
                         result = reg.fn(current, ctx) if reg.pass_second else reg.fn(current)
                         if type(result) is _CoroutineType:
                             try:
                                 first = result.send(None)
                             except StopIteration as stop:
-                                result = stop.value
-                            else:
+                                result, first = stop.value, _DONE
+                            if _monotonic() - began > BLOCKING_WARNING:
+                                self._held_the_loop(reg, current, _monotonic() - began)
+                            if first is not _DONE:
                                 result = await _bounded(_resume(result, first), reg.timeout)
-                        elif (
-                            result is not None
-                            and type(result) not in self._codes  # a known decision: not awaitable
-                            and inspect.isawaitable(result)
-                        ):
-                            result = await _bounded(result, reg.timeout)
+                        else:
+                            if _monotonic() - began > BLOCKING_WARNING:
+                                self._held_the_loop(reg, current, _monotonic() - began)
+                            if (
+                                result is not None
+                                and type(result) not in self._codes  # a decision: not awaitable
+                                and inspect.isawaitable(result)
+                            ):
+                                result = await _bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
                 except asyncio.CancelledError as exc:
@@ -773,6 +784,20 @@ class HookChain(Generic[E]):
                 self._codes[type(result)] = code
                 return code
         return _UNUSABLE
+
+    def _held_the_loop(self, reg: Registration, event: Any, held: float) -> None:
+        """A hook that blocked (`time.sleep`, a blocking HTTP call) stalled every conversation,
+        and its timeout could not fire: nothing else would say so."""
+        self._log.warning(
+            "%s hook %r held up every conversation on %s: %s ran %.1f s without awaiting "
+            "(time.sleep, or blocking I/O such as requests or a database driver?); use await "
+            "asyncio.sleep, an async client, or await asyncio.to_thread(...)",
+            self.kind,
+            reg.name,
+            message_ref(event),
+            hook_code(reg.fn),
+            held,
+        )
 
     def _unusable(self, reg: Registration, detail: str) -> HookFailure:
         return HookFailure(reg.name, "unusable", detail, reg.on_error)
