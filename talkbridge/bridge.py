@@ -348,6 +348,9 @@ class Bridge:
         info = self.cluster.describe() if self.cluster is not None else {}
         if self._stopping:  # a load balancer sends new sockets elsewhere meanwhile
             info["stopping"] = True
+        watchers = self.hooks.lifecycle.health()
+        if watchers:  # a watcher too slow for the traffic has events dropped: how many
+            info["watchers"] = watchers
         return {"store": self.store.health(), **info}
 
     async def webchat_url(self, timeout: float = 30.0) -> str:

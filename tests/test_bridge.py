@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -1296,20 +1297,28 @@ async def test_a_raising_hook_is_one_log_line_naming_it_and_its_line_and_the_mes
         text: f"(at {SHOWN} line {_line_raising(text)})"
         for text in ("router exploded", "middleware exploded", "watcher exploded", "not this one")
     }
-    said = [r.getMessage() for r in caplog.records if r.name == "talkbridge.hooks"]
+    said = [
+        re.sub(r"turn \S+ of", "turn T of", r.getMessage())
+        for r in caplog.records
+        if r.name == "talkbridge.hooks"
+    ]
+    defined = {  # each hook's own code: its name, file and line
+        f.__name__: f"{f.__name__} ({SHOWN} line {f.__code__.co_firstlineno})"
+        for f in (router, wrap, watch)
+    }
+    router = f"{defined['router']} raised RuntimeError: router exploded {at['router exploded']}"
+    watcher = f"{defined['watch']} raised LookupError: watcher exploded {at['watcher exploded']}"
     assert sorted(said) == sorted(
         [
-            "channel-message hook 'router' raised RuntimeError: router exploded "
-            f"{at['router exploded']}; skipped (fail-open)",
-            "channel-message hook 'router' raised RuntimeError: router exploded "
-            f"{at['router exploded']}; skipped (fail-open)",
-            "turn middleware 'wrap' failed before calling next(): ValueError: middleware "
-            f"exploded {at['middleware exploded']}; skipped (fail-open)",
-            f"run listener 'guard' refused in before_run: not this one {at['not this one']}",
-            "agent-turn-finished watcher 'watch' failed: LookupError: watcher exploded "
-            f"{at['watcher exploded']}",
-            "agent-turn-finished watcher 'watch' failed: LookupError: watcher exploded "
-            f"{at['watcher exploded']}",
+            f"channel-message hook 'router' failed on test/m1: {router}; skipped (fail-open)",
+            f"channel-message hook 'router' failed on test/m2: {router}; skipped (fail-open)",
+            "turn middleware 'wrap' failed on test/m1 before calling next(): "
+            f"{defined['wrap']} raised ValueError: middleware exploded "
+            f"{at['middleware exploded']}; skipped (fail-open)",
+            "run listener 'guard' refused in before_run on test/m2: not this one "
+            f"{at['not this one']}",
+            f"agent-turn-finished watcher 'watch' failed on turn T of test/t1: {watcher}",
+            f"agent-turn-finished watcher 'watch' failed on turn T of test/t1: {watcher}",
         ]
     )
     assert all(r.exc_info is None for r in caplog.records)

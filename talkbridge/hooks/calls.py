@@ -75,11 +75,26 @@ def _code_of(fn: Any) -> Any:
 
 
 def handler_name(fn: Any) -> str:
-    """How a handler reads in a log line: `Bridge.handler`, `relay`, `partial(relay)`."""
+    """How a handler reads in a log line: `Bridge.handler`, `relay`, `partial(relay)`, its
+    qualified name without the `create_hook.<locals>.` of a function defined in another."""
     if isinstance(fn, functools.partial):
         return f"partial({handler_name(fn.func)})"
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return str(name) if name else type(fn).__qualname__
+    return str(name).rsplit("<locals>.", 1)[-1] if name else type(fn).__qualname__
+
+
+def hook_code(fn: Any) -> str:
+    """`Boom.on_message (hooks/x/hook.py line 2)`: the hook's code, for a failure's log line."""
+    return f"{handler_name(fn)}{defined_at(fn)}"
+
+
+def message_ref(msg: Any) -> str:
+    """`connection/message-id` of the message a hook was handling (never its text)."""
+    connection_id = getattr(msg, "connection_id", None)
+    message_id = getattr(msg, "id", None)
+    if connection_id is None or message_id is None:
+        return "an event"
+    return f"{connection_id}/{message_id}"
 
 
 def defined_at(fn: Any) -> str:

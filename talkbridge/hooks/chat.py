@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from talkbridge.agents.base import TurnContext
 from talkbridge.errors import TurnAbortedError
-from talkbridge.hooks.calls import check_call, failed_at, log_failure
+from talkbridge.hooks.calls import check_call, failed_at, hook_code, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, ON_ERROR_VALUES, OnError, _takes_two, settle
 
 log = logging.getLogger("talkbridge.hooks")
@@ -119,12 +119,15 @@ class ChatHooks:
         closed = entry.on_error == "fail-closed"
         action = "aborting the turn (fail-closed)" if closed else "skipped (fail-open)"
         level = logging.ERROR if closed else logging.WARNING
+        code = hook_code(entry.fn)
         if exc is None:
-            log.log(level, "%s hook %r %s; %s", kind, entry.name, detail, action)
+            log.log(level, "%s hook %r: %s %s; %s", kind, entry.name, code, detail, action)
         else:
             shown_where = failed_at(exc)
-            message = "%s hook %r %s%s; %s"
-            log_failure(log, level, message, kind, entry.name, detail, shown_where, action, exc=exc)
+            message = "%s hook %r: %s %s%s; %s"
+            log_failure(
+                log, level, message, kind, entry.name, code, detail, shown_where, action, exc=exc
+            )
         if closed:
             shown = f": {detail}" if self.environment == "development" else ""
             raise TurnAbortedError(f"{kind} hook {entry.name!r} failed{shown}") from exc

@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import time
 import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass
@@ -31,7 +32,13 @@ from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from talkbridge.cancellation import cancelling, drain_tasks
-from talkbridge.hooks.calls import check_call, describe_hook_error, log_failure
+from talkbridge.hooks.calls import (
+    check_call,
+    describe_hook_error,
+    hook_code,
+    log_failure,
+    message_ref,
+)
 
 E = TypeVar("E")
 
@@ -39,6 +46,10 @@ OnError = Literal["fail-open", "fail-closed"]
 Direction = Literal["inbound", "outbound"]
 ON_ERROR_VALUES: Final = ("fail-open", "fail-closed")
 DEFAULT_TIMEOUT: Final = 30.0
+BLOCKING_WARNING: Final = 1.0
+"""Seconds a hook may run without awaiting before the log says it held up the event loop."""
+_DONE: Final = object()
+_monotonic: Final = time.monotonic
 
 log = logging.getLogger("talkbridge.hooks")
 
@@ -669,20 +680,26 @@ class HookChain(Generic[E]):
                     if task is not None:
                         result = await task
                     else:
+                        began = _monotonic()
                         result = reg.fn(current, ctx) if reg.pass_second else reg.fn(current)
                         if type(result) is _CoroutineType:
                             try:
                                 first = result.send(None)
                             except StopIteration as stop:
-                                result = stop.value
-                            else:
+                                result, first = stop.value, _DONE
+                            if _monotonic() - began > BLOCKING_WARNING:
+                                self._held_the_loop(reg, current, _monotonic() - began)
+                            if first is not _DONE:
                                 result = await _bounded(_resume(result, first), reg.timeout)
-                        elif (
-                            result is not None
-                            and type(result) not in self._codes  # a known decision: not awaitable
-                            and inspect.isawaitable(result)
-                        ):
-                            result = await _bounded(result, reg.timeout)
+                        else:
+                            if _monotonic() - began > BLOCKING_WARNING:
+                                self._held_the_loop(reg, current, _monotonic() - began)
+                            if (
+                                result is not None
+                                and type(result) not in self._codes  # a decision: not awaitable
+                                and inspect.isawaitable(result)
+                            ):
+                                result = await _bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
                 except asyncio.CancelledError as exc:
@@ -730,12 +747,7 @@ class HookChain(Generic[E]):
                                 modified_by.append(reg.name)
                                 continue
                     elif code == _UNUSABLE:
-                        failure = self._unusable(
-                            reg,
-                            f"returned an unusable value {result!r:.200} (a hook returns None, "
-                            "or an instance such as Continue(), Modify(msg), RouteToAgent('name'), "
-                            "RouteToSentinel(), Drop('why') or Forward('connection-id'))",
-                        )
+                        failure = self._unusable(reg, _not_a_decision(result, event))
                     else:  # block or terminal
                         decision, decided_by = result, reg.name
                         break
@@ -743,7 +755,7 @@ class HookChain(Generic[E]):
                 if failures is None:
                     failures = []
                 failures.append(failure)
-                self._log_failure(failure)
+                self._log_failure(failure, reg, current)
                 if reg.on_error == "fail-closed":
                     decision = Block(
                         f"{self.kind} hook {reg.name!r} failed closed: {failure.detail}"
@@ -773,27 +785,35 @@ class HookChain(Generic[E]):
                 return code
         return _UNUSABLE
 
+    def _held_the_loop(self, reg: Registration, event: Any, held: float) -> None:
+        """A hook that blocked (`time.sleep`, a blocking HTTP call) stalled every conversation,
+        and its timeout could not fire: nothing else would say so."""
+        self._log.warning(
+            "%s hook %r held up every conversation on %s: %s ran %.1f s without awaiting "
+            "(time.sleep, or blocking I/O such as requests or a database driver?); use await "
+            "asyncio.sleep, an async client, or await asyncio.to_thread(...)",
+            self.kind,
+            reg.name,
+            message_ref(event),
+            hook_code(reg.fn),
+            held,
+        )
+
     def _unusable(self, reg: Registration, detail: str) -> HookFailure:
         return HookFailure(reg.name, "unusable", detail, reg.on_error)
 
-    def _log_failure(self, failure: HookFailure) -> None:
+    def _log_failure(self, failure: HookFailure, reg: Registration, event: Any) -> None:
+        """One line: the hook (its name, and its code's name and place), the message it was
+        handling (its id, never its text), what went wrong and what became of the message."""
         action = (
             "blocking (fail-closed)" if failure.on_error == "fail-closed" else "skipped (fail-open)"
         )
-        message = "%s hook %r %s; %s"
+        message = "%s hook %r failed on %s: %s %s; %s"
+        args = (self.kind, failure.hook, message_ref(event), hook_code(reg.fn), failure.detail)
         if failure.kind == "exception" and failure.error is not None:
-            log_failure(
-                self._log,
-                logging.WARNING,
-                message,
-                self.kind,
-                failure.hook,
-                failure.detail,
-                action,
-                exc=failure.error,
-            )
+            log_failure(self._log, logging.WARNING, message, *args, action, exc=failure.error)
         else:
-            self._log.warning(message, self.kind, failure.hook, failure.detail, action)
+            self._log.warning(message, *args, action)
 
     # -- observers ----------------------------------------------------------------------------
 
@@ -822,31 +842,32 @@ class HookChain(Generic[E]):
                 else:
                     continue
             except Exception as exc:
-                self._log_observer(reg, exc)
+                self._log_observer(reg, event, exc)
                 continue
             task = asyncio.create_task(
-                self._observe(reg, rest), name=f"{self.kind} observer {reg.name}"
+                self._observe(reg, event, rest), name=f"{self.kind} observer {reg.name}"
             )
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _observe(self, reg: Registration, rest: Awaitable[Any]) -> None:
+    async def _observe(self, reg: Registration, event: Any, rest: Awaitable[Any]) -> None:
         try:
             await _bounded(rest, reg.timeout)
         except Exception as exc:
-            self._log_observer(reg, exc)
+            self._log_observer(reg, event, exc)
 
-    def _log_observer(self, reg: Registration, exc: Exception) -> None:
+    def _log_observer(self, reg: Registration, event: Any, exc: Exception) -> None:
+        message = "%s observer %r failed on %s: %s %s"
+        args = (self.kind, reg.name, message_ref(event), hook_code(reg.fn))
         if isinstance(exc, HookTimeoutError):
-            self._log.warning("%s observer %r %s", self.kind, reg.name, exc)
+            self._log.warning(message, *args, exc)
             return
         log_failure(
             self._log,
             logging.WARNING,
-            "%s observer %r failed: %s",
-            self.kind,
-            reg.name,
-            describe_hook_error(exc),
+            message,
+            *args,
+            f"raised {describe_hook_error(exc)}",
             exc=exc,
         )
 
@@ -868,3 +889,19 @@ class HookChain(Generic[E]):
 
 def _modify_event(result: Modify[Any]) -> Any:
     return result.event
+
+
+def _not_a_decision(result: Any, event: Any) -> str:
+    """What is wrong with a hook's return value, by its type: the value itself may hold the
+    message's text (`return msg`, `return msg.text`), which stays out of the log."""
+    hint = (
+        "a hook returns None, or an instance such as Continue(), Modify(msg), "
+        "RouteToAgent('name'), RouteToSentinel(), Drop('why') or Forward('connection-id')"
+    )
+    if type(result) is type(event):
+        return (
+            f"returned the message itself instead of a decision (to change it: Modify(msg); {hint})"
+        )
+    if isinstance(result, type):
+        return f"returned the class {result.__name__} instead of an instance of it ({hint})"
+    return f"returned a value of type {type(result).__qualname__}, which is not a decision ({hint})"

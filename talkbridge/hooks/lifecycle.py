@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.cancellation import drain_tasks
-from talkbridge.hooks.calls import describe_hook_error, log_failure
+from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
 from talkbridge.hooks.watcher_line import MAX_BEHIND, WatcherLine
 from talkbridge.message import utcnow
@@ -205,6 +205,7 @@ class LifecycleWatchers:
             self._lines[name] = WatcherLine(
                 name, self._call, self._tasks, max_behind=self._max_behind
             )
+        self._lines[name].paired = all(name in w for w in self._watchers.values())
 
     def remove(self, name: str, *, missing_ok: bool = False) -> int:
         found = [kind for kind, watchers in self._watchers.items() if name in watchers]
@@ -245,18 +246,31 @@ class LifecycleWatchers:
         self._dispatch(TURN_FINISHED, event)
 
     def _dispatch(self, kind: str, event: TurnStartedEvent | TurnFinishedEvent) -> None:
+        turn = event.turn
+        key = f"{turn.session_id}\x1f{turn.turn_id}"
         for name, fn in self._watchers[kind].items():
-            self._lines[name].put(event.turn.session_id, kind, fn, event)
+            self._lines[name].put(turn.session_id, kind, fn, event, key)
+
+    def health(self) -> dict[str, dict[str, int]]:
+        """Each watcher's events waiting (`behind`) and dropped since the start, for /healthz."""
+        return {
+            name: {"behind": line.behind, "dropped": line.dropped_total}
+            for name, line in self._lines.items()
+        }
 
     async def _call(self, kind: str, name: str, fn: Watcher, event: Any) -> None:
         try:
             await settle(fn(event), self._timeout)
-        except HookTimeoutError as exc:
-            log.warning("%s watcher %r %s", kind, name, exc)
         except Exception as exc:
-            message = "%s watcher %r failed: %s"
+            turn = event.turn
+            on = f"turn {turn.turn_id} of {turn.thread.connection_id}/{turn.thread.thread_id}"
+            message = "%s watcher %r failed on %s: %s %s"
+            if isinstance(exc, HookTimeoutError):
+                log.warning(message, kind, name, on, hook_code(fn), exc)
+                return
+            error = f"raised {describe_hook_error(exc)}"
             log_failure(
-                log, logging.WARNING, message, kind, name, describe_hook_error(exc), exc=exc
+                log, logging.WARNING, message, kind, name, on, hook_code(fn), error, exc=exc
             )
 
     def running(self) -> set[asyncio.Task[None]]:

@@ -18,7 +18,14 @@ from typing import Any, Final, Literal
 
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.errors import TurnAbortedError
-from talkbridge.hooks.calls import check_call, describe_hook_error, failed_at, log_failure
+from talkbridge.hooks.calls import (
+    check_call,
+    describe_hook_error,
+    failed_at,
+    hook_code,
+    log_failure,
+    message_ref,
+)
 from talkbridge.hooks.engine import DEFAULT_TIMEOUT, settle
 from talkbridge.message import Attachment
 
@@ -172,20 +179,23 @@ class RunListeners:
             try:
                 await settle(fn(*args), self._timeout)
             except Exception as exc:
+                ctx = args[0] if args and isinstance(args[0], TurnContext) else None
+                on = f" on {message_ref(ctx.message)}" if ctx is not None else ""
                 if event in ABORTING_EVENTS:
                     # Raising is how a listener refuses: a verdict, not a crash (no traceback).
-                    message = "run listener %r refused in %s: %s%s"
+                    message = "run listener %r refused in %s%s: %s%s"
                     where = failed_at(exc)
-                    log_failure(log, logging.WARNING, message, name, event, exc, where, exc=exc)
+                    log_failure(log, logging.WARNING, message, name, event, on, exc, where, exc=exc)
                     message = (
                         f"{REFUSED} by listener {name!r} ({event}): {exc}"
                         if (environment or self.environment) == "development"
                         else REFUSED
                     )
                     raise ListenerRefusedError(message, listener=name, event=event) from exc
-                message = "run listener %r failed in %s: %s"
+                message = "run listener %r failed in %s%s: %s raised %s"
+                error = describe_hook_error(exc)
                 log_failure(
-                    log, logging.WARNING, message, name, event, describe_hook_error(exc), exc=exc
+                    log, logging.WARNING, message, name, event, on, hook_code(fn), error, exc=exc
                 )
 
     async def before_run(self, ctx: TurnContext, *, environment: Environment | None = None) -> None:

@@ -21,7 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
 from talkbridge.cancellation import cancelling
-from talkbridge.hooks.calls import describe_hook_error, log_failure
+from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure, message_ref
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
 
 log = logging.getLogger("talkbridge.hooks")
@@ -87,23 +87,28 @@ async def _layer(
         if isinstance(exc, asyncio.CancelledError) and cancelling():
             raise  # the turn is being cancelled; a stray one is the middleware's failure
         when = "after calling next()" if nxt.called else "before calling next()"
-        failed = "turn middleware %r failed %s: %s; %s"
+        failed = "turn middleware %r failed on %s %s: %s raised %s; %s"
+        where = (message_ref(ctx.message), when, hook_code(_code_of(mw)), describe_hook_error(exc))
         if on_error == "fail-closed":
-            ending = "ending the turn"
-            log_failure(
-                log, logging.ERROR, failed, name, when, describe_hook_error(exc), ending, exc=exc
-            )
+            log_failure(log, logging.ERROR, failed, name, *where, "ending the turn", exc=exc)
             detail = f": {type(exc).__name__}: {exc}" if environment == "development" else ""
             await ctx.emit(
                 Error(message=f"turn middleware {name!r} failed{detail}", code="middleware_error")
             )
             return
         action = "ignored (fail-open)" if nxt.called else "skipped (fail-open)"
-        log_failure(
-            log, logging.WARNING, failed, name, when, describe_hook_error(exc), action, exc=exc
-        )
+        log_failure(log, logging.WARNING, failed, name, *where, action, exc=exc)
         if not nxt.called:
             await inner(ctx)
+
+
+def _code_of(mw: TurnMiddleware) -> object:
+    """The user's own code behind a middleware, for a log line (not the adapter's)."""
+    if isinstance(mw, FunctionMiddleware):
+        return mw.fn
+    if isinstance(mw, ConfiguredMiddleware):
+        return mw.inner.handle
+    return mw.handle
 
 
 def compose(

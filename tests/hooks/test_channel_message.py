@@ -197,3 +197,78 @@ async def test_a_failing_subscriber_of_an_imperative_hook_is_one_line_naming_it(
     ]
     traceback = [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
     assert len(traceback) == 1 and "the other room is gone" in str(traceback[0].exc_info[1])  # type: ignore[index]
+
+
+async def test_a_failing_hook_folder_is_one_line_naming_its_code_and_the_message_not_its_text(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hook that raised was logged naming its folder and the file that raised, not the
+    function or class whose code failed, nor the message it was handling; one that returned
+    the message itself (a forgotten `Modify`) had the message's repr, its text included, in
+    the log. Now each line names the code (`Guard.on_message`, its file and line) and the
+    message by connection and id, never by its text; both messages are still answered."""
+    from tests.support.talk_connector import make_message
+
+    folder = tmp_path / "hooks" / "channel-message" / "guard"
+    code = (
+        "class Guard:\n"
+        "    async def on_message(self, msg):\n"
+        "        if msg.id == 'm-1':\n"
+        "            raise RuntimeError('no profile')\n"
+        "        return msg\n"
+        "def create_hook(deps):\n"
+        "    return Guard()\n"
+    )
+    async with hook_folder_bridge(tmp_path, folder, code) as (_bridge, conn):
+        with caplog.at_level(logging.WARNING, logger="talkbridge.hooks"):
+            await conn.inject(make_message("my card is 4111", thread_id="c", message_id="m-1"))
+            await conn.inject(make_message("my pin is 1234", thread_id="c", message_id="m-2"))
+            await conn.wait_sent(2)
+    assert conn.texts() == ["my card is 4111", "my pin is 1234"]  # fail-open: answered
+    where = shown_path(str(folder / "hook.py"))
+    hint = (
+        "a hook returns None, or an instance such as Continue(), Modify(msg), "
+        "RouteToAgent('name'), RouteToSentinel(), Drop('why') or Forward('connection-id')"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"channel-message hook 'guard' failed on test/m-1: Guard.on_message ({where} line 2) "
+        f"raised RuntimeError: no profile (at {where} line 4); skipped (fail-open)",
+        f"channel-message hook 'guard' failed on test/m-2: Guard.on_message ({where} line 2) "
+        "returned the message itself instead of a decision (to change it: Modify(msg); "
+        f"{hint}); skipped (fail-open)",
+    ]
+
+
+@pytest.mark.parametrize("define", ["def", "async def"])
+async def test_a_hook_that_blocks_the_event_loop_is_named_in_the_log(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    define: str,
+) -> None:
+    """A hook calling `time.sleep` (or `requests.post`) stalled every conversation, and its
+    timeout could not fire, without a word in the log: now a line names it and says how."""
+    from talkbridge.hooks import engine
+    from tests.support.talk_connector import make_message
+
+    monkeypatch.setattr(engine, "BLOCKING_WARNING", 0.05, raising=False)  # 1 s, sooner
+    folder = tmp_path / "hooks" / "channel-message" / "lookup"
+    code = (
+        "import time\n"
+        "def create_hook(deps):\n"
+        f"    {define} on_message(msg):\n"
+        "        time.sleep(0.1)  # a blocking call: what the test is about\n"
+        "    return on_message\n"
+    )
+    async with hook_folder_bridge(tmp_path, folder, code) as (_bridge, conn):
+        with caplog.at_level(logging.WARNING, logger="talkbridge.hooks"):
+            await conn.inject(make_message("hello", thread_id="c", message_id="m-1"))
+            await conn.wait_sent(1)
+    assert conn.texts() == ["hello"]
+    where = shown_path(str(folder / "hook.py"))
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.startswith(
+        "channel-message hook 'lookup' held up every conversation on test/m-1: on_message "
+        f"({where} line 3) ran 0."
+    )
+    assert "time.sleep, or blocking I/O" in said and "asyncio.to_thread" in said

@@ -136,7 +136,7 @@ def _unusable(calls: list[str]) -> Any:
     [
         (_never, "timeout", "timed out"),
         (_raises, "exception", "ValueError: broken rule"),
-        (_unusable, "unusable", "unusable value 42"),
+        (_unusable, "unusable", "returned a value of type int, which is not a decision"),
     ],
 )
 async def test_fail_open_skips_the_broken_hook(
@@ -157,7 +157,7 @@ async def test_fail_open_skips_the_broken_hook(
 
 @pytest.mark.parametrize(
     ("make", "words"),
-    [(_never, "timed out"), (_raises, "ValueError"), (_unusable, "unusable")],
+    [(_never, "timed out"), (_raises, "ValueError"), (_unusable, "not a decision")],
 )
 async def test_fail_closed_blocks_naming_the_hook(make: Any, words: str) -> None:
     chain: HookChain[Ev] = HookChain("test")

@@ -12,6 +12,7 @@ import pytest
 
 from talkbridge.agents.base import Result, ToolCall, ToolResult
 from talkbridge.hooks import LifecycleWatchers, TurnFinishedEvent, TurnStartedEvent
+from talkbridge.hooks.calls import shown_path
 
 from .support import WAIT, hook_folder_bridge, make_ctx
 
@@ -162,12 +163,47 @@ async def test_a_watcher_too_far_behind_has_events_dropped_and_says_so(
         release.set()
         await asyncio.wait_for(watchers.drain(), WAIT)
     assert got == ["0", "1"]
+    code = f"stuck ({shown_path(__file__)} line {stuck.__code__.co_firstlineno})"
     assert [r.getMessage() for r in caplog.records] == [
-        "turn watcher 'stuck' is 2 events behind: dropping this agent-turn-started event and "
-        "the next ones until it catches up (a watcher should return quickly and start slow "
-        "work as a task of its own)",
-        "turn watcher 'stuck' caught up; 3 events were dropped",
+        f"turn watcher 'stuck' ({code}) is 2 events behind: dropping this agent-turn-started "
+        "event and the next ones until it catches up (a watcher should return quickly and "
+        "start slow work as a task of its own; /healthz counts the dropped events under "
+        "watchers)",
+        "turn watcher 'stuck' caught up; 3 events were dropped (3 since the start)",
     ]
+    assert watchers.health() == {"stuck": {"behind": 0, "dropped": 3}}
+
+
+async def test_a_watcher_of_both_events_too_far_behind_gets_whole_turns() -> None:
+    """Past the bound, a turn's `finished` was dropped although its `started` had been
+    delivered (and a later turn's started dropped): a watcher that pairs them (a timer keeping
+    each turn's start) never saw those turns end. Now a turn's finish goes where its start went:
+    delivered past the bound when its start is in line, dropped when its start was."""
+    watchers = LifecycleWatchers(max_behind=2)
+    release = asyncio.Event()
+    got: list[str] = []
+
+    class Timer:
+        async def on_turn_started(self, event: TurnStartedEvent) -> None:
+            await release.wait()
+            got.append(f"started {event.turn.session_id}")
+
+        async def on_turn_finished(self, event: TurnFinishedEvent) -> None:
+            got.append(f"finished {event.turn.session_id}")
+
+    timer = Timer()
+    watchers.add("agent-turn-started", timer.on_turn_started, name="timer")
+    watchers.add("agent-turn-finished", timer.on_turn_finished, name="timer")
+    started = TurnStartedEvent.from_context(make_ctx())
+    finished = TurnFinishedEvent.from_context(make_ctx(), "completed")
+    for conversation in "ABC":  # three turns under way at once, in three conversations
+        watchers.turn_started(_turn(started, conversation, "1"))
+    for conversation in "ABC":
+        watchers.turn_finished(_turn(finished, conversation, "1"))
+    release.set()
+    await asyncio.wait_for(watchers.drain(), WAIT)
+    assert sorted(got) == ["finished A", "finished B", "started A", "started B"]
+    assert watchers.health() == {"timer": {"behind": 0, "dropped": 2}}  # C's start and finish
 
 
 async def test_an_object_with_both_methods_in_one_folder_gets_both_events(

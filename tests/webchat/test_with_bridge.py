@@ -323,3 +323,57 @@ async def test_a_turn_answered_before_a_crash_is_neither_run_nor_streamed_again(
         ("user", "a story"),
         ("assistant", "Once upon a time."),
     ]
+
+
+async def test_healthz_counts_the_events_a_slow_watcher_had_dropped(tmp_path: Path) -> None:
+    """A watcher too slow for the traffic had events dropped with one warning in the log and
+    nothing anywhere else: an operator looking at the running bridge could not tell. /healthz
+    now shows each watcher's events waiting and dropped since the start."""
+    from talkbridge.hooks import HookRegistry, LifecycleWatchers, TurnFinishedEvent
+
+    hooks = HookRegistry()
+    hooks.lifecycle = LifecycleWatchers(max_behind=1)  # the bound (1,000) reached sooner
+    release = asyncio.Event()
+    probed: list[str] = []
+    probe_changed = asyncio.Event()
+
+    @hooks.on_turn_finished
+    async def slow(event: TurnFinishedEvent) -> None:
+        await release.wait()
+
+    @hooks.on_turn_finished
+    def probe(event: TurnFinishedEvent) -> None:  # announced after `slow` was: it had its turn
+        probed.append(event.turn.turn_id)
+        probe_changed.set()
+
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config, hooks=hooks)
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready):
+            thread = ready["conversations"][0]["thread_id"]
+            for n in range(3):
+                send = {"type": "send", "thread_id": thread, "client_id": f"c{n}", "text": "hi"}
+                await ws.send(json.dumps(send))
+                await _until(ws, _answer)  # turns are not held up by the watcher
+        while len(probed) < 3:
+            probe_changed.clear()
+            await asyncio.wait_for(probe_changed.wait(), TIMEOUT)
+        http = (await bridge.webchat_url()).split("?")[0].rstrip("/")
+        health = await _get_json(f"{http}/healthz")
+        assert health["status"] == "ok"
+        assert health["watchers"] == {
+            "slow": {"behind": 1, "dropped": 2},
+            "probe": {"behind": 0, "dropped": 0},
+        }
+        release.set()
+        await bridge.hooks.drain()
+        health = await _get_json(f"{http}/healthz")
+        assert health["watchers"]["slow"] == {"behind": 0, "dropped": 2}  # kept since the start
+    finally:
+        await bridge.stop()
