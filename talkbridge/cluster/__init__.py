@@ -86,7 +86,13 @@ class Cluster:
         """Of those, the ones this node runs now."""
 
     def lease(self, kind: str, name: str) -> Lease:
-        return Lease(self.client, self.keys.lease(kind, name), self.node_id, self.config.lease_ttl)
+        return Lease(
+            self.client,
+            self.keys.lease(kind, name),
+            self.node_id,
+            self.config.lease_ttl,
+            fence=self.keys.fence(),
+        )
 
     def is_remote(self, connection_id: str) -> bool:
         """True when sends to this connection must go through its owner on another node."""
@@ -102,8 +108,10 @@ class Cluster:
                     f"another running node has the node id {self.node_id!r}: give each node "
                     "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
                 )
+            # Gone later only if Redis is emptied: leases are then fenced (see `Lease`).
+            await self.client.set(self.keys.fence(), 0, nx=True)
             shards = self.config.shards
-            streams = await self.inbound.shard_streams()
+            layout = await self.inbound.shard_layout()
             theirs = await self.membership.join()
             if theirs is not None:
                 await self.client.aclose()
@@ -113,7 +121,7 @@ class Cluster:
                     f"no node reads. Give every node the same value (change it only with every "
                     f"node stopped)"
                 )
-            await self.inbound.fold_dropped_shards(streams)
+            await self.inbound.sort_shards(*layout)
             if (warning := await self._store.persistence_warning()) is not None:
                 log.warning("distributed mode: %s", warning)
             await self.outbound.start()

@@ -10,7 +10,9 @@ run on different nodes. Every node holds at most ceil(shards / live nodes) shard
 extras (after finishing what it had read of them), so load spreads when nodes join. A node that
 takes a shard first claims whatever the previous holder left unacknowledged (XAUTOCLAIM, any
 consumer, no idle minimum: the lease makes it the only reader) and hands those over marked
-*recovered*, before reading new entries.
+*recovered*, before reading new entries. A read takes a shard's new entries only while Redis
+says the lease is this node's (one script): a node yet to hear that its lease moved on reads
+none that the new holder's take-over claim has missed.
 
 A node that learns it lost a shard's lease (renewals failing for most of the TTL, or another
 node holding it) cancels its turns of that shard's messages at once, and starts none of those
@@ -45,8 +47,6 @@ from talkbridge.cluster.streams import (
     Entry,
     claim_all,
     ensure_group,
-    group_gone,
-    read_entries,
     remake_groups,
 )
 from talkbridge.config import ClusterConfig
@@ -148,6 +148,7 @@ class InboundBus:
         self._complete = client.register_script(scripts.COMPLETE_ACK)
         self._ack = client.register_script(scripts.ACK)
         self._move = client.register_script(scripts.MOVE_ENTRY)
+        self._read = client.register_script(scripts.FENCED_READ)
         self._balancer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         self._releases: set[asyncio.Task[None]] = set()
@@ -207,50 +208,70 @@ class InboundBus:
             args.append(_history_json("user", message.id, sender, message.text, now, data))
         return bool(await self._accept(keys=keys, args=args))
 
-    # -- a lowered shard count -----------------------------------------------------------------
+    # -- a changed shard count ----------------------------------------------------------------
 
-    async def shard_streams(self) -> int:
-        """How many shard streams may hold entries (read before this node joins: joining
-        records its own `cluster.shards`)."""
+    async def shard_layout(self) -> tuple[int | None, int]:
+        """Read before this node joins (joining records its own `cluster.shards`): the shard
+        count the waiting entries are sorted by (None: none was ever recorded), and how many
+        shard streams may hold entries."""
         k = self._keys
-        known = await self._client.mget(k.shard_count(), k.shard_streams())
-        return max((int(v) for v in known if v), default=0)
+        count, streams = (
+            int(v) if v else None
+            for v in await self._client.mget(k.shard_count(), k.shard_streams())
+        )
+        sorted_by = streams if streams is not None else count
+        return sorted_by, max(count or 0, streams or 0)
 
-    async def fold_dropped_shards(self, streams: int) -> None:
-        """Move what waits on shards numbered `cluster.shards` or more (`streams` of them were
-        in use) onto the shards their threads map to now: with a lowered `cluster.shards` no
-        node reads those streams, and their messages would never be answered. Moved entries
-        count as recovered (a node may have worked on them). Several nodes may do this at
-        once: each entry moves once."""
+    async def sort_shards(self, sorted_by: int | None, streams: int) -> None:
+        """Move what waits on the shard streams onto the shards its threads map to now, when
+        `cluster.shards` changed since the entries were put there (`sorted_by`): a thread maps
+        to another shard then, and its new messages, read there by another node, would be
+        answered before (or beside) those still waiting on its old shard; and no node reads
+        the shards numbered `cluster.shards` or more at all. Moved entries count as recovered
+        (a node may have worked on them). Several nodes may do this at once: each entry moves
+        once, and each thread's entries in their order."""
+        shards = self._config.shards
+        if sorted_by is None or sorted_by == shards:  # only streams left by a start cut short
+            numbers = range(shards, streams)
+        else:
+            numbers = range(max(shards, streams))
+        for number in numbers:
+            await self._sort_shard(number)
+        await self._client.set(self._keys.shard_streams(), shards)
+
+    async def _sort_shard(self, number: int) -> None:
         k = self._keys
-        for number in range(self._config.shards, streams):
-            stream = k.bus_in(number)
-            moved = 0
-            while True:
-                entries: list[Entry] = list(await self._client.xrange(stream, count=READ_COUNT))  # type: ignore[arg-type]
-                if not entries:
-                    break
-                for entry_id, fields in entries:
-                    try:
-                        message = NormalizedMessage.model_validate_json(fields["m"])
-                    except (KeyError, ValueError) as exc:
-                        log.error(
-                            "shard %d: dropping unreadable entry %s: %s", number, entry_id, exc
-                        )
-                        await self._client.xdel(stream, entry_id)
-                        continue
-                    target = k.bus_in(self.shard_of(message.thread_key))
-                    moved += await self._move(keys=[stream, target], args=[entry_id, fields["m"]])
+        stream = k.bus_in(number)
+        moved = 0
+        after = "-"
+        while True:
+            entries: list[Entry] = list(
+                await self._client.xrange(stream, min=after, count=READ_COUNT)  # type: ignore[arg-type]
+            )
+            if not entries:
+                break
+            after = "(" + entries[-1][0]
+            for entry_id, fields in entries:
+                try:
+                    message = NormalizedMessage.model_validate_json(fields["m"])
+                except (KeyError, ValueError) as exc:
+                    log.error("shard %d: dropping unreadable entry %s: %s", number, entry_id, exc)
+                    await self._client.xdel(stream, entry_id)
+                    continue
+                target = self.shard_of(message.thread_key)
+                if target != number:
+                    keys = [stream, k.bus_in(target)]
+                    moved += await self._move(keys=keys, args=[entry_id, fields["m"]])
+        if number >= self._config.shards:
             await self._client.delete(stream)
-            if moved:
-                log.warning(
-                    "shard %d: no node reads it now that cluster.shards is %d; moved its %d "
-                    "waiting message(s) onto the shards of their threads",
-                    number,
-                    self._config.shards,
-                    moved,
-                )
-        await self._client.set(k.shard_streams(), self._config.shards)
+        if moved:
+            log.warning(
+                "shard %d: cluster.shards is %d now; moved %d waiting message(s) onto the "
+                "shards of their threads",
+                number,
+                self._config.shards,
+                moved,
+            )
 
     # -- consuming ----------------------------------------------------------------------------
 
@@ -367,7 +388,8 @@ class InboundBus:
         return self._held.get(shard.number) is shard
 
     async def _try_take(self, number: int) -> _Shard | None:
-        lease = Lease(self._client, self._keys.lease("shard", str(number)), self._node, self._ttl)
+        key = self._keys.lease("shard", str(number))
+        lease = Lease(self._client, key, self._node, self._ttl, fence=self._keys.fence())
         if not (await lease.acquire()).held:
             return None
         inflight, idle = self._work.setdefault(number, (set(), asyncio.Event()))
@@ -448,42 +470,62 @@ class InboundBus:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
             # Only shards whose lease outlasts this read for sure. After a pause (a stopped
             # process, a Redis outage) renewals have not run yet; another node may hold the
-            # shard by now, and entries read here would wait for the straggler sweep and be
-            # answered out of order. They are left to whoever holds the shard.
+            # shard by now. (The read itself takes entries only while Redis says the lease
+            # is this node's: see `_read_new`.)
             renewed_since = loop.time() + self.block_ms / 1000 - self._ttl * SURE_OF_LEASE
-            streams: dict[Any, Any] = {
-                s.stream: ">"
-                for s in self._held.values()
-                if s.active and s.renewed_at >= renewed_since
-            }
-            if not streams:
+            shards = [s for s in self._held.values() if s.active and s.renewed_at >= renewed_since]
+            if not shards:
                 self._wake.clear()
                 self._cycles.bump()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.block_ms / 1000)
                 continue
             try:
-                result = await self._client.xreadgroup(
-                    GROUP, self._node, streams, count=READ_COUNT, block=self.block_ms
-                )
+                waiting = await self._read_new(shards)
+                self._cycles.bump()  # after dispatching: a shard being released counts them in
+                if waiting:  # nothing new: wait for an entry (reading none: another may hold it)
+                    await self._client.xread(waiting, count=1, block=self.block_ms)
+                    self._cycles.bump()
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                if group_gone(exc):
-                    with contextlib.suppress(RedisError, OSError):  # else: the next read
-                        await remake_groups(self._client, streams, GROUP, log)
-                        continue
                 reading.failed(exc)
                 self._cycles.bump()
                 await asyncio.sleep(self.block_ms / 1000)
                 continue
             reading.worked()
-            for name, entries in read_entries(result):
-                shard = self._by_stream.get(name)
-                for entry in entries:
-                    if shard is None:  # lost while reading: whoever holds it claims these later
+
+    async def _read_new(self, shards: list[_Shard]) -> dict[Any, Any]:
+        """Read and dispatch the new entries of `shards`, each only while Redis says its lease
+        is this node's: a read that reaches Redis after the lease moved (this node paused, or
+        it has yet to hear of the loss at its next renewal) would take entries that the new
+        holder, its take-over claim over, leaves to its straggler sweep (`claim_idle`). A shard
+        found held by another (or by nobody) is lost at once. Returns, when nothing was new,
+        the last entry id each stream's group was given (to wait for newer ones)."""
+        keys = [k for s in shards for k in (s.lease.key, s.stream)]
+        answers = await self._read(keys=keys, args=[self._node, GROUP, READ_COUNT])
+        waiting: dict[Any, Any] = {}
+        gone: list[str] = []
+        for shard, answer in zip(shards, answers, strict=True):
+            state = int(answer[0])
+            if state == 0:
+                if self._holds(shard):
+                    log.warning("shard %d: lease lost; no longer reading it", shard.number)
+                    self._lost(shard)
+            elif state == 1:
+                waiting[shard.stream] = answer[1]
+            elif state == 3:
+                gone.append(shard.stream)
+            else:
+                held = self._by_stream.get(shard.stream)
+                for entry_id, flat in answer[1]:
+                    if held is None:  # lost meanwhile: whoever takes it next claims these
                         continue
-                    await self._dispatch(shard, entry, recovered=False)
-            self._cycles.bump()  # after dispatching: a shard being released counts them in
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                    await self._dispatch(held, (entry_id, fields), recovered=False)
+        if gone:  # made again; read at once
+            await remake_groups(self._client, gone, GROUP, log)
+            return {}
+        return waiting if len(waiting) == len(shards) else {}
 
     async def _dispatch(self, shard: _Shard, entry: Entry, *, recovered: bool) -> None:
         entry_id, fields = entry

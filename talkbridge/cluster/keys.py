@@ -21,6 +21,11 @@ class ClusterKeys(RedisKeys):
         since the streams past the current number were last folded into the others."""
         return self._key("cluster", "shard-streams")
 
+    def fence(self) -> str:
+        """Made by each node at its start: gone only when Redis was emptied (FLUSHDB) or the
+        deployment's keys deleted; then the time (ms) until which no lease may be taken."""
+        return self._key("cluster", "fence")
+
     def lease(self, kind: str, name: str) -> str:
         """`lease:conn:<id>` or `lease:shard:<n>`: the node id holding it, with a TTL."""
         return self._key("lease", kind, name)

@@ -1,7 +1,9 @@
 """Leases: one node at a time holds a named piece of work (a connection, an inbound shard).
 
 `SET key node NX PX ttl` takes a free lease; renewing and releasing compare the holder first (Lua),
-so a node can never extend or drop a lease another node took after its own ran out. The holder
+so a node can never extend or drop a lease another node took after its own ran out. After Redis
+was emptied (FLUSHDB) no lease is taken for a TTL: the old holders hear at their next renewal
+(every third of it) that theirs are gone, and stop, before another node takes them. The holder
 renews every third of the TTL; when a renewal fails (the key expired or another node holds it,
 or Redis stayed unreachable for most of a TTL) the lease is lost and the guarded work must stop.
 """
@@ -43,9 +45,20 @@ class LeaseState:
 
 
 class Lease:
-    def __init__(self, client: aioredis.Redis, key: str, node_id: str, ttl: float) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        key: str,
+        node_id: str,
+        ttl: float,
+        *,
+        fence: str | None = None,
+    ) -> None:
         self.client = client
         self.key = key
+        self._keys = [key] if fence is None else [key, fence]
+        """With the fence key (`ClusterKeys.fence`): no lease is taken for a TTL after Redis
+        was emptied, while the old holders have yet to hear that theirs are gone."""
         self.node_id = node_id
         self.ttl = ttl
         self._ms = max(1, round(ttl * 1000))
@@ -59,7 +72,7 @@ class Lease:
 
     async def acquire(self) -> LeaseState:
         """Take the lease if it is free (or already ours, which renews it)."""
-        held, left, holder = await self._acquire(keys=[self.key], args=[self.node_id, self._ms])
+        held, left, holder = await self._acquire(keys=self._keys, args=[self.node_id, self._ms])
         return LeaseState(bool(held), _text(holder) if holder else None, max(0, int(left)) / 1000)
 
     async def renew(self) -> bool:

@@ -6,8 +6,22 @@ from typing import Final
 
 from talkbridge.store._redis_lua import ACCEPT_HEAD, RECORD_SENT_HEAD
 
-# KEYS: lease  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
+# KEYS: lease[, fence]  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
+# The fence key (`ClusterKeys.fence`, made at each node's start) is gone only when Redis was
+# emptied (FLUSHDB) or the deployment's keys deleted: the leases went with it, but their old
+# holders learn so only at their next renewal. No lease is taken for a TTL from then on, so they
+# have stopped what the leases guarded before another node starts it.
 ACQUIRE: Final = """
+if #KEYS == 2 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local fence = redis.call('GET', KEYS[2])
+  if not fence then
+    fence = now + tonumber(ARGV[2])
+    redis.call('SET', KEYS[2], fence)
+  end
+  if tonumber(fence) > now then return {0, tonumber(fence) - now, false} end
+end
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
@@ -92,6 +106,39 @@ MOVE_ENTRY: Final = """
 if redis.call('XDEL', KEYS[1], ARGV[1]) == 0 then return 0 end
 redis.call('XADD', KEYS[2], '*', 'm', ARGV[2], 'r', '1')
 return 1
+"""
+
+# Read new entries of held shards: each only while this node holds its lease in Redis, so a
+# read that reaches Redis after the lease moved on (the node paused, or slow to hear of the
+# loss) takes nothing that the new holder (whose take-over claim may be over) would not see.
+# KEYS: lease, stream, lease, stream, ...  ARGV: node (the consumer), group, count
+#   -> per pair: {0} not this node's lease; {1, the group's last delivered id} nothing new;
+#      {2, entries}; {3, error} (the stream or its group is gone)
+FENCED_READ: Final = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  local stream = KEYS[i + 1]
+  if redis.call('GET', KEYS[i]) ~= ARGV[1] then
+    out[#out + 1] = {0}
+  else
+    local r = redis.pcall(
+      'XREADGROUP', 'GROUP', ARGV[2], ARGV[1], 'COUNT', ARGV[3], 'STREAMS', stream, '>')
+    if type(r) == 'table' and r.err then
+      out[#out + 1] = {3, r.err}
+    elseif r and r[1] then
+      out[#out + 1] = {2, r[1][2]}
+    else
+      local last = '0-0'
+      for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+        local fields = {}
+        for j = 1, #g, 2 do fields[g[j]] = g[j + 1] end
+        if fields['name'] == ARGV[2] then last = fields['last-delivered-id'] end
+      end
+      out[#out + 1] = {1, last}
+    end
+  end
+end
+return out
 """
 
 # KEYS: stream  ARGV: group, entry id

@@ -131,8 +131,8 @@ async def test_nodes_answer_on_after_their_keys_vanish_from_redis(cluster: Clust
             await wait_until(lambda: _balanced(nodes) and len(_owners(nodes)) == 1, timeout=30)
             keys = [k async for k in redis.scan_iter(match=RedisKeys(cluster.prefix).pattern())]
             await redis.delete(*keys)  # the readers are blocked on their streams nearly always
-            # The keys' loss is seen at each node's next renewal: until then the connection
-            # may have two owners (its lease was free for the other to take), or none.
+            # The keys' loss is seen at each node's next renewal: until then the old owner
+            # runs the connection, and no node takes its lease for a TTL (none owns it then).
             node = (_owners(nodes) or [a])[0]
             for t in range(8):  # threads on every shard, so on both nodes
                 await connector(node).inject(

@@ -7,11 +7,14 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from talkbridge.bridge import Bridge
 from talkbridge.cluster import Lease
 from talkbridge.cluster.inbound import shard_of
+from talkbridge.config import ConnectionConfig
+from talkbridge.connectors.base import ConnectionStatus
 from talkbridge.errors import ConfigError
 from talkbridge.registry import ConnectionState
-from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.cluster.conftest import TTL, Cluster, LeasedConnector, connector, owner, wait_until
 from tests.support.agents import GatedAgent
 from tests.support.talk_connector import make_message
 
@@ -153,6 +156,103 @@ async def test_messages_left_on_shards_a_lowered_count_drops_are_answered(
         sent = await connector(b).wait_sent(2)
         assert [s.message.text for s in sent] == ["q1", "q2"]  # in order
         assert await client.exists(old) == 0
+    finally:
+        await client.aclose()
+
+
+async def test_a_raised_shard_count_keeps_each_thread_in_order(cluster: Cluster) -> None:
+    # Every node stopped with q1 and q2 of a thread waiting on its shard of 4; they start
+    # again with `shards: 8`, which maps the thread to another shard, held by another node.
+    # q3, sent after the change, went there and was answered at once, before q1 and q2.
+    first = GatedAgent()
+    a = await cluster.node("a", prepare=lambda bridge: bridge.runner.add_agent(first, "echo"))
+    thread = next(
+        f"t{i}" for i in range(100) if shard_of(f"test\x1ft{i}", 4) != shard_of(f"test\x1ft{i}", 8)
+    )
+    old, new = shard_of(f"test\x1f{thread}", 4), shard_of(f"test\x1f{thread}", 8)
+    for n in (1, 2):
+        await connector(a).inject(make_message(f"q{n}", thread_id=thread, message_id=f"m{n}"))
+    await asyncio.wait_for(first.started["q1"].wait(), 10)
+    await a.stop(drain_timeout=0)  # cut off: both wait on their shard for the next start
+    assert a.cluster is not None
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    agent = GatedAgent()
+    agent.gates["q2"].set()
+    agent.gates["q3"].set()
+    eight = {"cluster": {"shards": 8}}
+
+    def prepare(bridge: Bridge) -> None:
+        bridge.runner.add_agent(agent, "echo")
+
+    try:
+        # The thread's new shard goes to c: b takes every other one (its old one too).
+        await client.set(a.cluster.keys.lease("shard", str(new)), "c", px=60_000)
+        b = await cluster.node("b", config=eight, prepare=prepare)
+        assert b.cluster is not None
+        await wait_until(lambda: b.cluster is not None and old in b.cluster.inbound.held)
+        c = await cluster.node("c", config=eight, prepare=prepare)
+        assert c.cluster is not None
+        await wait_until(lambda: c.cluster is not None and new in c.cluster.inbound.held)
+        await connector(b).inject(make_message("q3", thread_id=thread, message_id="m3"))
+        await asyncio.wait_for(agent.started["q1"].wait(), 10)
+        stream = a.cluster.keys.bus_in(new)
+
+        async def q3_read() -> bool:  # by the holder of its shard, c (its turn may be over)
+            (group,) = await client.xinfo_groups(stream)
+            last = (await client.xinfo_stream(stream))["last-generated-id"]
+            return bool(group["last-delivered-id"] == last)
+
+        await wait_until(q3_read)
+        agent.gates["q1"].set()
+        first_answer = (await connector(b).wait_sent(1))[0]
+        assert first_answer.message.text == "answer to q1"  # not q3, on the thread's new shard
+        await connector(b).wait_sent(3)
+        assert connector(b).texts() == ["answer to q1", "answer to q2", "answer to q3"]
+    finally:
+        for gate in agent.gates.values():
+            gate.set()
+        await client.aclose()
+
+
+async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_owner(
+    cluster: Cluster,
+) -> None:
+    # A FLUSHDB takes the leases with everything else; their holders hear so at their next
+    # renewal, up to a third of the TTL on. A standby node that tried meanwhile took the
+    # lease and ran the transport beside its owner: two pollers of one bot for that long.
+    running: list[LeasedConnector] = []
+    beside: list[str] = []
+
+    class Watched(LeasedConnector):
+        async def run(self, status: ConnectionStatus) -> None:
+            if any(c.running.is_set() for c in running if c is not self):
+                beside.append("two nodes ran the connection at once")
+            await super().run(status)
+
+    def prepare(bridge: Bridge) -> None:
+        watched = Watched()
+        running.append(watched)
+        bridge.registry.add(watched, ConnectionConfig(id="test", channel="telegram"))
+
+    a = await cluster.node("a", connectors=(), prepare=prepare)
+    b = await cluster.node("b", connectors=(), prepare=prepare)
+    assert a.cluster is not None and b.cluster is not None
+    await wait_until(lambda: owner([a, b]) is a)
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    lease = a.cluster.keys.lease("conn", "test")
+    try:
+
+        async def just_renewed() -> bool:  # its next renewal is a third of the TTL away
+            return bool(await client.pttl(lease) >= TTL * 1000 * 0.9)
+
+        await wait_until(just_renewed)
+        keys = [k async for k in client.scan_iter(match=a.cluster.keys.pattern(), count=500)]
+        await client.delete(*keys)  # as FLUSHDB does
+        assert not (await b.cluster.lease("conn", "test").acquire()).held  # a still runs it
+        await wait_until(lambda: not running[0].running.is_set())  # a heard, and stopped
+        await wait_until(lambda: any(c.running.is_set() for c in running))  # taken again
+        assert beside == []
+        assert owner([a, b]) is not None
     finally:
         await client.aclose()
 

@@ -168,6 +168,50 @@ async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_ne
         await a.stop()
 
 
+async def test_a_node_yet_to_hear_its_shard_moved_reads_none_of_its_new_entries(
+    store: RedisStore,
+) -> None:
+    # Node a's lease ran out and b took the shard, its take-over claim over, but a has yet to
+    # hear (its next renewal is up to a third of the TTL away). a's read, waiting on the
+    # stream longer than b's, was served the new entries first: they then waited in a's
+    # pending list for b's straggler sweep (`claim_idle`, a minute by default), or a answered
+    # them itself, beside the shard's holder and out of its order.
+    config = ClusterConfig(lease_ttl=3.0, shards=1, claim_idle=30.0, send_timeout=5.0)
+    a, b = Node(store, config, "a"), Node(store, config, "b")
+    taken: dict[str, list[str]] = {"a": [], "b": []}
+
+    def taker(name: str) -> object:
+        async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
+            taken[name].append(message.id)
+            await ack()  # type: ignore[operator]
+
+        return take
+
+    a.inbound.set_handler(taker("a"))  # type: ignore[arg-type]
+    b.inbound.set_handler(taker("b"))  # type: ignore[arg-type]
+    await a.start()
+    await a.inbound.start()
+    balancer = a.inbound._balancer
+    assert balancer is not None and a.inbound.held == [0]
+    balancer.cancel()  # a does not hear of the loss: its renewal is still to come
+    client = aioredis.Redis.from_url(store.url, decode_responses=True)
+    try:
+        await client.set(a.keys.lease("shard", "0"), "b", px=60_000)  # a's ran out; b's now
+        await b.start()
+        await b.inbound.start()
+        assert b.inbound.held == [0]  # taken over (nothing to claim), and read from now on
+        messages = [make_message(f"{i}", thread_id="t", message_id=f"m{i}") for i in range(5)]
+        for message in messages:
+            assert await b.inbound.publish(message, record_history=True)
+        await wait_until(lambda: len(taken["b"]) == len(messages), timeout=5)  # < claim_idle
+        assert taken == {"a": [], "b": [m.id for m in messages]}  # by the holder, in order
+        assert a.inbound.held == []  # a learnt of the loss from its read
+    finally:
+        await client.aclose()
+        await b.stop()
+        await a.stop()
+
+
 async def test_a_stopping_node_hands_back_each_shard_once_its_own_work_there_is_done(
     store: RedisStore,
 ) -> None:
