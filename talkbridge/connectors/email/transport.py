@@ -88,7 +88,9 @@ class EmailConnector(BaseConnector):
         self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
         self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
-        self._participants = Participants(context.store, self._prefix, context.dedupe_for)
+        self._participants = Participants(
+            context.store, config.id, self._prefix, context.dedupe_for
+        )
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -358,9 +360,10 @@ class EmailConnector(BaseConnector):
             cc=mail.context.cc,
             thread_id=thread_id,
         )
-        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
-        await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
-        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
+        keep = self.context.dedupe_for
+        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json(), keep_for=keep)
+        await store.set_state(f"{self._prefix}root:{message.id}", thread_id, keep_for=keep)
+        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id, keep_for=keep)
         await self._participants.add(
             thread_id, (message.channel_user_id, *context.reply_to, *context.cc)
         )
@@ -562,9 +565,22 @@ class EmailConnector(BaseConnector):
             await self._deferred.settled(key)
         self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
-        await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
+        await self._thread_kept(thread_id, message_id)
         await self._participants.add(thread_id, recipients)
         return SendResult(message_ids=(message_id,))
+
+    async def _thread_kept(self, thread_id: str, message_id: str) -> None:
+        """After a reply in the thread: our reply's Message-ID leads to the thread, and the
+        thread's latest mail (what a send without `reply_to` answers) is kept for another
+        `dedupe_for`, as a mail arriving in it would keep it: a thread the bridge is still
+        writing into stays answerable and joinable, one idle that long is forgotten."""
+        store, keep = self.context.store, self.context.dedupe_for
+        await store.set_state(f"{self._prefix}root:{message_id}", thread_id, keep_for=keep)
+        latest = await store.get_state(f"{self._prefix}thread:{thread_id}")
+        context = await store.get_state(f"{self._prefix}msg:{latest}") if latest else None
+        if latest and context:
+            await store.set_state(f"{self._prefix}msg:{latest}", context, keep_for=keep)
+            await store.set_state(f"{self._prefix}thread:{thread_id}", latest, keep_for=keep)
 
     async def _save_sent(self, mail: EmailMessage, message_id: str) -> None:
         """Save a reply that went out to the Sent folder, marked read; best effort (logged)."""
