@@ -7,6 +7,9 @@ an MTA would, `kick(user)` makes the server drop the user's IMAP connections (`d
 the server create that folder and mark it `\\Sent` (RFC 6154), as most servers do, and
 `folder(user, name)` reads a folder's mail.
 
+`ImapCutter` sits between a client and Dovecot and cuts the client off at one command (APPEND),
+before or after the server carried it out: where a bridge killed at that point leaves things.
+
 `SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
 (`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
 (`fail_next`), offers SMTPUTF8 on request (`smtputf8`), and can hand each mail on into a
@@ -266,6 +269,77 @@ service imap-login {{
 {capability}{self._namespace()}""",
             encoding="utf-8",
         )
+
+
+# ---- cutting a client off at one command ------------------------------------------------------
+
+
+class ImapCutter:
+    """A TCP proxy in front of an IMAP server that cuts the first client to send `command`
+    off: before the server gets the command (what the server sees of a bridge killed just
+    before it), or, with `after`, once the server carried it out but before the client hears
+    so (killed just after). Later connections pass through untouched. `cut` is set then."""
+
+    def __init__(self, port: int, command: str = "APPEND", *, after: bool = False) -> None:
+        self._target = port
+        self._command = f" {command.upper()} ".encode()
+        self._after = after
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.cut = asyncio.Event()
+        self.port = 0
+
+    async def __aenter__(self) -> ImapCutter:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        tag: list[bytes] = []  # the tag of the command to cut at, once the client sent it
+        tasks = [
+            asyncio.create_task(self._upstream(reader, up_writer, tag)),
+            asyncio.create_task(self._downstream(up_reader, writer, tag)),
+        ]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._tasks.difference_update(tasks)
+            for w in (writer, up_writer):
+                w.close()
+
+    async def _upstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tag: list[bytes]
+    ) -> None:
+        while line := await reader.readline():  # (a literal's lines are read as lines too)
+            if not self.cut.is_set() and not tag and self._command in line.split(b"{")[0]:
+                tag.append(line.split(b" ", 1)[0])
+                if not self._after:
+                    self.cut.set()
+                    return
+            writer.write(line)
+            await writer.drain()
+
+    async def _downstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tag: list[bytes]
+    ) -> None:
+        while line := await reader.readline():
+            if tag and line.startswith(tag[0] + b" ") and not self.cut.is_set():
+                self.cut.set()
+                return
+            writer.write(line)
+            await writer.drain()
 
 
 # ---- a minimal IMAP server -------------------------------------------------------------------

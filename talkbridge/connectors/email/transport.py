@@ -15,9 +15,13 @@ the Sent folder (`imap.sent_folder`) in the background, over a short IMAP sessio
 again when a retry sends it to recipients that deferred it, nor when the folder already holds
 its Message-ID (a copy saved before a crash, or one the SMTP server filed itself); a failure
 there is logged. In the background, so that a stop cutting the save short cannot make a sent
-reply look unsent (and be sent again). A per-thread reply limit refuses (and so
-records) replies beyond `max_replies_per_thread` in `reply_window` seconds, and a per-address
-limit those to one address across threads (a responder may answer each reply in a new thread).
+reply look unsent (and be sent again). The mail is kept in the store from the moment SMTP
+took it until the folder has it (`unsaved`): a crash, a stop or an IMAP failure in between
+leaves it there, and the next start of the connection saves it.
+
+A per-thread reply limit refuses (and so records) replies beyond `max_replies_per_thread` in
+`reply_window` seconds, and a per-address limit those to one address across threads (a
+responder may answer each reply in a new thread).
 """
 
 from __future__ import annotations
@@ -56,10 +60,12 @@ from talkbridge.connectors.email.errors import smtp_errors
 from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
 from talkbridge.connectors.email.safety import ReplyLimiter
 from talkbridge.connectors.email.threads import Participants
+from talkbridge.connectors.email.unsaved import Unsaved
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
     PermanentError,
+    StoreError,
     TransientError,
     UnauthorizedError,
 )
@@ -110,6 +116,8 @@ class EmailConnector(BaseConnector):
         """`sent_folder: auto`'s folder once found (None: the server marks none; False: not
         looked for yet)."""
         self._saving: set[asyncio.Task[None]] = set()
+        self._saving_ids: set[str] = set()
+        self._unsaved = Unsaved(context.store, self._prefix, context.dedupe_for, self._log)
         self._save_lock = asyncio.Lock()
         """One save at a time: two copies of one reply are never both found missing."""
         self.saved = 0
@@ -123,6 +131,7 @@ class EmailConnector(BaseConnector):
         try:
             await session.open()
             await self._catch_up(session)
+            await self._resume_saves()  # (started before `up`: a stop then waits for them)
             status.up()
             if session.has_idle:
                 await self._idle_loop(session)
@@ -557,9 +566,9 @@ class EmailConnector(BaseConnector):
             for address in answered:
                 self._per_address.record(address, now)
             if self.config.imap.sent_folder is not False:
-                task = asyncio.create_task(self._save_sent(mail, message_id))
-                self._saving.add(task)
-                task.add_done_callback(self._saving.discard)
+                raw = _as_bytes(mail)
+                await self._unsaved.add(message_id, raw)  # first: a crash now loses no copy
+                self._start_save(message_id, raw)
         await self._some_refused(message, message_id, mail, refused)
         if key and again:
             await self._deferred.settled(key)
@@ -582,23 +591,68 @@ class EmailConnector(BaseConnector):
             await store.set_state(f"{self._prefix}msg:{latest}", context, keep_for=keep)
             await store.set_state(f"{self._prefix}thread:{thread_id}", latest, keep_for=keep)
 
-    async def _save_sent(self, mail: EmailMessage, message_id: str) -> None:
-        """Save a reply that went out to the Sent folder, marked read; best effort (logged)."""
+    def _start_save(self, message_id: str, raw: bytes) -> None:
+        """Save a reply to Sent in the background (unless that is under way already)."""
+        if message_id in self._saving_ids:
+            return
+        self._saving_ids.add(message_id)
+        task = asyncio.create_task(self._save_sent(raw, message_id))
+        self._saving.add(task)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._saving.discard(task)
+            self._saving_ids.discard(message_id)
+
+        task.add_done_callback(finished)
+
+    async def _resume_saves(self) -> None:
+        """Save the replies an earlier run sent but did not save to Sent (it died, was
+        stopped, or the IMAP server failed it); each is looked for in the folder first."""
+        try:
+            waiting = await self._unsaved.waiting()
+        except StoreError as exc:  # the next start tries again
+            self._log.warning("cannot tell which replies are still to be saved to Sent: %s", exc)
+            return
+        if self.config.imap.sent_folder is False:  # turned off since: not to be saved
+            for message_id, _ in waiting:
+                await self._unsaved.done(message_id)
+            return
+        if waiting:
+            self._log.info(
+                "saving %d reply(ies) sent earlier to the Sent folder (not saved then)",
+                len(waiting),
+            )
+        for message_id, raw in waiting:
+            self._start_save(message_id, raw)
+
+    async def _save_sent(self, raw: bytes, message_id: str) -> None:
+        """Save a reply that went out to the Sent folder, marked read, unless the folder has
+        its Message-ID already; a failure is logged, and the next start of the connection
+        tries again (`Unsaved`)."""
         session = ImapSession(self.config.imap, self.config.timeout)
+        over = False
         try:
             async with self._save_lock:
                 await session.open(select=False)
                 folder = await self._sent_folder_in(session)
                 if folder is not None and not await session.holds(folder, message_id):
                     create = self.config.imap.sent_folder != "auto"
-                    await session.append(folder, _as_bytes(mail), create=create)
+                    await session.append(folder, raw, create=create)
+                over = True
         except Exception as exc:  # best effort, in a task nobody awaits: said, never raised
             detail = exc if isinstance(exc, ConnectorError) else scrub(repr(exc), *self._secrets)
-            self._log.warning("reply %s went out but was not saved to Sent: %s", message_id, detail)
+            self._log.warning(
+                "reply %s went out but was not saved to Sent (tried again at the next start "
+                "of the connection): %s",
+                message_id,
+                detail,
+            )
         finally:
             await session.close()
-            self.saved += 1
-            self._notify()
+        if over:
+            await self._unsaved.done(message_id)
+        self.saved += 1
+        self._notify()
 
     async def _sent_folder_in(self, session: ImapSession) -> str | None:
         """The folder replies are saved to, as IMAP commands name it; None: none to save to."""

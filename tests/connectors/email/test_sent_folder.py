@@ -11,7 +11,7 @@ from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.errors import TransientError
 from talkbridge.message import OutboundMessage
 from tests.connectors.email.conftest import mail
-from tests.peers.email import DovecotPeer, ImapStandIn, SmtpPeer
+from tests.peers.email import DovecotPeer, ImapCutter, ImapStandIn, SmtpPeer
 
 WITH_SENT = pytest.mark.parametrize("dovecot", [{"sent": "Sent"}], indirect=True)
 
@@ -120,3 +120,32 @@ async def test_a_server_refusing_the_copy_does_not_fail_the_reply(
     assert received.message["Message-ID"] == result.message_id
     [warning] = [r.getMessage() for r in caplog.records if "not saved to Sent" in r.getMessage()]
     assert result.message_id in warning and "LIST" in warning
+
+
+@WITH_SENT
+@pytest.mark.parametrize("after", [False, True], ids=["before-append", "after-append"])
+async def test_a_reply_whose_copy_a_crash_cut_short_is_saved_once_at_the_next_start(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    start: Callable[..., Any],
+    after: bool,
+) -> None:
+    """The bridge dies between the SMTP send and the APPEND of its copy (or just after the
+    APPEND, before it heard the answer): the next start saves the copy, and only if the folder
+    does not hold it yet. The IMAP connection is cut where a killed bridge's would end."""
+    imap = make_connector().config.imap.model_dump()
+    imap["password"] = imap["password"].get_secret_value()
+    async with ImapCutter(dovecot.port, "APPEND", after=after) as cutter:
+        first = make_connector(imap=imap | {"port": cutter.port})
+        result = await first.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+        await first.wait_for(lambda: first.saved == 1)
+        assert cutter.cut.is_set()
+    assert sent_ids(dovecot) == ([(result.message_id, "S")] if after else [])
+    running = await start()  # the restart, on the same store
+    await running.connector.wait_for(lambda: running.connector.saved == 1, timeout=10)
+    assert sent_ids(dovecot) == [(result.message_id, "S")]
+    again = await start()  # and another: nothing left to save
+    await again.status.wait_up()
+    await again.stop()  # (waits for the saves it started)
+    assert again.connector.saved == 0 and len(smtp.received) == 1
