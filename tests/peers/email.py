@@ -63,11 +63,14 @@ class DovecotPeer:
         no_idle: bool = False,
         tls: TlsFiles | None = None,
         sent: str | None = None,
+        unmarked: str | None = None,
     ) -> None:
         self.users = dict(users)
         self.no_idle = no_idle
         self.sent = sent
         """A folder the server creates and marks `\\Sent` (RFC 6154 SPECIAL-USE)."""
+        self.unmarked = unmarked
+        """A folder the server creates and marks nothing (`Sent Items`, as a client made it)."""
         self.tls = tls
         """With TLS: STARTTLS on `port`, and TLS from the first byte on `tls_port`."""
         self.port = 0
@@ -209,12 +212,16 @@ class DovecotPeer:
         self.doveadm("kick", user)
 
     def _namespace(self) -> str:
-        if self.sent is None:
+        if self.sent is None and self.unmarked is None:
             return ""
-        return (
-            "namespace inbox {\n  inbox = yes\n"
-            f"  mailbox {self.sent} {{\n    special_use = \\Sent\n    auto = create\n  }}\n}}\n"
-        )
+        mailboxes = ""
+        if self.sent is not None:
+            mailboxes += (
+                f'  mailbox "{self.sent}" {{\n    special_use = \\Sent\n    auto = create\n  }}\n'
+            )
+        if self.unmarked is not None:
+            mailboxes += f'  mailbox "{self.unmarked}" {{\n    auto = create\n  }}\n'
+        return f"namespace inbox {{\n  inbox = yes\n{mailboxes}}}\n"
 
     def log(self) -> str:
         path = self.root / "dovecot.log"
@@ -374,6 +381,12 @@ class ImapStandIn(Waitable):
     """Answer a FETCH of INTERNALDATE with BAD, as a stand-in that never heard of it would."""
     uidnext: bool = True
     uidvalidity: int = 7
+    folders: dict[str, str] | None = None
+    """Folder name -> its special-use attribute (`\\Sent`, or ""): LIST answers with them, and
+    the server announces SPECIAL-USE. None: LIST is an unknown command."""
+    special_use_when_asked: bool = True
+    """List the attributes only for `LIST … RETURN (SPECIAL-USE)` (RFC 6154 allows leaving
+    them out of a plain LIST)."""
     port: int = 0
     commands: list[str] = field(default_factory=list)
     _server: asyncio.Server | None = None
@@ -395,7 +408,7 @@ class ImapStandIn(Waitable):
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"* OK [CAPABILITY IMAP4rev1] stand-in ready\r\n")
+        writer.write(f"* OK [CAPABILITY {self._capabilities}] stand-in ready\r\n".encode())
         try:
             while line := await reader.readline():
                 tag, _, command = line.decode().rstrip("\r\n").partition(" ")
@@ -418,7 +431,15 @@ class ImapStandIn(Waitable):
             sub, _, args = args.partition(" ")
             name = f"UID {sub.upper()}"
         if name == "CAPABILITY":
-            return b"* CAPABILITY IMAP4rev1\r\n", "OK done"
+            return f"* CAPABILITY {self._capabilities}\r\n".encode(), "OK done"
+        if name == "LIST" and self.folders is not None:
+            asked = "RETURN (SPECIAL-USE)" in args.upper()
+            shown = asked or not self.special_use_when_asked
+            lines = "".join(
+                f'* LIST ({use if shown else ""}) "/" "{folder}"\r\n'
+                for folder, use in self.folders.items()
+            )
+            return lines.encode(), "OK done"
         if name in ("LOGIN", "NOOP"):
             return b"", "OK done"
         if name == "LOGOUT":
@@ -443,6 +464,10 @@ class ImapStandIn(Waitable):
                     mail.seen = True
             return b"", "OK done"
         return b"", "BAD unknown command"
+
+    @property
+    def _capabilities(self) -> str:
+        return "IMAP4rev1" + (" LIST-EXTENDED SPECIAL-USE" if self.folders is not None else "")
 
     def _search(self, keys: list[str]) -> tuple[bytes, str]:
         found = list(self.mails)

@@ -57,7 +57,7 @@ from talkbridge.connectors.email.codec import (
 from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.deferrals import Deferrals, Deferred
 from talkbridge.connectors.email.errors import smtp_errors
-from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
+from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_argument
 from talkbridge.connectors.email.safety import ReplyLimiter
 from talkbridge.connectors.email.threads import Participants
 from talkbridge.connectors.email.unsaved import Unsaved
@@ -472,12 +472,18 @@ class EmailConnector(BaseConnector):
         if configured != "auto":
             return f"replies saved to {configured}"
         try:
-            found = await session.special_use("\\Sent")
+            found = await session.sent_folder()
         except ConnectorError as exc:
             return f"cannot tell the Sent folder: {exc}"
         if found is None:
-            return "replies not saved to Sent: no folder marked \\Sent (see imap.sent_folder)"
-        return f"replies saved to {found}"
+            return (
+                "replies not saved to Sent: no folder marked \\Sent, nor one named Sent "
+                "(see imap.sent_folder)"
+            )
+        folder, marked = found
+        if marked:
+            return f"replies saved to {folder} (marked \\Sent)"
+        return f"replies saved to {folder} (by its name: no folder marked \\Sent)"
 
     async def _check_smtp(self) -> tuple[str, ConnectorError | None]:
         try:
@@ -660,12 +666,21 @@ class EmailConnector(BaseConnector):
         if configured is not False and configured != "auto":
             return mailbox_argument(configured)
         if self._sent_folder is False:
-            self._sent_folder = await session.special_use("\\Sent")
-            if self._sent_folder is None:
+            found = await session.sent_folder()
+            self._sent_folder = found[0] if found is not None else None
+            if found is None:
                 self._log.info(
-                    "%s marks no folder \\Sent: replies are not saved to a Sent folder "
-                    "(imap.sent_folder names one)",
+                    "%s marks no folder \\Sent (RFC 6154) and has none named %s: replies "
+                    "are not saved to a Sent folder (imap.sent_folder names one)",
                     session.where,
+                    " or ".join(repr(name.title()) for name in SENT_NAMES),
+                )
+            elif not found[1]:
+                self._log.info(
+                    "%s marks no folder \\Sent (RFC 6154): replies are saved to %s, found by "
+                    "its name (imap.sent_folder names another)",
+                    session.where,
+                    found[0],
                 )
         return self._sent_folder if isinstance(self._sent_folder, str) else None
 

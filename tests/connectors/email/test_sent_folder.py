@@ -149,3 +149,40 @@ async def test_a_reply_whose_copy_a_crash_cut_short_is_saved_once_at_the_next_st
     await again.status.wait_up()
     await again.stop()  # (waits for the saves it started)
     assert again.connector.saved == 0 and len(smtp.received) == 1
+
+
+@pytest.mark.parametrize("dovecot", [{"unmarked": "Sent Items"}], indirect=True)
+async def test_a_server_marking_no_folder_sent_has_replies_saved_to_the_one_named_so(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server without SPECIAL-USE marks, whose Sent folder a mail client made and named:
+    `auto` finds it by its name, says so once, and `check` says where replies go."""
+    caplog.set_level("INFO")
+    connector = make_connector()
+    assert 'replies saved to "Sent Items" (by its name' in await connector.check()
+    first = await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+    second = await connector.send(OutboundMessage(thread_id="bob@example.net", text="again"))
+    await connector.wait_for(lambda: connector.saved == 2)
+    ids = sorted(mid for mid, _ in sent_ids(dovecot, "Sent Items"))
+    assert ids == sorted([first.message_id, second.message_id])
+    said = [r.getMessage() for r in caplog.records if "found by its name" in r.getMessage()]
+    assert len(said) == 1 and '"Sent Items"' in said[0]
+
+
+@pytest.mark.parametrize("when_asked", [True, False], ids=["return-option", "plain-list"])
+async def test_the_sent_folder_is_found_where_the_server_lists_special_use_only_when_asked(
+    smtp: SmtpPeer, make_connector: Callable[..., EmailConnector], when_asked: bool
+) -> None:
+    """RFC 6154 lets a server leave special-use attributes out of a plain LIST: they are asked
+    for (`LIST "" "*" RETURN (SPECIAL-USE)`) from a server announcing SPECIAL-USE. The \\Sent
+    mark wins over a folder merely named Sent."""
+    folders = {"INBOX": "", "Sent": "", "Gesendet": "\\Sent"}
+    async with ImapStandIn(folders=folders, special_use_when_asked=when_asked) as server:
+        imap = {"host": "127.0.0.1", "port": server.port, "security": "none"}
+        connector = make_connector(imap={**imap, "username": "help", "password": "x"})
+        verdict = await connector.check()
+    assert 'replies saved to "Gesendet" (marked \\Sent)' in verdict, verdict
+    assert 'LIST "" "*" RETURN (SPECIAL-USE)' in server.commands
