@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -58,7 +57,7 @@ from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.deferrals import Deferrals, Deferred
 from talkbridge.connectors.email.errors import smtp_errors
 from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_argument
-from talkbridge.connectors.email.safety import ReplyLimiter
+from talkbridge.connectors.email.limits import KeptLimiter
 from talkbridge.connectors.email.threads import Participants
 from talkbridge.connectors.email.unsaved import Unsaved
 from talkbridge.errors import (
@@ -91,8 +90,20 @@ class EmailConnector(BaseConnector):
         self._log = context.logger.getChild(f"email.{config.id}")
         self._prefix = f"email:{config.id}:"
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
-        self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
-        self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
+        self._limiter = KeptLimiter(
+            context.store,
+            f"{self._prefix}replies:thread:",
+            config.max_replies_per_thread,
+            config.reply_window,
+            self._log,
+        )
+        self._per_address = KeptLimiter(
+            context.store,
+            f"{self._prefix}replies:to:",
+            config.max_replies_per_address,
+            config.reply_window,
+            self._log,
+        )
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
         self._participants = Participants(
             context.store, config.id, self._prefix, context.dedupe_for
@@ -519,8 +530,8 @@ class EmailConnector(BaseConnector):
         return _SmtpSession(self.config, self._secrets)
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        now = time.monotonic()
-        if not self._limiter.allowed(message.thread_id, now):
+        now = self._limiter.now()  # (wall clock: the counts are kept across restarts)
+        if not await self._limiter.allowed(message.thread_id, now):
             raise PermanentError(
                 f"not sending: thread {message.thread_id} already had "
                 f"{self.config.max_replies_per_thread} replies in {self.config.reply_window:g} s "
@@ -554,7 +565,7 @@ class EmailConnector(BaseConnector):
         answered = context.reply_to if context is not None else to
         again = resumed is not None or owed is not None
         if not again:  # (a retry to deferred recipients is the same reply)
-            self._check_per_address(answered, now)
+            await self._check_per_address(answered, now)
         try:
             async with self._smtp() as smtp:
                 try:
@@ -570,7 +581,7 @@ class EmailConnector(BaseConnector):
             raise
         if not again:  # it went out: counted, even should some recipients defer it
             for address in answered:
-                self._per_address.record(address, now)
+                await self._per_address.record(address, now)
             if self.config.imap.sent_folder is not False:
                 raw = _as_bytes(mail)
                 await self._unsaved.add(message_id, raw)  # first: a crash now loses no copy
@@ -578,7 +589,7 @@ class EmailConnector(BaseConnector):
         await self._some_refused(message, message_id, mail, refused)
         if key and again:
             await self._deferred.settled(key)
-        self._limiter.record(message.thread_id, now)
+        await self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
         await self._thread_kept(thread_id, message_id)
         await self._participants.add(thread_id, recipients)
@@ -684,9 +695,9 @@ class EmailConnector(BaseConnector):
                 )
         return self._sent_folder if isinstance(self._sent_folder, str) else None
 
-    def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
+    async def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
         for address in answered:
-            if not self._per_address.allowed(address, now):
+            if not await self._per_address.allowed(address, now):
                 raise PermanentError(
                     f"not sending: {address} already had {self.config.max_replies_per_address} "
                     f"replies in {self.config.reply_window:g} s (reply limit against mail loops)"
