@@ -7,6 +7,9 @@ an MTA would, `kick(user)` makes the server drop the user's IMAP connections (`d
 the server create that folder and mark it `\\Sent` (RFC 6154), as most servers do, and
 `folder(user, name)` reads a folder's mail.
 
+`ImapCutter` sits between a client and Dovecot and cuts the client off at one command (APPEND),
+before or after the server carried it out: where a bridge killed at that point leaves things.
+
 `SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
 (`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
 (`fail_next`), offers SMTPUTF8 on request (`smtputf8`), and can hand each mail on into a
@@ -60,11 +63,14 @@ class DovecotPeer:
         no_idle: bool = False,
         tls: TlsFiles | None = None,
         sent: str | None = None,
+        unmarked: str | None = None,
     ) -> None:
         self.users = dict(users)
         self.no_idle = no_idle
         self.sent = sent
         """A folder the server creates and marks `\\Sent` (RFC 6154 SPECIAL-USE)."""
+        self.unmarked = unmarked
+        """A folder the server creates and marks nothing (`Sent Items`, as a client made it)."""
         self.tls = tls
         """With TLS: STARTTLS on `port`, and TLS from the first byte on `tls_port`."""
         self.port = 0
@@ -206,12 +212,16 @@ class DovecotPeer:
         self.doveadm("kick", user)
 
     def _namespace(self) -> str:
-        if self.sent is None:
+        if self.sent is None and self.unmarked is None:
             return ""
-        return (
-            "namespace inbox {\n  inbox = yes\n"
-            f"  mailbox {self.sent} {{\n    special_use = \\Sent\n    auto = create\n  }}\n}}\n"
-        )
+        mailboxes = ""
+        if self.sent is not None:
+            mailboxes += (
+                f'  mailbox "{self.sent}" {{\n    special_use = \\Sent\n    auto = create\n  }}\n'
+            )
+        if self.unmarked is not None:
+            mailboxes += f'  mailbox "{self.unmarked}" {{\n    auto = create\n  }}\n'
+        return f"namespace inbox {{\n  inbox = yes\n{mailboxes}}}\n"
 
     def log(self) -> str:
         path = self.root / "dovecot.log"
@@ -268,6 +278,77 @@ service imap-login {{
         )
 
 
+# ---- cutting a client off at one command ------------------------------------------------------
+
+
+class ImapCutter:
+    """A TCP proxy in front of an IMAP server that cuts the first client to send `command`
+    off: before the server gets the command (what the server sees of a bridge killed just
+    before it), or, with `after`, once the server carried it out but before the client hears
+    so (killed just after). Later connections pass through untouched. `cut` is set then."""
+
+    def __init__(self, port: int, command: str = "APPEND", *, after: bool = False) -> None:
+        self._target = port
+        self._command = f" {command.upper()} ".encode()
+        self._after = after
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.cut = asyncio.Event()
+        self.port = 0
+
+    async def __aenter__(self) -> ImapCutter:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+        tag: list[bytes] = []  # the tag of the command to cut at, once the client sent it
+        tasks = [
+            asyncio.create_task(self._upstream(reader, up_writer, tag)),
+            asyncio.create_task(self._downstream(up_reader, writer, tag)),
+        ]
+        self._tasks.update(tasks)
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            self._tasks.difference_update(tasks)
+            for w in (writer, up_writer):
+                w.close()
+
+    async def _upstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tag: list[bytes]
+    ) -> None:
+        while line := await reader.readline():  # (a literal's lines are read as lines too)
+            if not self.cut.is_set() and not tag and self._command in line.split(b"{")[0]:
+                tag.append(line.split(b" ", 1)[0])
+                if not self._after:
+                    self.cut.set()
+                    return
+            writer.write(line)
+            await writer.drain()
+
+    async def _downstream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tag: list[bytes]
+    ) -> None:
+        while line := await reader.readline():
+            if tag and line.startswith(tag[0] + b" ") and not self.cut.is_set():
+                self.cut.set()
+                return
+            writer.write(line)
+            await writer.drain()
+
+
 # ---- a minimal IMAP server -------------------------------------------------------------------
 
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -300,6 +381,12 @@ class ImapStandIn(Waitable):
     """Answer a FETCH of INTERNALDATE with BAD, as a stand-in that never heard of it would."""
     uidnext: bool = True
     uidvalidity: int = 7
+    folders: dict[str, str] | None = None
+    """Folder name -> its special-use attribute (`\\Sent`, or ""): LIST answers with them, and
+    the server announces SPECIAL-USE. None: LIST is an unknown command."""
+    special_use_when_asked: bool = True
+    """List the attributes only for `LIST … RETURN (SPECIAL-USE)` (RFC 6154 allows leaving
+    them out of a plain LIST)."""
     port: int = 0
     commands: list[str] = field(default_factory=list)
     _server: asyncio.Server | None = None
@@ -321,7 +408,7 @@ class ImapStandIn(Waitable):
             await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(b"* OK [CAPABILITY IMAP4rev1] stand-in ready\r\n")
+        writer.write(f"* OK [CAPABILITY {self._capabilities}] stand-in ready\r\n".encode())
         try:
             while line := await reader.readline():
                 tag, _, command = line.decode().rstrip("\r\n").partition(" ")
@@ -344,7 +431,15 @@ class ImapStandIn(Waitable):
             sub, _, args = args.partition(" ")
             name = f"UID {sub.upper()}"
         if name == "CAPABILITY":
-            return b"* CAPABILITY IMAP4rev1\r\n", "OK done"
+            return f"* CAPABILITY {self._capabilities}\r\n".encode(), "OK done"
+        if name == "LIST" and self.folders is not None:
+            asked = "RETURN (SPECIAL-USE)" in args.upper()
+            shown = asked or not self.special_use_when_asked
+            lines = "".join(
+                f'* LIST ({use if shown else ""}) "/" "{folder}"\r\n'
+                for folder, use in self.folders.items()
+            )
+            return lines.encode(), "OK done"
         if name in ("LOGIN", "NOOP"):
             return b"", "OK done"
         if name == "LOGOUT":
@@ -369,6 +464,10 @@ class ImapStandIn(Waitable):
                     mail.seen = True
             return b"", "OK done"
         return b"", "BAD unknown command"
+
+    @property
+    def _capabilities(self) -> str:
+        return "IMAP4rev1" + (" LIST-EXTENDED SPECIAL-USE" if self.folders is not None else "")
 
     def _search(self, keys: list[str]) -> tuple[bytes, str]:
         found = list(self.mails)

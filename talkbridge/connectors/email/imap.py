@@ -9,6 +9,7 @@ import base64
 import re
 import ssl
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ _EXISTS = re.compile(rb"^(\d+) EXISTS")
 _FETCH = re.compile(rb"^\d+ FETCH \(")
 _UID = re.compile(rb"\bUID (\d+)")
 _INTERNALDATE = re.compile(rb'\bINTERNALDATE "([^"]*)"')
-_LIST = re.compile(rb'^\(([^)]*)\) (?:NIL|"(?:[^"\\]|\\.)*"|\S+) (.+)$', re.IGNORECASE)
+_LIST = re.compile(rb'^\(([^)]*)\) (NIL|"(?:[^"\\]|\\.)*"|\S+) (.+)$', re.IGNORECASE)
 _LITERAL = re.compile(rb"^\{(\d+)\+?\}$")
 _UIDS_PER_FETCH = 500
 """UIDs asked for in one FETCH: a command line stays well below servers' limits (8 KB+)."""
@@ -69,19 +70,62 @@ def internal_dates_of(lines: list[Any]) -> dict[int, datetime]:
     return found
 
 
-def special_use_of(lines: list[Any], attribute: str) -> str | None:
-    """The first mailbox a `LIST` answer marks with `attribute` (`\\Sent`, RFC 6154), as the
-    argument to name it in a command: the server's own encoding (modified UTF-7), quoted when
-    it has to be. None when none is marked."""
-    wanted = attribute.lower().encode()
+SENT_NAMES = ("sent", "sent items", "sent messages", "sent mail")
+"""Names mail clients give the Sent folder on servers that mark none `\\Sent` (compared in
+lower case, the last level of the name), in the order they are looked for."""
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One mailbox of a `LIST` answer."""
+
+    attributes: frozenset[str]
+    """In lower case: `\\sent`, `\\noselect`, …"""
+    argument: str
+    """The name as a command takes it: the server's own encoding (modified UTF-7), quoted
+    when it has to be."""
+    leaf: str
+    """The last level of the name (after the hierarchy delimiter), unquoted."""
+
+
+def listed_of(lines: list[Any]) -> list[Listed]:
+    """The mailboxes in the lines of a `LIST` answer, in its order."""
+    found: list[Listed] = []
     for index, line in enumerate(lines):
         match = _LIST.match(bytes(line)) if isinstance(line, bytes | bytearray) else None
-        if match is None or wanted not in match.group(1).lower().split():
+        if match is None:
             continue
-        name = match.group(2).strip()
+        attributes = frozenset(a.decode(errors="replace") for a in match.group(1).lower().split())
+        delimiter = match.group(2).strip(b'"').replace(b"\\\\", b"\\").decode(errors="replace")
+        name = match.group(3).strip()
         if _LITERAL.match(name) and index + 1 < len(lines):  # a name sent as a literal
-            return _quote_raw(bytes(lines[index + 1]).decode(errors="replace"))
-        return name.decode(errors="replace")
+            raw = bytes(lines[index + 1]).decode(errors="replace")
+            argument = _quote_raw(raw)
+        else:
+            argument = name.decode(errors="replace")
+            raw = argument
+            if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
+                raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        leaf = raw.rsplit(delimiter, 1)[-1] if delimiter and delimiter != "NIL" else raw
+        found.append(Listed(attributes, argument, leaf))
+    return found
+
+
+def special_use_of(lines: list[Any], attribute: str) -> str | None:
+    """The first mailbox a `LIST` answer marks with `attribute` (`\\Sent`, RFC 6154), as the
+    argument to name it in a command. None when none is marked."""
+    wanted = attribute.lower()
+    return next((m.argument for m in listed_of(lines) if wanted in m.attributes), None)
+
+
+def sent_by_name(lines: list[Any]) -> str | None:
+    """For a server that marks no folder `\\Sent`: the one a mail client would have made,
+    by its name (`SENT_NAMES`, first match), as a command names it. None when there is none."""
+    usable = [m for m in listed_of(lines) if not m.attributes & {"\\noselect", "\\nonexistent"}]
+    for wanted in SENT_NAMES:
+        for mailbox in usable:
+            if mailbox.leaf.lower() == wanted:
+                return mailbox.argument
     return None
 
 
@@ -329,10 +373,34 @@ class ImapSession:
     async def special_use(self, attribute: str) -> str | None:
         """The folder the server marks with `attribute` (`\\Sent`), named as `append` takes
         it; None when it marks none (or lists no such attributes: no SPECIAL-USE)."""
+        return special_use_of(await self.list_all(), attribute)
+
+    async def sent_folder(self) -> tuple[str, bool] | None:
+        """The Sent folder, as `append` names it, and whether the server marks it `\\Sent`
+        (RFC 6154; False: found by its name, `SENT_NAMES`); None when there is neither."""
+        lines = await self.list_all()
+        marked = special_use_of(lines, "\\Sent")
+        if marked is not None:
+            return marked, True
+        named = sent_by_name(lines)
+        return (named, False) if named is not None else None
+
+    async def list_all(self) -> list[Any]:
+        """The lines of a `LIST` of every mailbox; with their special-use attributes asked for
+        (`RETURN (SPECIAL-USE)`, RFC 6154) when the server announces SPECIAL-USE: a server may
+        leave them out of a plain LIST. A server that refuses the option gets a plain LIST."""
+        client = self._client()
         with imap_errors(self.where, self._password):
-            response = await self.guard(self._client().list('""', '"*"'))
+            if client.has_capability("SPECIAL-USE"):
+                command = client.protocol.simple_command(
+                    "LIST", '""', '"*"', "RETURN", "(SPECIAL-USE)"
+                )
+                response = await self.guard(asyncio.wait_for(command, self.timeout))
+                if response.result == "OK":
+                    return list(response.lines)
+            response = await self.guard(client.list('""', '"*"'))
         _check(response, "LIST", self.where)
-        return special_use_of(response.lines, attribute)
+        return list(response.lines)
 
     async def holds(self, folder: str, message_id: str) -> bool:
         """Whether `folder` (as `special_use` names it) has a mail with this Message-ID; False

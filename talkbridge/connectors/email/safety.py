@@ -201,6 +201,19 @@ class ReplyLimiter:
                 del self._sent[done]
             self._sweep_at = max(SWEEP_FROM, 2 * len(self._sent))  # amortized: O(1) a reply
 
+    def tracked(self, thread_id: str) -> bool:
+        return thread_id in self._sent
+
+    def times(self, thread_id: str) -> list[float]:
+        """The times of the replies counted for `thread_id` (those of an earlier process
+        included, once `seed` gave them)."""
+        return list(self._sent.get(thread_id, ()))
+
+    def seed(self, thread_id: str, times: Sequence[float]) -> None:
+        """Count replies made before (by an earlier process: kept in the store)."""
+        if times:
+            self._sent[thread_id] = deque(sorted(times))
+
     @property
     def threads(self) -> int:
         """Threads whose replies are still counted."""

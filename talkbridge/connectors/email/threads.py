@@ -10,8 +10,12 @@ server does not vouch for (`sender_verified` False) needs its Cc to be participa
 its sender is a claim, and the answer reaches the Cc. Anyone else's mail starts its own thread.
 
 Participants are kept per thread in the store for `keep_for` after the thread's latest mail
-(bounded to the `LIMIT` latest). When the record is gone (ran out, or a thread from before it
-was kept), the addresses of the thread's latest mail stand in: its customer stays in it.
+(bounded to the `LIMIT` latest). When the record is gone (a thread from before it was kept),
+the addresses of the thread's latest mail stand in while that mail's record is kept (as long).
+When both ran out, the thread was idle for `keep_for`: its history (the conversation, kept for
+good) says it is no new thread, so nobody joins it any more; a mail answering it starts a
+thread of its own. Not anyone: a stranger who learnt an idle thread's root Message-ID would
+otherwise be given its conversation.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from datetime import timedelta
 
 from talkbridge.connectors.email.codec import MailContext
 from talkbridge.connectors.sending import keep_latest
+from talkbridge.message import thread_key
 from talkbridge.store.base import Store
 
 LIMIT = 100
@@ -33,8 +38,9 @@ LIMIT = 100
 class Participants:
     """The participants of each thread of one mailbox, under `<prefix>participants:<thread>`."""
 
-    def __init__(self, store: Store, prefix: str, keep_for: timedelta) -> None:
+    def __init__(self, store: Store, connection_id: str, prefix: str, keep_for: timedelta) -> None:
         self._store = store
+        self._connection_id = connection_id
         self._prefix = prefix
         self._keep_for = keep_for
         self._lock = asyncio.Lock()
@@ -55,6 +61,8 @@ class Participants:
             return [*mail.reply_to, *mail.cc]
         if "@" in thread_id and "<" not in thread_id:  # an app's new conversation with it
             return [thread_id]
+        if await self._store.history(thread_key(self._connection_id, thread_id), limit=1):
+            return []  # a thread idle past `keep_for`: known, its participants forgotten
         return None
 
     async def admits(self, thread_id: str, addresses: Iterable[str]) -> bool:

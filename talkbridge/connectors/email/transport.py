@@ -15,16 +15,19 @@ the Sent folder (`imap.sent_folder`) in the background, over a short IMAP sessio
 again when a retry sends it to recipients that deferred it, nor when the folder already holds
 its Message-ID (a copy saved before a crash, or one the SMTP server filed itself); a failure
 there is logged. In the background, so that a stop cutting the save short cannot make a sent
-reply look unsent (and be sent again). A per-thread reply limit refuses (and so
-records) replies beyond `max_replies_per_thread` in `reply_window` seconds, and a per-address
-limit those to one address across threads (a responder may answer each reply in a new thread).
+reply look unsent (and be sent again). The mail is kept in the store from the moment SMTP
+took it until the folder has it (`unsaved`): a crash, a stop or an IMAP failure in between
+leaves it there, and the next start of the connection saves it.
+
+A per-thread reply limit refuses (and so records) replies beyond `max_replies_per_thread` in
+`reply_window` seconds, and a per-address limit those to one address across threads (a
+responder may answer each reply in a new thread).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -53,13 +56,15 @@ from talkbridge.connectors.email.codec import (
 from talkbridge.connectors.email.config import EmailConfig
 from talkbridge.connectors.email.deferrals import Deferrals, Deferred
 from talkbridge.connectors.email.errors import smtp_errors
-from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
-from talkbridge.connectors.email.safety import ReplyLimiter
+from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_argument
+from talkbridge.connectors.email.limits import KeptLimiter
 from talkbridge.connectors.email.threads import Participants
+from talkbridge.connectors.email.unsaved import Unsaved
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
     PermanentError,
+    StoreError,
     TransientError,
     UnauthorizedError,
 )
@@ -85,10 +90,24 @@ class EmailConnector(BaseConnector):
         self._log = context.logger.getChild(f"email.{config.id}")
         self._prefix = f"email:{config.id}:"
         self._cursor_key = f"{self._prefix}cursor:{config.imap.folder}"
-        self._limiter = ReplyLimiter(config.max_replies_per_thread, config.reply_window)
-        self._per_address = ReplyLimiter(config.max_replies_per_address, config.reply_window)
+        self._limiter = KeptLimiter(
+            context.store,
+            f"{self._prefix}replies:thread:",
+            config.max_replies_per_thread,
+            config.reply_window,
+            self._log,
+        )
+        self._per_address = KeptLimiter(
+            context.store,
+            f"{self._prefix}replies:to:",
+            config.max_replies_per_address,
+            config.reply_window,
+            self._log,
+        )
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
-        self._participants = Participants(context.store, self._prefix, context.dedupe_for)
+        self._participants = Participants(
+            context.store, config.id, self._prefix, context.dedupe_for
+        )
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -108,6 +127,8 @@ class EmailConnector(BaseConnector):
         """`sent_folder: auto`'s folder once found (None: the server marks none; False: not
         looked for yet)."""
         self._saving: set[asyncio.Task[None]] = set()
+        self._saving_ids: set[str] = set()
+        self._unsaved = Unsaved(context.store, self._prefix, context.dedupe_for, self._log)
         self._save_lock = asyncio.Lock()
         """One save at a time: two copies of one reply are never both found missing."""
         self.saved = 0
@@ -121,6 +142,7 @@ class EmailConnector(BaseConnector):
         try:
             await session.open()
             await self._catch_up(session)
+            await self._resume_saves()  # (started before `up`: a stop then waits for them)
             status.up()
             if session.has_idle:
                 await self._idle_loop(session)
@@ -358,9 +380,10 @@ class EmailConnector(BaseConnector):
             cc=mail.context.cc,
             thread_id=thread_id,
         )
-        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
-        await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
-        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
+        keep = self.context.dedupe_for
+        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json(), keep_for=keep)
+        await store.set_state(f"{self._prefix}root:{message.id}", thread_id, keep_for=keep)
+        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id, keep_for=keep)
         await self._participants.add(
             thread_id, (message.channel_user_id, *context.reply_to, *context.cc)
         )
@@ -460,12 +483,18 @@ class EmailConnector(BaseConnector):
         if configured != "auto":
             return f"replies saved to {configured}"
         try:
-            found = await session.special_use("\\Sent")
+            found = await session.sent_folder()
         except ConnectorError as exc:
             return f"cannot tell the Sent folder: {exc}"
         if found is None:
-            return "replies not saved to Sent: no folder marked \\Sent (see imap.sent_folder)"
-        return f"replies saved to {found}"
+            return (
+                "replies not saved to Sent: no folder marked \\Sent, nor one named Sent "
+                "(see imap.sent_folder)"
+            )
+        folder, marked = found
+        if marked:
+            return f"replies saved to {folder} (marked \\Sent)"
+        return f"replies saved to {folder} (by its name: no folder marked \\Sent)"
 
     async def _check_smtp(self) -> tuple[str, ConnectorError | None]:
         try:
@@ -501,8 +530,8 @@ class EmailConnector(BaseConnector):
         return _SmtpSession(self.config, self._secrets)
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        now = time.monotonic()
-        if not self._limiter.allowed(message.thread_id, now):
+        now = self._limiter.now()  # (wall clock: the counts are kept across restarts)
+        if not await self._limiter.allowed(message.thread_id, now):
             raise PermanentError(
                 f"not sending: thread {message.thread_id} already had "
                 f"{self.config.max_replies_per_thread} replies in {self.config.reply_window:g} s "
@@ -536,7 +565,7 @@ class EmailConnector(BaseConnector):
         answered = context.reply_to if context is not None else to
         again = resumed is not None or owed is not None
         if not again:  # (a retry to deferred recipients is the same reply)
-            self._check_per_address(answered, now)
+            await self._check_per_address(answered, now)
         try:
             async with self._smtp() as smtp:
                 try:
@@ -552,37 +581,95 @@ class EmailConnector(BaseConnector):
             raise
         if not again:  # it went out: counted, even should some recipients defer it
             for address in answered:
-                self._per_address.record(address, now)
+                await self._per_address.record(address, now)
             if self.config.imap.sent_folder is not False:
-                task = asyncio.create_task(self._save_sent(mail, message_id))
-                self._saving.add(task)
-                task.add_done_callback(self._saving.discard)
+                raw = _as_bytes(mail)
+                await self._unsaved.add(message_id, raw)  # first: a crash now loses no copy
+                self._start_save(message_id, raw)
         await self._some_refused(message, message_id, mail, refused)
         if key and again:
             await self._deferred.settled(key)
-        self._limiter.record(message.thread_id, now)
+        await self._limiter.record(message.thread_id, now)
         thread_id = context.thread_id if context and context.thread_id else message.thread_id
-        await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
+        await self._thread_kept(thread_id, message_id)
         await self._participants.add(thread_id, recipients)
         return SendResult(message_ids=(message_id,))
 
-    async def _save_sent(self, mail: EmailMessage, message_id: str) -> None:
-        """Save a reply that went out to the Sent folder, marked read; best effort (logged)."""
+    async def _thread_kept(self, thread_id: str, message_id: str) -> None:
+        """After a reply in the thread: our reply's Message-ID leads to the thread, and the
+        thread's latest mail (what a send without `reply_to` answers) is kept for another
+        `dedupe_for`, as a mail arriving in it would keep it: a thread the bridge is still
+        writing into stays answerable and joinable, one idle that long is forgotten."""
+        store, keep = self.context.store, self.context.dedupe_for
+        await store.set_state(f"{self._prefix}root:{message_id}", thread_id, keep_for=keep)
+        latest = await store.get_state(f"{self._prefix}thread:{thread_id}")
+        context = await store.get_state(f"{self._prefix}msg:{latest}") if latest else None
+        if latest and context:
+            await store.set_state(f"{self._prefix}msg:{latest}", context, keep_for=keep)
+            await store.set_state(f"{self._prefix}thread:{thread_id}", latest, keep_for=keep)
+
+    def _start_save(self, message_id: str, raw: bytes) -> None:
+        """Save a reply to Sent in the background (unless that is under way already)."""
+        if message_id in self._saving_ids:
+            return
+        self._saving_ids.add(message_id)
+        task = asyncio.create_task(self._save_sent(raw, message_id))
+        self._saving.add(task)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._saving.discard(task)
+            self._saving_ids.discard(message_id)
+
+        task.add_done_callback(finished)
+
+    async def _resume_saves(self) -> None:
+        """Save the replies an earlier run sent but did not save to Sent (it died, was
+        stopped, or the IMAP server failed it); each is looked for in the folder first."""
+        try:
+            waiting = await self._unsaved.waiting()
+        except StoreError as exc:  # the next start tries again
+            self._log.warning("cannot tell which replies are still to be saved to Sent: %s", exc)
+            return
+        if self.config.imap.sent_folder is False:  # turned off since: not to be saved
+            for message_id, _ in waiting:
+                await self._unsaved.done(message_id)
+            return
+        if waiting:
+            self._log.info(
+                "saving %d reply(ies) sent earlier to the Sent folder (not saved then)",
+                len(waiting),
+            )
+        for message_id, raw in waiting:
+            self._start_save(message_id, raw)
+
+    async def _save_sent(self, raw: bytes, message_id: str) -> None:
+        """Save a reply that went out to the Sent folder, marked read, unless the folder has
+        its Message-ID already; a failure is logged, and the next start of the connection
+        tries again (`Unsaved`)."""
         session = ImapSession(self.config.imap, self.config.timeout)
+        over = False
         try:
             async with self._save_lock:
                 await session.open(select=False)
                 folder = await self._sent_folder_in(session)
                 if folder is not None and not await session.holds(folder, message_id):
                     create = self.config.imap.sent_folder != "auto"
-                    await session.append(folder, _as_bytes(mail), create=create)
+                    await session.append(folder, raw, create=create)
+                over = True
         except Exception as exc:  # best effort, in a task nobody awaits: said, never raised
             detail = exc if isinstance(exc, ConnectorError) else scrub(repr(exc), *self._secrets)
-            self._log.warning("reply %s went out but was not saved to Sent: %s", message_id, detail)
+            self._log.warning(
+                "reply %s went out but was not saved to Sent (tried again at the next start "
+                "of the connection): %s",
+                message_id,
+                detail,
+            )
         finally:
             await session.close()
-            self.saved += 1
-            self._notify()
+        if over:
+            await self._unsaved.done(message_id)
+        self.saved += 1
+        self._notify()
 
     async def _sent_folder_in(self, session: ImapSession) -> str | None:
         """The folder replies are saved to, as IMAP commands name it; None: none to save to."""
@@ -590,18 +677,27 @@ class EmailConnector(BaseConnector):
         if configured is not False and configured != "auto":
             return mailbox_argument(configured)
         if self._sent_folder is False:
-            self._sent_folder = await session.special_use("\\Sent")
-            if self._sent_folder is None:
+            found = await session.sent_folder()
+            self._sent_folder = found[0] if found is not None else None
+            if found is None:
                 self._log.info(
-                    "%s marks no folder \\Sent: replies are not saved to a Sent folder "
-                    "(imap.sent_folder names one)",
+                    "%s marks no folder \\Sent (RFC 6154) and has none named %s: replies "
+                    "are not saved to a Sent folder (imap.sent_folder names one)",
                     session.where,
+                    " or ".join(repr(name.title()) for name in SENT_NAMES),
+                )
+            elif not found[1]:
+                self._log.info(
+                    "%s marks no folder \\Sent (RFC 6154): replies are saved to %s, found by "
+                    "its name (imap.sent_folder names another)",
+                    session.where,
+                    found[0],
                 )
         return self._sent_folder if isinstance(self._sent_folder, str) else None
 
-    def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
+    async def _check_per_address(self, answered: tuple[str, ...], now: float) -> None:
         for address in answered:
-            if not self._per_address.allowed(address, now):
+            if not await self._per_address.allowed(address, now):
                 raise PermanentError(
                     f"not sending: {address} already had {self.config.max_replies_per_address} "
                     f"replies in {self.config.reply_window:g} s (reply limit against mail loops)"

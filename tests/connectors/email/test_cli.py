@@ -138,6 +138,6 @@ async def test_check_shows_the_unread_backlog_where_replies_go_and_a_missing_fol
     assert process.returncode == 1, out.decode() + err.decode()
     lines = out.decode().splitlines()
     [good] = [line for line in lines if "helpdesk" in line]
-    assert "INBOX: 2 messages, 2 unread; replies saved to Sent)" in good, good
+    assert "INBOX: 2 messages, 2 unread; replies saved to Sent (marked \\Sent))" in good, good
     [gone] = [line for line in lines if "renamed" in line]
     assert gone.startswith("FAIL") and "IMAP folder 'Support' cannot be opened" in gone, gone

@@ -11,7 +11,7 @@ from talkbridge.connectors.email.transport import EmailConnector
 from talkbridge.errors import TransientError
 from talkbridge.message import OutboundMessage
 from tests.connectors.email.conftest import mail
-from tests.peers.email import DovecotPeer, ImapStandIn, SmtpPeer
+from tests.peers.email import DovecotPeer, ImapCutter, ImapStandIn, SmtpPeer
 
 WITH_SENT = pytest.mark.parametrize("dovecot", [{"sent": "Sent"}], indirect=True)
 
@@ -120,3 +120,69 @@ async def test_a_server_refusing_the_copy_does_not_fail_the_reply(
     assert received.message["Message-ID"] == result.message_id
     [warning] = [r.getMessage() for r in caplog.records if "not saved to Sent" in r.getMessage()]
     assert result.message_id in warning and "LIST" in warning
+
+
+@WITH_SENT
+@pytest.mark.parametrize("after", [False, True], ids=["before-append", "after-append"])
+async def test_a_reply_whose_copy_a_crash_cut_short_is_saved_once_at_the_next_start(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    start: Callable[..., Any],
+    after: bool,
+) -> None:
+    """The bridge dies between the SMTP send and the APPEND of its copy (or just after the
+    APPEND, before it heard the answer): the next start saves the copy, and only if the folder
+    does not hold it yet. The IMAP connection is cut where a killed bridge's would end."""
+    imap = make_connector().config.imap.model_dump()
+    imap["password"] = imap["password"].get_secret_value()
+    async with ImapCutter(dovecot.port, "APPEND", after=after) as cutter:
+        first = make_connector(imap=imap | {"port": cutter.port})
+        result = await first.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+        await first.wait_for(lambda: first.saved == 1)
+        assert cutter.cut.is_set()
+    assert sent_ids(dovecot) == ([(result.message_id, "S")] if after else [])
+    running = await start()  # the restart, on the same store
+    await running.connector.wait_for(lambda: running.connector.saved == 1, timeout=10)
+    assert sent_ids(dovecot) == [(result.message_id, "S")]
+    again = await start()  # and another: nothing left to save
+    await again.status.wait_up()
+    await again.stop()  # (waits for the saves it started)
+    assert again.connector.saved == 0 and len(smtp.received) == 1
+
+
+@pytest.mark.parametrize("dovecot", [{"unmarked": "Sent Items"}], indirect=True)
+async def test_a_server_marking_no_folder_sent_has_replies_saved_to_the_one_named_so(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server without SPECIAL-USE marks, whose Sent folder a mail client made and named:
+    `auto` finds it by its name, says so once, and `check` says where replies go."""
+    caplog.set_level("INFO")
+    connector = make_connector()
+    assert 'replies saved to "Sent Items" (by its name' in await connector.check()
+    first = await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+    second = await connector.send(OutboundMessage(thread_id="bob@example.net", text="again"))
+    await connector.wait_for(lambda: connector.saved == 2)
+    ids = sorted(mid for mid, _ in sent_ids(dovecot, "Sent Items"))
+    assert ids == sorted([first.message_id, second.message_id])
+    said = [r.getMessage() for r in caplog.records if "found by its name" in r.getMessage()]
+    assert len(said) == 1 and '"Sent Items"' in said[0]
+
+
+@pytest.mark.parametrize("when_asked", [True, False], ids=["return-option", "plain-list"])
+async def test_the_sent_folder_is_found_where_the_server_lists_special_use_only_when_asked(
+    smtp: SmtpPeer, make_connector: Callable[..., EmailConnector], when_asked: bool
+) -> None:
+    """RFC 6154 lets a server leave special-use attributes out of a plain LIST: they are asked
+    for (`LIST "" "*" RETURN (SPECIAL-USE)`) from a server announcing SPECIAL-USE. The \\Sent
+    mark wins over a folder merely named Sent."""
+    folders = {"INBOX": "", "Sent": "", "Gesendet": "\\Sent"}
+    async with ImapStandIn(folders=folders, special_use_when_asked=when_asked) as server:
+        imap = {"host": "127.0.0.1", "port": server.port, "security": "none"}
+        connector = make_connector(imap={**imap, "username": "help", "password": "x"})
+        verdict = await connector.check()
+    assert 'replies saved to "Gesendet" (marked \\Sent)' in verdict, verdict
+    assert 'LIST "" "*" RETURN (SPECIAL-USE)' in server.commands

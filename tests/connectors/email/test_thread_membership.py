@@ -179,3 +179,55 @@ async def test_a_thread_known_before_its_participants_were_kept_keeps_its_custom
     await running.inbox.wait_count(3)
     threads = {m.text: m.thread_id for m in running.inbox.messages}
     assert threads["me too"] == ROOT and threads["and me"] != ROOT
+
+
+VOUCHED = b"Authentication-Results: mx.example.com; dmarc=pass header.from=example.org\r\n"
+
+
+async def test_a_colleague_a_participant_cc_d_joins_only_when_that_mail_was_vouched_for(
+    dovecot: DovecotPeer, start: Callable[..., Any]
+) -> None:
+    """The rule for Cc (with `authenticated_by`): whom a participant's mail vouched for by
+    the server Cc's becomes a participant, and their reply to all joins, vouched for or not
+    (its From and Cc are participants then). Whom a mail the server does not vouch for Cc's
+    does not: that mail starts its own thread (anyone could have written it), and so their
+    reply lands there, not in the thread. Nor can an admitted colleague bring in another with
+    a mail nobody vouches for."""
+    running = await start(authenticated_by="mx.example.com")
+    inbox = running.inbox
+    dovecot.deliver("help", VOUCHED + mail(body="first", message_id=ROOT))
+    dovecot.deliver(
+        "help",
+        VOUCHED + reply(ROOT, body="cc dave", message_id="<a2@x>", Cc="dave@example.org"),
+    )
+    dovecot.deliver(
+        "help",
+        UNVOUCHED + reply(ROOT, body="cc erin", message_id="<a3@x>", Cc="erin@example.org"),
+    )
+    await inbox.wait_count(3)
+    everyone = {"to": "help@example.com", "Cc": "ada@example.org"}
+    dovecot.deliver(
+        "help",
+        UNVOUCHED
+        + reply(ROOT, "<a2@x>", sender="dave@example.org", body="dave to all", **everyone),
+    )
+    dovecot.deliver(
+        "help",
+        VOUCHED + reply(ROOT, "<a3@x>", sender="erin@example.org", body="erin to all", **everyone),
+    )
+    dovecot.deliver(
+        "help",
+        UNVOUCHED
+        + reply(
+            *(ROOT, "<a2@x>"),
+            sender="dave@example.org",
+            body="dave brings frank",
+            to="help@example.com",
+            Cc="ada@example.org, frank@example.org",
+        ),
+    )
+    await inbox.wait_count(6)
+    threads = {m.text: m.thread_id for m in inbox.messages}
+    assert threads["cc dave"] == threads["dave to all"] == ROOT
+    assert threads["cc erin"] == threads["erin to all"] == "<a3@x>"
+    assert threads["dave brings frank"] not in (ROOT, "<a3@x>")
