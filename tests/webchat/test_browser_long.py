@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from talkbridge.message import OutboundMessage
@@ -307,3 +308,52 @@ async def test_the_new_messages_button_far_up_a_long_thread_jumps_to_the_newest(
     await page.wait_for_function(AT_BOTTOM)
     await expect(newer).to_be_hidden()
     assert await page.locator(".msg").count() <= CAP
+
+
+ANNOUNCED = """() => {
+    window.__announced = [];
+    // The live region a change is read out from, or null: none, or one that is off or hidden.
+    const region = node => {
+        const el = node.nodeType === 1 ? node : node.parentElement;
+        if (!el || el.closest('[aria-hidden=true], [hidden]')) return null;
+        const at = el.closest('[aria-live], [role=log], [role=status], [role=alert]');
+        if (!at) return null;
+        const live = at.getAttribute('aria-live')
+            ?? (at.getAttribute('role') === 'alert' ? 'assertive' : 'polite');
+        return live === 'off' ? null : at;
+    };
+    new MutationObserver(records => {
+        for (const r of records) {
+            if (r.type === 'characterData' && region(r.target)) {
+                window.__announced.push(r.target.data);
+            }
+            for (const node of r.addedNodes) {
+                if (region(node)) window.__announced.push(node.textContent);
+            }
+        }
+    }).observe(document, { childList: true, subtree: true, characterData: true });
+}"""
+"""Before the page's script: every text added to a live region (what a screen reader reads
+out unasked) goes to `window.__announced`."""
+
+
+async def test_a_screen_reader_hears_what_is_new_not_the_history_the_page_draws(
+    start_webchat: StartWebchat, context: Any
+) -> None:
+    """The messages' log was live: a screen reader read out the whole history page when the
+    conversation opened, and every page of earlier messages the reader scrolled to."""
+    await context.add_init_script(f"({ANNOUNCED})()")
+    chat, page, thread_id = await long_thread(start_webchat, context, 250, history_limit=100)
+    box = page.locator("#messages")
+    await box.hover()
+    while (first := await page.evaluate(FIRST_SHOWN)) != "1":
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+    await chat.connector.typing(thread_id)
+    await chat.connector.send(OutboundMessage(thread_id=thread_id, text="a reply for the ear"))
+    await expect(page.get_by_role("button", name="New messages")).to_be_visible()
+    announced = await page.evaluate("window.__announced")
+    old = [text for text in announced if re.search(r"\bm\d+\b|A long answer", text)]
+    assert old == [], old[:3]
+    assert "The assistant is typing…" in announced  # (shown by unhiding a live region: unsaid)
+    assert any("a reply for the ear" in text for text in announced), announced

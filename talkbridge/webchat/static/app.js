@@ -47,6 +47,7 @@ const ui = {
   empty: $("empty"),
   typing: $("typing"),
   toast: $("toast"),
+  announcer: $("announcer"),
   composer: $("composer"),
   input: $("input"),
   fatal: $("fatal"),
@@ -500,6 +501,9 @@ function onMessage(frame) {
   }
   if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
   const fresh = addMessages(frame.thread_id, [frame]);
+  if (fresh && frame.role !== "user" && frame.thread_id === state.active) {
+    announce(`${frame.role === "system" ? "Notice" : "Assistant"}: ${frame.text}`);
+  }
   if (frame.thread_id === state.active) {
     // Not followed even when it is the user's own, typed in another tab or on another device:
     // a reader scrolled up stays where they are (this tab's own messages follow in `queue`).
@@ -538,6 +542,7 @@ function onStreamEnd(frame) {
 
 function onTyping(frame) {
   if (frame.thread_id !== state.active) return;
+  if (ui.typing.hidden) announce("The assistant is typing…");
   ui.typing.hidden = false;
   clearTimeout(state.typingTimer);
   state.typingTimer = setTimeout(hideTyping, TYPING_MS);
@@ -893,6 +898,8 @@ function setWindow(lo, hi) {
   const t = view.t;
   for (const [seq, node] of view.nodes) {
     if (seq < lo || seq > hi) {
+      // A link focused in a message that leaves: the keyboard stays in the messages.
+      if (node.contains(document.activeElement)) ui.messages.focus({ preventScroll: true });
       node.remove();
       view.nodes.delete(seq);
     }
@@ -1157,6 +1164,17 @@ function renderComposerState() {
 function setStatus(kind, text) {
   ui.status.dataset.state = kind;
   ui.statusText.textContent = text;
+}
+
+/** Tell a screen reader something new: a reply that came, the assistant typing. Only this
+ * region is live: the messages' log also gains what is not new (history, the messages the reader
+ * scrolls back to), which would be read out by the hundred. The last few stay, so that two that
+ * come together are both read. */
+function announce(text) {
+  const line = document.createElement("p");
+  line.textContent = text;
+  ui.announcer.append(line);
+  while (ui.announcer.childElementCount > 3) ui.announcer.firstElementChild.remove();
 }
 
 let toastTimer = null;
