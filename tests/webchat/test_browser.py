@@ -213,6 +213,122 @@ async def test_html_and_script_in_messages_show_as_text(webchat: Webchat, contex
     await expect(reply).to_contain_text("[click](javascript:window.__pwned=1)")
 
 
+STREAMED_ATTACK = [
+    "Here: <scr",
+    "ipt>window.pwned=1</scr",
+    "ipt> and <img src=x one",
+    "rror=window.pwned=1> **bo",
+    "ld** [x](javascript:",
+    "window.pwned=1) `<b>co",
+    "de</b>`\n\n```html\n<ifr",
+    "ame src=javascript:window.pwned=1>\n\n</iframe>\n``",
+    "`\n\n- [ok](https://exa",
+    "mple.com/<i>)\r",
+    "\n\n> <svg onload=window.pwned=1>",
+]
+"""A reply streamed in pieces cut inside its tags, marks, links, a code block (across a blank
+line in it) and a CRLF: at every piece the page must show text, never markup."""
+
+SAME_AS_WHOLE = """text => {
+    const bubble = document.querySelector('.msg.streaming .bubble');
+    const whole = document.createElement('div');
+    whole.append(window.__md.renderMarkdown(text));
+    return bubble !== null && bubble.innerHTML === whole.innerHTML;
+}"""
+"""Whether the streaming bubble is what the reply so far renders to in one go."""
+
+
+async def test_a_reply_streamed_in_pieces_cut_inside_tags_and_marks_shows_them_as_text(
+    webchat: Webchat, context: Any
+) -> None:
+    page = await open_chat(context, webchat)
+    thread_id = await page.evaluate("localStorage.getItem('talkbridge.active')")
+    await page.evaluate("async () => { window.__md = await import('/static/markdown.js'); }")
+    so_far = ""
+    for piece in STREAMED_ATTACK:
+        so_far += piece
+        await webchat.connector.delta(thread_id, "x1", piece)
+        # Drawn block by block, it is what the whole reply so far renders to: no more, no less.
+        await page.wait_for_function(SAME_AS_WHOLE, arg=so_far.replace("\r\n", "\n"))
+        assert (
+            await page.locator("#messages").locator("script, img, iframe, svg, b, i").count() == 0
+        )
+    final = OutboundMessage(thread_id=thread_id, text=so_far, meta={"stream_id": "x1"})
+    await webchat.connector.send(final)
+    reply = page.locator(".msg-assistant .bubble")
+    await expect(reply).to_contain_text("<script>window.pwned=1</script>")
+    await expect(page.locator(".msg.streaming")).to_have_count(0)
+    await expect(reply.locator("strong")).to_have_text("bold")
+    await expect(reply.locator("code").first).to_have_text("<b>code</b>")
+    await expect(reply.locator("a")).to_have_count(1)
+    assert await reply.locator("a").get_attribute("href") == "https://example.com/%3Ci%3E"
+    assert await page.locator("#messages").locator("script, img, iframe, svg, b, i").count() == 0
+    assert await page.evaluate("window.pwned") is None
+
+
+async def test_a_long_streamed_reply_is_rendered_once_not_again_at_every_piece(
+    webchat: Webchat, context: Any
+) -> None:
+    """Each piece rendered the whole reply so far again: a reply of many paragraphs cost the
+    square of its length (a 64 KiB one streamed token by token froze the page)."""
+    page = await open_chat(context, webchat)
+    thread_id = await page.evaluate("localStorage.getItem('talkbridge.active')")
+    await page.evaluate("async () => { (await import('/static/markdown.js')).work.steps = 0; }")
+    bubble = page.locator(".msg.streaming .bubble")
+    paragraph = "A paragraph with **bold**, `code` and a [link](https://example.com/) in it."
+    total = 0
+    for n in range(60):
+        piece = f"{n}: {paragraph}\n\n"
+        total += len(piece)
+        await webchat.connector.delta(thread_id, "long", piece)
+        await expect(bubble.locator("p")).to_have_count(n + 1)
+    steps = await page.evaluate("async () => (await import('/static/markdown.js')).work.steps")
+    assert steps <= 12 * total, (steps, total)
+
+
+async def test_pieces_of_a_reply_arriving_together_are_drawn_once_per_frame(
+    webchat: Webchat, context: Any
+) -> None:
+    """Each delta frame redrew the bubble (and laid the thread out) at once: a page catching
+    up, or a model faster than the screen, drew many times a frame, for nothing."""
+    page = await context.new_page()
+    routes: list[Any] = []
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(server.send)
+        server.on_message(ws.send)
+        routes.append(ws)
+
+    await page.route_web_socket("**/ws", relay)
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    thread_id = await page.evaluate("localStorage.getItem('talkbridge.active')")
+    # A frame counter, and for each change of the bubbles the frame it was drawn in.
+    await page.evaluate(
+        """() => {
+            window.__frame = 0;
+            const tick = () => { window.__frame += 1; requestAnimationFrame(tick); };
+            requestAnimationFrame(tick);
+            window.__drawn = [];
+            new MutationObserver(() => window.__drawn.push(window.__frame)).observe(
+                document.getElementById('log'), { childList: true, subtree: true });
+        }"""
+    )
+    pieces = [f"word{n} " for n in range(80)]
+    for piece in pieces:  # as the server would send them, back to back
+        routes[-1].send(
+            json.dumps(
+                {"type": "delta", "thread_id": thread_id, "stream_id": "fast", "text": piece}
+            )
+        )
+    bubble = page.locator(".msg.streaming .bubble")
+    await expect(bubble).to_have_text("".join(pieces).strip())
+    drawn = await page.evaluate("window.__drawn")
+    assert drawn and len(drawn) == len(set(drawn)), drawn  # never twice in one frame
+    assert len(drawn) < len(pieces) / 2, drawn
+
+
 async def test_the_send_button_leaves_the_message_box_ready_for_the_next_one(
     webchat: Webchat, context: Any
 ) -> None:

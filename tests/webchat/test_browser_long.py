@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 from talkbridge.message import OutboundMessage
@@ -22,6 +23,11 @@ MARKDOWN = (
     )
     * 4
 )
+
+SHOWN = 100
+"""The messages a thread opens with (the page's `PAGE`): the newest, however many it holds."""
+CAP = 300
+"""The messages in the document at most (the page's `MAX_SHOWN`), however far the reader goes."""
 
 FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
 """Resolves once the page has drawn twice: its scroll events of the moment are handled."""
@@ -54,8 +60,9 @@ async def long_thread(
         text = MARKDOWN if n % 10 == 0 else f"m{n}"
         await chat.connector.send(OutboundMessage(thread_id=thread_id, text=text))
     page = await open_chat(context, chat)
+    await expect(page.locator(f'.msg[data-seq="{count}"]')).to_have_count(1)
     await expect(page.locator(".msg")).to_have_count(
-        min(count, chat.connector.config.history_limit)
+        min(count, chat.connector.config.history_limit, SHOWN)
     )
     return chat, page, thread_id
 
@@ -230,3 +237,123 @@ async def test_the_conversation_list_keeps_the_keyboard_where_it_is_when_message
     await webchat.connector.send(OutboundMessage(thread_id=elsewhere, text="news"))
     await expect(page.locator(".conversation-list .unread")).to_have_text(["1"])
     await expect(chosen).to_be_focused()
+
+
+FIRST_SHOWN = "() => document.querySelector('.msg[data-seq]').dataset.seq"
+
+
+async def test_a_thread_of_thousands_keeps_a_few_hundred_in_the_document_end_to_end(
+    start_webchat: StartWebchat, context: Any
+) -> None:
+    """Every message of a thread went into the document and stayed there: 20,000 took 3.5 s
+    to open, and each streamed piece of a reply 170 ms to lay out (the whole thread again).
+    Now the document holds a window of it, wherever the reader goes, and the reader is never
+    moved by what comes or goes out of sight."""
+    chat, page, thread_id = await long_thread(start_webchat, context, 2000, history_limit=2000)
+    shown = page.locator(".msg")
+    box = page.locator("#messages")
+    await box.hover()
+    # Up to the very first message, a page at a time: the message at the top before each
+    # step is still in view after it (the page before went in above it, the newest went out).
+    while (first := await page.evaluate(FIRST_SHOWN)) != "1":
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+        await expect(page.locator(f'.msg[data-seq="{first}"]')).to_be_in_viewport()
+        assert await shown.count() <= CAP
+    await expect(page.get_by_role("button", name="Show earlier messages")).to_have_count(0)
+    await expect(page.locator(".msg .bubble").first).to_have_text("m1")
+
+    # A reply comes while the reader is 1,700 messages up: it waits below, and they are told.
+    await chat.connector.send(OutboundMessage(thread_id=thread_id, text="news while away"))
+    newer = page.get_by_role("button", name="New messages")
+    await expect(newer).to_be_visible()
+    assert await shown.count() <= CAP
+    # Back down a page at a time, the same way, to the newest, which is followed again.
+    while await page.locator('.msg[data-seq="2001"]').count() == 0:
+        bottom = await page.evaluate(
+            "() => [...document.querySelectorAll('.msg[data-seq]')].at(-1).dataset.seq"
+        )
+        await page.mouse.wheel(0, 100_000)
+        await page.wait_for_function(
+            "seq => [...document.querySelectorAll('.msg[data-seq]')].at(-1).dataset.seq !== seq",
+            arg=bottom,
+        )
+        await expect(page.locator(f'.msg[data-seq="{bottom}"]')).to_be_in_viewport()
+        assert await shown.count() <= CAP
+    await expect(page.locator(".msg-assistant .bubble").last).to_have_text("news while away")
+    await page.mouse.wheel(0, 100_000)
+    await page.wait_for_function(AT_BOTTOM)
+    await expect(newer).to_be_hidden()
+    await chat.connector.send(OutboundMessage(thread_id=thread_id, text="and the last"))
+    await expect(page.locator(".msg-assistant .bubble").last).to_have_text("and the last")
+    await page.wait_for_function(AT_BOTTOM)
+    assert await shown.count() <= CAP
+
+
+async def test_the_new_messages_button_far_up_a_long_thread_jumps_to_the_newest(
+    start_webchat: StartWebchat, context: Any
+) -> None:
+    chat, page, thread_id = await long_thread(start_webchat, context, 1000, history_limit=1000)
+    box = page.locator("#messages")
+    await box.hover()
+    for _ in range(5):  # 500 messages up: the newest are out of the document
+        first = await page.evaluate(FIRST_SHOWN)
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+    await expect(page.locator('.msg[data-seq="1000"]')).to_have_count(0)
+    await chat.connector.send(OutboundMessage(thread_id=thread_id, text="news"))
+    newer = page.get_by_role("button", name="New messages")
+    await newer.click()
+    await expect(page.locator(".msg-assistant .bubble").last).to_have_text("news")
+    await page.wait_for_function(AT_BOTTOM)
+    await expect(newer).to_be_hidden()
+    assert await page.locator(".msg").count() <= CAP
+
+
+ANNOUNCED = """() => {
+    window.__announced = [];
+    // The live region a change is read out from, or null: none, or one that is off or hidden.
+    const region = node => {
+        const el = node.nodeType === 1 ? node : node.parentElement;
+        if (!el || el.closest('[aria-hidden=true], [hidden]')) return null;
+        const at = el.closest('[aria-live], [role=log], [role=status], [role=alert]');
+        if (!at) return null;
+        const live = at.getAttribute('aria-live')
+            ?? (at.getAttribute('role') === 'alert' ? 'assertive' : 'polite');
+        return live === 'off' ? null : at;
+    };
+    new MutationObserver(records => {
+        for (const r of records) {
+            if (r.type === 'characterData' && region(r.target)) {
+                window.__announced.push(r.target.data);
+            }
+            for (const node of r.addedNodes) {
+                if (region(node)) window.__announced.push(node.textContent);
+            }
+        }
+    }).observe(document, { childList: true, subtree: true, characterData: true });
+}"""
+"""Before the page's script: every text added to a live region (what a screen reader reads
+out unasked) goes to `window.__announced`."""
+
+
+async def test_a_screen_reader_hears_what_is_new_not_the_history_the_page_draws(
+    start_webchat: StartWebchat, context: Any
+) -> None:
+    """The messages' log was live: a screen reader read out the whole history page when the
+    conversation opened, and every page of earlier messages the reader scrolled to."""
+    await context.add_init_script(f"({ANNOUNCED})()")
+    chat, page, thread_id = await long_thread(start_webchat, context, 250, history_limit=100)
+    box = page.locator("#messages")
+    await box.hover()
+    while (first := await page.evaluate(FIRST_SHOWN)) != "1":
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+    await chat.connector.typing(thread_id)
+    await chat.connector.send(OutboundMessage(thread_id=thread_id, text="a reply for the ear"))
+    await expect(page.get_by_role("button", name="New messages")).to_be_visible()
+    announced = await page.evaluate("window.__announced")
+    old = [text for text in announced if re.search(r"\bm\d+\b|A long answer", text)]
+    assert old == [], old[:3]
+    assert "The assistant is typing…" in announced  # (shown by unhiding a live region: unsaid)
+    assert any("a reply for the ear" in text for text in announced), announced

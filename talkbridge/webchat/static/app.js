@@ -13,7 +13,7 @@
 //   never dropped: it stays on screen as "Not sent" (kept in localStorage too), to send again
 //   in the conversation shown, copy, or dismiss.
 
-import { renderMarkdown, renderPlain } from "./markdown.js";
+import { renderMarkdown, renderPlain, settledLength } from "./markdown.js";
 import { insertSeqs, lowerBound, placeChildren } from "./order.js";
 
 const KEY = {
@@ -47,6 +47,7 @@ const ui = {
   empty: $("empty"),
   typing: $("typing"),
   toast: $("toast"),
+  announcer: $("announcer"),
   composer: $("composer"),
   input: $("input"),
   fatal: $("fatal"),
@@ -222,7 +223,6 @@ function thread(threadId) {
     t = {
       messages: new Map(), // seq -> message frame
       order: [], // the seqs of `messages`, ascending
-      nodes: new Map(), // seq -> element
       streams: new Map(), // stream_id -> { text, node, shown }
       loaded: false,
       floor: 0,
@@ -501,6 +501,9 @@ function onMessage(frame) {
   }
   if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
   const fresh = addMessages(frame.thread_id, [frame]);
+  if (fresh && frame.role !== "user" && frame.thread_id === state.active) {
+    announce(`${frame.role === "system" ? "Notice" : "Assistant"}: ${frame.text}`);
+  }
   if (frame.thread_id === state.active) {
     // Not followed even when it is the user's own, typed in another tab or on another device:
     // a reader scrolled up stays where they are (this tab's own messages follow in `queue`).
@@ -522,10 +525,11 @@ function onDelta(frame) {
     t.streams.set(frame.stream_id, stream);
   }
   // `from_start`: the reply so far, for a page that joined mid-stream (it replaces, not adds).
+  if (frame.from_start) stream.restart = true;
   stream.text = frame.from_start ? frame.text : stream.text + frame.text;
   if (frame.thread_id === state.active) {
     hideTyping();
-    renderThread();
+    drawSoon();
   }
 }
 
@@ -538,6 +542,7 @@ function onStreamEnd(frame) {
 
 function onTyping(frame) {
   if (frame.thread_id !== state.active) return;
+  if (ui.typing.hidden) announce("The assistant is typing…");
   ui.typing.hidden = false;
   clearTimeout(state.typingTimer);
   state.typingTimer = setTimeout(hideTyping, TYPING_MS);
@@ -571,13 +576,11 @@ function onHistory(frame) {
   if (frame.more && messages.length) {
     askHistory({ type: "history", thread_id: frame.thread_id, after_seq: messages.at(-1).seq });
   }
-  const box = ui.messages;
-  const fromBottom = box.scrollHeight - box.scrollTop;
   const fresh = addMessages(frame.thread_id, messages);
   if (frame.thread_id !== state.active) return;
   if (back) {
     renderThread();
-    box.scrollTop = box.scrollHeight - fromBottom; // older ones went in above: stay put
+    showEarlier(); // older ones go in above the reader, who stays put
   } else {
     // A first load opens at the newest; a resume after a reconnect leaves the reader be.
     renderThread({ follow: first, fresh });
@@ -852,36 +855,98 @@ function render(role, text, markup) {
 }
 
 // The thread shown is patched, never rebuilt while it is shown: a frame adds or changes its own
-// node, so an earlier message keeps its node (a selection in it, focus, the reader's place) and a
-// streamed piece costs the same in a thread of 2,000 messages as in one of two. `#messages`
-// holds: the "earlier" button, the stored messages by seq, `tailStart`, then what has no seq yet
-// (replies streaming, messages waiting to be sent, messages not sent) or the empty note.
+// node, so an earlier message keeps its node (a selection in it, focus, the reader's place).
+// Only a window of the thread is in the document: its newest PAGE messages when it opens, more
+// as the reader scrolls up (held here, or asked for with `before_seq`) or back down, never more
+// than MAX_SHOWN: the messages farthest from the reader leave the document, and the reader stays
+// where they are. So a thread of 20,000 messages costs what one of a few hundred does, to open,
+// to scroll and to stream a reply into. `#messages` holds: the "earlier" button, the window's
+// messages by seq, `tailStart`, then (when the window reaches the newest message) what has no
+// seq yet (replies streaming, messages waiting to be sent, messages not sent) or the empty note.
 // A reader at the bottom is kept there whenever the log's height changes (a reply growing, the
 // window or the phone's keyboard resizing it).
 const NEAR_BOTTOM_PX = 120;
-const EARLIER_WITHIN_PX = 200; // scrolled this near the top: the page before is asked for
+const EARLIER_WITHIN_PX = 200; // scrolled this near the top (or bottom): the next page is drawn
+const PAGE = 100; // messages drawn at a time
+const MAX_SHOWN = 3 * PAGE; // messages in the document at most
 const tailStart = document.createComment(" not stored yet ");
 const view = {
   threadId: null,
   t: null, // the thread whose nodes #messages holds
+  nodes: new Map(), // seq -> element, for the window's messages (in the document)
+  lo: null, // the oldest seq of the window; null: none drawn yet (the next ones open at the newest)
+  hi: Infinity, // its newest; Infinity: the window reaches the newest, new messages join it
   pinned: true, // the reader is at the bottom: new messages keep them there
   pending: new Map(), // client_id -> node of a message waiting to be sent
   unsent: new Map(), // client_id -> node of a message not sent
 };
 
 function messageNodeOf(t, seq) {
-  let node = t.nodes.get(seq);
+  let node = view.nodes.get(seq);
   if (!node) {
     const m = t.messages.get(seq);
     node = messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
     node.dataset.seq = String(seq);
-    t.nodes.set(seq, node);
+    view.nodes.set(seq, node);
   }
   return node;
 }
 
+/** Make the window [lo, hi] of the thread shown: the nodes outside it leave the document, the
+ * missing ones inside it are made and put in their places; the others are left alone. */
+function setWindow(lo, hi) {
+  const t = view.t;
+  for (const [seq, node] of view.nodes) {
+    if (seq < lo || seq > hi) {
+      // A link focused in a message that leaves: the keyboard stays in the messages.
+      if (node.contains(document.activeElement)) ui.messages.focus({ preventScroll: true });
+      node.remove();
+      view.nodes.delete(seq);
+    }
+  }
+  view.lo = lo;
+  view.hi = hi;
+  let next = tailStart;
+  for (let i = upTo(t.order, hi) - 1; i >= 0 && t.order[i] >= lo; i -= 1) {
+    const seq = t.order[i];
+    const node = view.nodes.get(seq);
+    if (node) next = node;
+    else next = ui.log.insertBefore(messageNodeOf(t, seq), next);
+  }
+}
+
+/** The index in ascending `order` past its last item not above `seq`. */
+function upTo(order, seq) {
+  return seq === Infinity ? order.length : lowerBound(order, seq + 1);
+}
+
+/** The window of the newest PAGE messages of the thread shown. */
+function newestWindow() {
+  const { order } = view.t;
+  return order.length ? [order[Math.max(0, order.length - PAGE)], Infinity] : [null, Infinity];
+}
+
+/** Run `change` (which adds or removes messages above the reader) with the message at the top
+ * of the reader's view kept where it is on the screen. */
+function keepingPlace(change) {
+  const box = ui.messages;
+  const top = box.getBoundingClientRect().top;
+  const { order } = view.t;
+  let anchor = null;
+  for (let i = lowerBound(order, view.lo ?? 0); i < order.length && order[i] <= view.hi; i += 1) {
+    const node = view.nodes.get(order[i]);
+    if (node && node.getBoundingClientRect().bottom > top) {
+      anchor = node;
+      break;
+    }
+  }
+  const before = anchor?.getBoundingClientRect().top;
+  change();
+  if (anchor?.isConnected) box.scrollTop += anchor.getBoundingClientRect().top - before;
+}
+
 /** Keep the frames of `threadId` this page has not seen yet (by seq) and, when that thread is
- * shown, put each one's node in its place; returns how many were new. */
+ * shown, put each one in the window in its place; returns how many were new. */
 function addMessages(threadId, frames) {
   const t = thread(threadId);
   const fresh = [];
@@ -891,13 +956,16 @@ function addMessages(threadId, frames) {
     fresh.push(m.seq);
   }
   insertSeqs(t.order, fresh);
-  if (t === view.t) {
-    // From the newest down, so the node each one goes before is in place already.
-    fresh.sort((a, b) => b - a);
-    for (const seq of fresh) {
-      const next = t.order[lowerBound(t.order, seq) + 1];
-      ui.log.insertBefore(messageNodeOf(t, seq), next === undefined ? tailStart : t.nodes.get(next));
+  if (t === view.t && fresh.length) {
+    let [lo, hi] = view.lo === null ? newestWindow() : [view.lo, view.hi];
+    const end = upTo(t.order, hi);
+    if (end - lowerBound(t.order, lo) > MAX_SHOWN) {
+      // Past the cap: the far end goes. A reader at the bottom follows the newest; one
+      // scrolled up keeps what they read, and the newest wait below ("New messages").
+      if (view.pinned && hi === Infinity) lo = t.order[end - MAX_SHOWN];
+      else hi = t.order[lowerBound(t.order, lo) + MAX_SHOWN - 1];
     }
+    setWindow(lo, hi);
   }
   return fresh.length;
 }
@@ -911,6 +979,7 @@ function renderThread({ follow = false, fresh = 0 } = {}) {
     follow = true;
   }
   if (!view.t) return;
+  if (follow && view.hi !== Infinity) setWindow(...newestWindow());
   renderEarlier(view.t);
   renderTail(view.t);
   const box = ui.messages;
@@ -925,19 +994,23 @@ function buildView() {
   view.threadId = state.active;
   view.t = state.active ? thread(state.active) : null;
   view.pinned = true;
+  view.nodes = new Map();
   ui.newer.hidden = true;
   if (!view.t) {
     ui.log.replaceChildren(ui.empty);
     return;
   }
-  const nodes = document.createDocumentFragment();
-  for (const seq of view.t.order) nodes.append(messageNodeOf(view.t, seq));
-  nodes.append(tailStart);
-  ui.log.replaceChildren(nodes);
+  ui.log.replaceChildren(tailStart);
+  setWindow(...newestWindow());
+}
+
+/** Whether older messages than the window's exist: held here, or on the server. */
+function hasEarlier(t) {
+  return t.order.length > 0 && (t.earlier || (view.lo !== null && view.lo > t.order[0]));
 }
 
 function renderEarlier(t) {
-  if (!(t.earlier && t.order.length)) {
+  if (!hasEarlier(t)) {
     ui.earlier.remove();
     return;
   }
@@ -948,7 +1021,10 @@ function renderEarlier(t) {
 
 function renderTail(t) {
   const nodes = [];
-  for (const [streamId, stream] of t.streams) nodes.push(streamNode(streamId, stream));
+  // Far up a long thread (the window ends before the newest message), nothing of the tail
+  // shows: it belongs after the newest message, and comes back with it.
+  const atEnd = view.hi === Infinity;
+  for (const [streamId, stream] of t.streams) if (atEnd) nodes.push(streamNode(streamId, stream));
   const pending = new Map();
   const label = state.ready ? "Sending…" : "Waiting for the connection…";
   for (const item of state.outbox) {
@@ -961,7 +1037,7 @@ function renderTail(t) {
     const meta = node.querySelector(".meta");
     if (meta.textContent !== label) meta.textContent = label;
     pending.set(item.client_id, node);
-    nodes.push(node);
+    if (atEnd) nodes.push(node);
   }
   view.pending = pending;
   const unsent = new Map();
@@ -969,41 +1045,115 @@ function renderTail(t) {
     if (item.thread_id && item.thread_id !== state.active) continue;
     const node = view.unsent.get(item.client_id) ?? unsentNode(item);
     unsent.set(item.client_id, node);
-    nodes.push(node);
+    if (atEnd) nodes.push(node);
   }
   view.unsent = unsent;
   if (!nodes.length && !t.order.length) nodes.push(ui.empty);
   placeChildren(ui.log, nodes, tailStart);
 }
 
-/** A reply streaming: its node is made once, and only its bubble is drawn again per piece. */
+/** A reply streaming: its node is made once, and only what changed in its bubble is drawn
+ * again: each block of the reply that is finished (followed by a blank line) is rendered once,
+ * the last one again per piece. */
 function streamNode(streamId, stream) {
   if (!stream.node) {
-    stream.node = messageNode("assistant", renderMarkdown(stream.text), "", "streaming");
+    stream.node = messageNode("assistant", document.createDocumentFragment(), "", "streaming");
     stream.node.dataset.stream = streamId;
     // Announced once, as the final message; not piece by piece while it streams.
     stream.node.setAttribute("aria-hidden", "true");
-  } else if (stream.shown !== stream.text) {
-    stream.node.querySelector(".bubble").replaceChildren(renderMarkdown(stream.text));
+    stream.bubble = stream.node.querySelector(".bubble");
   }
+  if (stream.shown !== stream.text) drawStream(stream);
   stream.shown = stream.text;
   return stream.node;
 }
 
+function drawStream(stream) {
+  const text = stream.text.replace(/\r\n?/g, "\n");
+  if (stream.restart) {
+    // The reply so far came again (`from_start`): it may not continue what was shown.
+    stream.bubble.replaceChildren();
+    stream.settled = 0;
+    stream.live = [];
+    stream.restart = false;
+  }
+  const from = stream.settled ?? 0;
+  const settled = settledLength(text, from);
+  for (const node of stream.live ?? []) node.remove();
+  if (settled > from) stream.bubble.append(renderMarkdown(text.slice(from, settled)));
+  const live = renderMarkdown(text.slice(settled));
+  stream.live = Array.from(live.childNodes);
+  stream.bubble.append(live);
+  stream.settled = settled;
+}
+
+/** At most one drawing of the thread per frame the screen shows: a reply streaming in many
+ * pieces a frame (a fast model, a page catching up) is drawn once per frame. */
+let drawQueued = false;
+function drawSoon() {
+  if (drawQueued) return;
+  drawQueued = true;
+  requestAnimationFrame(() => {
+    drawQueued = false;
+    renderThread();
+  });
+}
+
 function scrollToNewest() {
+  if (view.t && view.hi !== Infinity) {
+    setWindow(...newestWindow());
+    renderEarlier(view.t);
+    renderTail(view.t);
+  }
   ui.messages.scrollTo({ top: ui.messages.scrollHeight });
   view.pinned = true;
   ui.newer.hidden = true;
 }
 
+/** The reader scrolled near the top of the window: the PAGE messages before it, drawn from
+ * what this page holds, or asked for (`before_seq`) when it holds none older. */
+function showEarlier() {
+  const t = view.t;
+  if (!t || view.lo === null) return;
+  const first = lowerBound(t.order, view.lo);
+  if (first === 0) {
+    if (t.earlier) loadEarlier();
+    return;
+  }
+  const from = Math.max(0, first - PAGE);
+  const lo = t.order[from];
+  const end = upTo(t.order, view.hi);
+  const hi = end - from > MAX_SHOWN ? t.order[from + MAX_SHOWN - 1] : view.hi;
+  keepingPlace(() => setWindow(lo, hi));
+  renderEarlier(t);
+  renderTail(t);
+}
+
+/** The reader scrolled near the bottom of a window that ends before the newest message: the
+ * PAGE messages after it; the oldest of the window go past MAX_SHOWN. */
+function showLater() {
+  const t = view.t;
+  if (!t || view.hi === Infinity) return;
+  const end = Math.min(t.order.length, upTo(t.order, view.hi) + PAGE);
+  const hi = end >= t.order.length ? Infinity : t.order[end - 1];
+  const lo = Math.max(view.lo, t.order[Math.max(0, end - MAX_SHOWN)]);
+  keepingPlace(() => {
+    setWindow(lo, hi);
+    renderEarlier(t);
+    renderTail(t);
+  });
+}
+
 function onScroll() {
   const box = ui.messages;
-  view.pinned = box.scrollHeight - box.scrollTop - box.clientHeight < NEAR_BOTTOM_PX;
+  const below = box.scrollHeight - box.scrollTop - box.clientHeight;
+  view.pinned = below < NEAR_BOTTOM_PX && view.hi === Infinity;
   if (view.pinned) ui.newer.hidden = true;
-  // Scrolled (by the reader: a thread too short to scroll never gets here) up near the top.
+  // Scrolled (by the reader: a thread too short to scroll never gets here) near an end.
   const t = view.t;
-  const near = box.scrollTop < EARLIER_WITHIN_PX && box.scrollHeight > box.clientHeight;
-  if (t && t.earlier && !t.loadingEarlier && near) loadEarlier();
+  if (!t || box.scrollHeight <= box.clientHeight) return;
+  if (box.scrollTop < EARLIER_WITHIN_PX && !t.loadingEarlier && hasEarlier(t)) showEarlier();
+  else if (below < EARLIER_WITHIN_PX && view.hi !== Infinity) showLater();
 }
 
 function renderComposerState() {
@@ -1014,6 +1164,17 @@ function renderComposerState() {
 function setStatus(kind, text) {
   ui.status.dataset.state = kind;
   ui.statusText.textContent = text;
+}
+
+/** Tell a screen reader something new: a reply that came, the assistant typing. Only this
+ * region is live: the messages' log also gains what is not new (history, the messages the reader
+ * scrolls back to), which would be read out by the hundred. The last few stay, so that two that
+ * come together are both read. */
+function announce(text) {
+  const line = document.createElement("p");
+  line.textContent = text;
+  ui.announcer.append(line);
+  while (ui.announcer.childElementCount > 3) ui.announcer.firstElementChild.remove();
 }
 
 let toastTimer = null;
@@ -1088,7 +1249,7 @@ ui.input.addEventListener("keydown", (event) => {
 });
 ui.input.addEventListener("input", autosize);
 ui.newConversation.addEventListener("click", startConversation);
-ui.earlier.addEventListener("click", loadEarlier);
+ui.earlier.addEventListener("click", showEarlier);
 ui.messages.addEventListener("scroll", onScroll, { passive: true });
 const keepPinned = new ResizeObserver(() => {
   if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;

@@ -343,6 +343,25 @@ export function renderMarkdown(source) {
   return out;
 }
 
+/** Where the blocks of `text` (line ends already `\n`) that no text added after it can change
+ * end: just past its last whole blank line outside a code block, at or after `from` (such an
+ * end found before, or 0). Every block but a code block ends at a blank line, so rendering
+ * `text.slice(0, k)` and then `text.slice(k)` builds what rendering `text` does: a reply
+ * streaming in renders each finished block once, and only its last one again per piece. */
+export function settledLength(text, from = 0) {
+  let settled = from;
+  let fenced = false;
+  let start = from;
+  for (let end = text.indexOf("\n", start); end >= 0; end = text.indexOf("\n", start)) {
+    const line = text.slice(start, end);
+    if (FENCE.test(line)) fenced = !fenced;
+    else if (!fenced && !line.trim()) settled = end + 1;
+    start = end + 1;
+  }
+  work.steps += text.length - from;
+  return settled;
+}
+
 /** Plain text with line breaks kept: how the user's own messages are shown. */
 export function renderPlain(source) {
   const out = document.createDocumentFragment();
