@@ -331,8 +331,9 @@ class SlackConnector(BaseConnector):
     # ---- require_mention ---------------------------------------------------------------------
 
     def _mention_rule(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
-        """Whether `require_mention` applies: to channel messages (a click on the bot's own
-        buttons is always for it)."""
+        """Whether `require_mention` applies: to messages of channels and group DMs (`mpim`,
+        several people: a group, as `thread_type` says), not one-to-one DMs; a click on the
+        bot's own buttons is always for it."""
         return (
             self.config.require_mention
             and message.thread_type != "private"
