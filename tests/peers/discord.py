@@ -5,10 +5,12 @@ Point discord.py at it as users point it at a REST proxy: `api_base: peer.base_u
 process-wide `Route.BASE` and `DiscordWebSocket.DEFAULT_GATEWAY` from them).
 
 What it does like Discord:
-- gateway: HELLO, heartbeat -> HEARTBEAT_ACK, IDENTIFY -> READY (with `resume_gateway_url` back
-  to this peer) + GUILD_CREATE per guild; dispatches with sequence numbers kept per session, so a
-  RESUME replays exactly what the client missed, then RESUMED; a refused resume gets
-  INVALID_SESSION (d=false) and the client identifies afresh; an unknown token closes with 4004.
+- gateway: HELLO (`heartbeat_interval`, settable), heartbeat -> HEARTBEAT_ACK (`stop_acking`
+  makes one socket a "zombie": no more ACKs, while its dispatches still flow), IDENTIFY ->
+  READY (with `resume_gateway_url` back to this peer) + GUILD_CREATE per guild; dispatches
+  with sequence numbers kept per session, so a RESUME replays exactly what the client missed,
+  then RESUMED; a refused resume gets INVALID_SESSION (d=false) and the client identifies
+  afresh; an unknown token closes with 4004.
   Binary frames from one `zlib.compressobj` per connection, flushed with Z_SYNC_FLUSH.
 - REST: `Authorization: Bot <token>` (401 otherwise), JSON bodies with `Content-Type` exactly
   `application/json`, rate-limit headers on every answer with one bucket per route and major
@@ -114,6 +116,8 @@ class Gateway:
 
     def __init__(self, ws: web.WebSocketResponse, compress: bool) -> None:
         self.ws = ws
+        self.acking = True
+        """False: a zombie connection, whose heartbeats Discord no longer acknowledges."""
         self._zlib = zlib.compressobj() if compress else None
         self._lock = asyncio.Lock()
 
@@ -187,6 +191,10 @@ class DiscordPeer(Waitable):
         self.identifies: list[str] = []
         self.resumes: list[tuple[str, bool]] = []
         self.heartbeats = 0
+        self.unacknowledged = 0
+        """Heartbeats a zombie socket (`stop_acking`) got no ACK for."""
+        self.heartbeat_interval = 41.25
+        """Seconds, sent in HELLO (Discord's usual 41,250 ms)."""
         self.channels: dict[str, dict[str, Any]] = {}
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.users: dict[str, dict[str, Any]] = {}
@@ -358,6 +366,14 @@ class DiscordPeer(Waitable):
         if session.socket is not None:
             asyncio.get_running_loop().create_task(session.socket.send(frame))
 
+    def _keep_flowing(self, socket: Gateway) -> None:
+        """A zombie's traffic: a dispatch on its session, sent as any other."""
+        session = next((s for s in self.sessions.values() if s.socket is socket), None)
+        if session is not None:
+            typing = {"channel_id": GENERAL, "guild_id": GUILD_ID, "user_id": "1",
+                      "timestamp": int(time.time())}  # fmt: skip
+            self.dispatch(session.token, "TYPING_START", typing)
+
     def _live_session(self, token: str) -> Session | None:
         found = [s for s in self.sessions.values() if s.token == token]
         return found[-1] if found else None
@@ -370,6 +386,16 @@ class DiscordPeer(Waitable):
         ws = session.socket.ws
         session.socket = None
         await ws.close(code=4000, message=b"dropped by the peer")
+
+    def stop_acking(self, token: str) -> None:
+        """Make the bot's current gateway socket a zombie, as Discord's docs describe one: its
+        heartbeats get no HEARTBEAT_ACK any more, while dispatches still flow on it (each
+        unacknowledged heartbeat is followed by a TYPING_START, so the client keeps receiving
+        traffic). The session is kept: a RESUME on a new socket is acknowledged as usual."""
+        session = self._live_session(token)
+        if session is None or session.socket is None:
+            raise LookupError("that bot has no gateway socket open")
+        session.socket.acking = False
 
     def refuse_next_resume(self, token: str) -> None:
         self._refuse_resume.add(token)
@@ -399,7 +425,10 @@ class DiscordPeer(Waitable):
         self._sockets.add(ws)
         socket = Gateway(ws, request.query.get("compress") == "zlib-stream")
         try:
-            await socket.send({"op": 10, "s": None, "t": None, "d": {"heartbeat_interval": 41250}})
+            interval = round(self.heartbeat_interval * 1000)
+            await socket.send(
+                {"op": 10, "s": None, "t": None, "d": {"heartbeat_interval": interval}}
+            )
             async for msg in ws:
                 if msg.type is not aiohttp.WSMsgType.TEXT:
                     continue
@@ -418,7 +447,11 @@ class DiscordPeer(Waitable):
         data = frame.get("d")
         if op == 1:
             self.heartbeats += 1
-            await socket.send({"op": 11, "s": None, "t": None, "d": None})
+            if socket.acking:
+                await socket.send({"op": 11, "s": None, "t": None, "d": None})
+            else:
+                self.unacknowledged += 1
+                self._keep_flowing(socket)
         elif op == 2:
             await self._identify(socket, data or {})
         elif op == 6:

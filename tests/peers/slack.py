@@ -852,7 +852,8 @@ def message_event(
     thread_ts: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """A `message` event (DM by default: channel ids starting with D are IMs)."""
+    """A `message` event (DM by default: channel ids starting with D are IMs; a group DM
+    passes `channel_type="mpim"`)."""
     ts = ts or f"{int(time.time())}.{next(_numbers):06d}"
     event: dict[str, Any] = {
         "type": "message",

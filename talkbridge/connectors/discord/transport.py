@@ -20,6 +20,12 @@ takes what it found, oldest first, exactly as it takes a MESSAGE_CREATE, and hol
 events of a channel until that channel's catch-up is in, so they follow it. A channel whose
 fetch fails is logged once and skipped; the connection never fails over it.
 
+A "zombie" connection, whose heartbeats the gateway stopped acknowledging while dispatches may
+still arrive, is left as Discord's docs ask: with no HEARTBEAT_ACK for two heartbeat intervals
+the socket is closed with code 4000, and discord.py resumes the session on a new one (the
+gateway replays what the zombie never delivered). discord.py's own `heartbeat_timeout` cannot
+notice it: it times out on the last frame received, whatever it was (`heartbeat.py`).
+
 Logging in and `check` watch discord.py's REST answers (`answers.py`), so a server error it
 quietly retries, or an answer of the wrong shape, is named with its request.
 
@@ -69,6 +75,13 @@ from talkbridge.connectors.discord.codec import (
 from talkbridge.connectors.discord.config import DiscordConfig
 from talkbridge.connectors.discord.cursors import Cursor, Cursors, after_cursor
 from talkbridge.connectors.discord.errors import translate, translated, unreadable_event
+from talkbridge.connectors.discord.heartbeat import (
+    HEARTBEAT_ACK,
+    HELLO,
+    HeartbeatWatch,
+    hello_interval,
+    opcode,
+)
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
@@ -192,6 +205,11 @@ class DiscordConnector(BaseConnector):
         self._unfetchable: set[str] = set()
         """Channels whose catch-up failed and was logged (logged once per channel)."""
         self._status: ConnectionStatus | None = None
+        self._beats = HeartbeatWatch()
+        self._greeted = asyncio.Event()
+        """Set at each gateway HELLO: the heartbeat watch has a connection to watch."""
+        self._left_zombie: str | None = None
+        """Why the gateway connection was closed by us (no ACKs), until it is back up."""
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         for name in ("history", "directory", "activity", "edit", "delete", "reactions"):
             self.provide(name, self)
@@ -215,10 +233,13 @@ class DiscordConnector(BaseConnector):
     async def run(self, status: ConnectionStatus) -> None:
         endpoints.acquire(self, self._endpoints)
         self._status = status
+        self._beats = HeartbeatWatch()  # an earlier run's connection is not watched
+        self._left_zombie = None
         answers = Answers(self._token)
         client = self.client = self._new_client(answers)
         consumer: asyncio.Task[None] | None = None
         saver: asyncio.Task[None] | None = None
+        watch: asyncio.Task[None] | None = None
         try:
             await self._load_cursors()
             # discord.py retries a 5xx to logging in for about 25 s: say so meanwhile.
@@ -230,6 +251,7 @@ class DiscordConnector(BaseConnector):
                 answers.on_server_error = None
             consumer = asyncio.create_task(self._consume(), name=f"discord:{self.connection_id}")
             saver = asyncio.create_task(self._save_cursors_often())
+            watch = asyncio.create_task(self._watch_heartbeats(client, status))
             with translated(self._token):
                 try:
                     await client.connect(reconnect=True)
@@ -246,6 +268,9 @@ class DiscordConnector(BaseConnector):
         finally:
             self._status = None
             # Nothing more comes in; closing is not cut short by the stop's repeated cancels.
+            if watch is not None:
+                watch.cancel()
+                await finish_despite_cancels(watch, _FINISH_SECONDS)
             await finish_despite_cancels(asyncio.ensure_future(client.close()), _FINISH_SECONDS)
             await self._stop_catching_up()
             if consumer is not None:
@@ -355,17 +380,64 @@ class DiscordConnector(BaseConnector):
         endpoints.release(self)
 
     def _gateway_up(self) -> None:
+        self._left_zombie = None
         if self._status is not None:
             self._status.up()
 
     def _gateway_lost(self) -> None:
-        if self._status is not None:
+        if self._status is not None and self._left_zombie is None:  # else that reason stands
             self._status.degraded("the Discord gateway connection dropped; resuming")
+
+    async def _watch_heartbeats(self, client: _Client, status: ConnectionStatus) -> None:
+        """Leave a gateway connection whose heartbeats go unacknowledged (see the module's
+        docstring): close it with 4000, not 1000, so discord.py resumes the session."""
+        while True:
+            beats = self._beats
+            due = beats.due()
+            if due is None:  # nothing to watch until the next connection says HELLO
+                self._greeted.clear()
+                await self._greeted.wait()
+                continue
+            now = time.monotonic()
+            if now < due:
+                # About time itself: an ACK that came meanwhile moves the deadline on.
+                await asyncio.sleep(due - now)
+                continue
+            silent = beats.zombie(now)
+            if silent is None:
+                continue
+            reason = f"no HEARTBEAT_ACK from the Discord gateway for {silent:.1f} s; resuming"
+            self._left_zombie = reason
+            self._log.warning(
+                "the Discord gateway acknowledged no heartbeat for %.1f s while the connection "
+                "looked open (a zombie connection): closing it to resume the session",
+                silent,
+            )
+            status.degraded(reason)
+            socket = client.ws
+            if socket is not None:
+                try:
+                    await socket.close(code=4000)  # not 1000: Discord keeps the session
+                except Exception as exc:
+                    self._log.warning(
+                        "closing the unacknowledged Discord gateway connection failed: %s",
+                        scrub(f"{type(exc).__name__}: {exc}", self._token),
+                    )
 
     # ---- inbound ---------------------------------------------------------------------------
 
     def _received(self, raw: str | bytes) -> None:
         text = raw.decode() if isinstance(raw, bytes) else raw
+        op = opcode(text)
+        if op == HEARTBEAT_ACK:
+            self._beats.ack(time.monotonic())
+            return
+        if op == HELLO:
+            interval = hello_interval(text)
+            if interval is not None:
+                self._beats.hello(interval, time.monotonic())
+                self._greeted.set()
+            return
         if '"MESSAGE_' not in text and '"INTERACTION_CREATE"' not in text and '"READY"' not in text:
             return  # cheap filter: most gateway traffic is presence, typing, guild updates
         try:

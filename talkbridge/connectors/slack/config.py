@@ -38,8 +38,9 @@ class SlackConfig(ConnectionConfig):
     reply_in_thread: bool = False
     """Answer a top-level channel message in a new thread under it (DMs are never threaded)."""
     require_mention: bool = True
-    """In channels, take only messages that mention the bot, or reply in a thread it is in (one
-    it started, or one where it was mentioned). Direct messages always."""
+    """In channels and group DMs (`mpim`: several people), take only messages that mention the
+    bot, or reply in a thread it is in (one it started, or one where it was mentioned).
+    One-to-one direct messages always."""
     ping_interval: float = Field(default=10.0, gt=0)
     """Socket Mode: seconds between pings; a dead socket is noticed within about this long."""
     request_timeout: int = Field(default=30, ge=1)

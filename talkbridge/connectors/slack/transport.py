@@ -127,7 +127,9 @@ class SlackConnector(BaseConnector):
         self._threads: OrderedDict[str, None] = OrderedDict()
         """Channel threads the bot is in (`require_mention`), as far as seen lately."""
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
-        self._buttons = KeptButtons(context, f"slack:{config.id}:buttons:", self._log)
+        self._buttons = KeptButtons(
+            context, f"slack:{config.id}:buttons:", self._log, position=_position
+        )
         """The buttons each message carries: an edit must send them again (see `edit`)."""
         self._status_allowed = True
         self._delete_handlers: list[DeleteHandler] = []
@@ -331,8 +333,9 @@ class SlackConnector(BaseConnector):
     # ---- require_mention ---------------------------------------------------------------------
 
     def _mention_rule(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
-        """Whether `require_mention` applies: to channel messages (a click on the bot's own
-        buttons is always for it)."""
+        """Whether `require_mention` applies: to messages of channels and group DMs (`mpim`,
+        several people: a group, as `thread_type` says), not one-to-one DMs; a click on the
+        bot's own buttons is always for it."""
         return (
             self.config.require_mention
             and message.thread_type != "private"
@@ -627,7 +630,7 @@ class SlackConnector(BaseConnector):
         elif buttons is not KEEP:
             params["blocks"] = []  # off with the old ones, whatever Slack's default
         await self.call("chat.update", **params)
-        if buttons is not KEEP:
+        if buttons is not KEEP or shown:  # kept again: for dedupe_days after this edit
             await self._buttons.keep(message_id, shown)
 
     async def delete(self, thread_id: str, message_id: str) -> None:
@@ -711,6 +714,16 @@ def _dedupe_key(payload: Mapping[str, Any]) -> str | None:
         stamp = actions[0].get("action_ts") if isinstance(actions[0], Mapping) else None
         return f"action:{payload.get('trigger_id') or stamp}"
     return None
+
+
+def _position(message_id: str) -> tuple[str, tuple[int, ...]] | None:
+    """A message's channel and its `ts` as numbers (ts grow with time in a channel)."""
+    try:
+        channel, ts = parse_native_id(message_id)
+    except ValueError:
+        return None  # an uploaded file's id
+    seconds, _, fraction = ts.partition(".")
+    return channel, (int(seconds), int(fraction or 0))
 
 
 def _thread(value: str) -> tuple[str, str | None]:

@@ -126,7 +126,9 @@ class TelegramConnector(BaseConnector):
         self._migrations = Migrations(context.store, config.id)
         self._partial = PartialSends(context.store, config.id, keep_for=context.dedupe_for)
         self._offset_key = f"telegram:{config.id}:offset"
-        self._buttons = KeptButtons(context, f"telegram:{config.id}:buttons:", self._log)
+        self._buttons = KeptButtons(
+            context, f"telegram:{config.id}:buttons:", self._log, position=_position
+        )
         """The buttons each message carries, which an edit must send again."""
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
@@ -583,7 +585,7 @@ class TelegramConnector(BaseConnector):
             except TelegramBadRequest as exc:
                 if "message is not modified" not in exc.message:
                     raise  # the same answer again is an edit done
-        if buttons is not KEEP:
+        if buttons is not KEEP or shown:  # kept again: for dedupe_days after this edit
             await self._buttons.keep(message_id, shown)
 
     async def delete(self, thread_id: str, message_id: str) -> None:
@@ -624,6 +626,15 @@ def _thread(thread_id: str) -> tuple[int | str, int | None]:
 
 def _message(message_id: str) -> tuple[int | str, int]:
     return permanent(parse_native_id, message_id)
+
+
+def _position(message_id: str) -> tuple[str, tuple[int, ...]] | None:
+    """A message's chat and its id there (ids grow with time in a chat)."""
+    try:
+        chat, mid = parse_native_id(message_id)
+    except ValueError:
+        return None
+    return str(chat), (mid,)
 
 
 def _reply_parameters(reply_to: str | None, chat_id: int | str) -> ReplyParameters | None:

@@ -124,6 +124,34 @@ async def test_a_gateway_drop_resumes_with_nothing_lost_or_repeated(
     await running.status.wait(lambda: running.status.count("up") >= 2)
 
 
+async def test_a_gateway_that_stops_acknowledging_heartbeats_is_left_and_resumed(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    # A "zombie" connection (Discord's gateway docs): heartbeats go unacknowledged while
+    # dispatches still arrive, so discord.py, which times out on the last frame received
+    # rather than the last HEARTBEAT_ACK, never leaves it. Discord says: close with a code
+    # other than 1000 and RESUME.
+    peer.heartbeat_interval = 0.25  # seconds: the zombie is noticed after two of them
+    running = await start()
+    alice = peer.person("Alice")
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "one", guild=False))
+    await running.inbox.wait_count(1)
+    peer.stop_acking(TOKEN)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "two", guild=False))
+    await running.inbox.wait_count(2)
+    await peer.wait_for(lambda: len(peer.resumes) == 1)
+    # Dispatches kept flowing on the zombie until the bridge left it (discord.py's own
+    # timeout never fired), and it was left for a resume, not a new session.
+    assert peer.unacknowledged >= 1
+    assert peer.resumes == [(TOKEN, True)] and peer.identifies == [TOKEN]
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "three", guild=False))
+    await running.inbox.wait_count(3)
+    assert running.inbox.texts == ["one", "two", "three"]
+    [reason] = [r for kind, r in running.status.reports if kind == "degraded"]
+    assert "no HEARTBEAT_ACK" in reason and "resuming" in reason
+    await running.status.wait(lambda: running.status.count("up") >= 2)
+
+
 async def test_a_gateway_retry_is_logged_in_one_line_not_a_traceback(
     peer: DiscordPeer, start: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:

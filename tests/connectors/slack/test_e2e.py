@@ -126,6 +126,37 @@ async def test_in_channels_only_mentions_and_the_bots_threads_are_answered(
     assert peer.posted(ACME.bot_token)[4]["text"] == "still there?"
 
 
+async def test_a_group_dm_is_a_group_conversation_where_mentions_are_answered(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    # A group DM (mpim) holds several people talking to each other: like a private channel,
+    # the bot answers what mentions it and its thread, not every message (require_mention),
+    # and the sentinel keeps pairing codes out of it. A one-to-one DM is always answered.
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    group = {"channel": "G0MPIM0001", "channel_type": "mpim"}
+    sent = [
+        message_event("U0ADA0001", "lunch, Grace?", **group),
+        message_event("U0ADA0001", "<@U0BOT0001> what is on the menu?", **group),
+    ]
+    asked = sent[1]["ts"]
+    sent += [
+        message_event("U0ADA0001", "and for dessert?", thread_ts=asked, **group),
+        message_event("U0GRACE01", "<@U0BOT0001> let me in", **group),
+        message_event("U0ADA0001", "just us now"),  # a DM: no mention needed
+    ]
+    for event in sent:
+        await peer.send_event(event, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 4)
+    posted = peer.posted(ACME.bot_token)  # conversations are answered side by side
+    where = {p["text"]: (p["channel"], p.get("thread_ts")) for p in posted}
+    assert where["what is on the menu?"] == ("G0MPIM0001", None)
+    assert where["and for dessert?"] == ("G0MPIM0001", asked)
+    assert where["just us now"] == ("D0DM00001", None)
+    [stranger] = [p for p in posted if "direct message" in p["text"]]
+    assert stranger["channel"] == "G0MPIM0001" and "pairing code" not in stranger["text"]
+    assert all(p["text"] != "lunch, Grace?" for p in peer.posted(ACME.bot_token))
+
+
 async def test_an_untrusted_sender_meets_the_sentinel(
     peer: SlackPeer, bridge: Callable[..., Any]
 ) -> None:

@@ -16,6 +16,7 @@ from talkbridge.errors import (
     UnauthorizedError,
 )
 from talkbridge.message import Attachment, OutboundMessage
+from talkbridge.store import SqliteStore
 from talkbridge.talk import History
 from tests.connectors.slack.conftest import BOT_TOKEN
 from tests.peers.slack import SlackPeer, buttons_of, shown
@@ -392,6 +393,39 @@ async def test_an_edit_replaces_the_buttons_or_takes_them_off(
     assert buttons_of(peer.messages[DM][1]) == [("Now", "now")]
     with pytest.raises(PermanentError, match="label, value"):
         await connector.edit(DM, plain.message_id, "x", buttons=None)
+    await connector.close()
+
+
+async def test_an_edit_of_buttons_no_longer_known_fails_naming_the_message_not_dropping_them(
+    peer: SlackPeer, make_connector: Callable[..., Any], sqlite_store: SqliteStore
+) -> None:
+    """Which buttons a message has is kept for `dedupe_days`: an edit keeping them after that
+    took them off without a word (Slack drops the blocks of an update sending text alone)."""
+    connector = make_connector()
+    choices = [("Approve", "approve"), ("Deny", "deny")]
+    asked = await connector.send_buttons(DM, "Refund 5 EUR?", choices)
+    later = await connector.send(OutboundMessage(thread_id=DM, text="Any news?"))
+    now = sqlite_store.wall_clock
+    sqlite_store.wall_clock = lambda: now() + 8 * 86400  # past the 7 days records are kept
+    with pytest.raises(PermanentError, match=f"buttons of message {asked.message_id}") as exc:
+        await connector.edit(DM, asked.message_id, "Refund 7 EUR?")
+    assert "\n" not in str(exc.value) and "buttons=()" in str(exc.value)
+    [message, _] = peer.messages[DM]
+    assert shown(message) == "Refund 5 EUR?" and buttons_of(message) == choices  # untouched
+    assert peer.calls_of("chat.update") == []
+    # What surely had none is edited as before: a message sent after the last one with
+    # buttons, and one sent since (a new window); and a choice given is a choice made.
+    await connector.edit(DM, later.message_id, "Any news? (edited)")
+    fresh = await connector.send(OutboundMessage(thread_id=DM, text="Hello again"))
+    await connector.edit(DM, fresh.message_id, "Hello again!")
+    await connector.edit(DM, asked.message_id, "Refund withdrawn", buttons=())
+    assert shown(message) == "Refund withdrawn" and "blocks" not in message
+    await connector.edit(DM, asked.message_id, "Refund withdrawn.")  # none since: none kept
+    assert [shown(m) for m in peer.messages[DM]] == [
+        "Refund withdrawn.",
+        "Any news? (edited)",
+        "Hello again!",
+    ]
     await connector.close()
 
 

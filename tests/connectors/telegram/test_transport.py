@@ -866,6 +866,34 @@ async def test_an_edit_replaces_the_buttons_or_takes_them_off_also_after_a_resta
     assert "reply_markup" not in peer.messages[(777, 1)]
 
 
+async def test_an_edit_of_buttons_no_longer_known_fails_naming_the_message_not_dropping_them(
+    peer: TelegramBotAPIPeer, start: Start, sqlite_store: SqliteStore
+) -> None:
+    """Which buttons a message has is kept for `dedupe_days`; Telegram has no way to ask. An
+    edit keeping them after that took the keyboard off without a word."""
+    running = await start()
+    edit = running.connector.feature("edit")
+    before = await running.connector.send(OutboundMessage(thread_id="777", text="Hi"))
+    asked = await running.connector.feature("interactions").send_buttons(
+        "777", "Refund 5 EUR?", [("Approve", "approve")]
+    )
+    after = await running.connector.send(OutboundMessage(thread_id="777", text="Any news?"))
+    await edit.edit("777", before.message_id, "Hi!")  # within the kept time: surely none
+    keyboard = peer.messages[(777, 2)]["reply_markup"]
+    now = sqlite_store.wall_clock
+    sqlite_store.wall_clock = lambda: now() + 8 * 86400  # past the 7 days records are kept
+    with pytest.raises(PermanentError, match=f"buttons of message {asked.message_id}") as exc:
+        await edit.edit("777", asked.message_id, "Refund 7 EUR?")
+    assert "\n" not in str(exc.value) and "buttons=()" in str(exc.value)
+    assert peer.messages[(777, 2)]["reply_markup"] == keyboard  # untouched
+    assert [c.params["message_id"] for c in peer.calls_of("editMessageText")] == [1]
+    await edit.edit("777", after.message_id, "Any news?!")  # sent after the last buttons
+    await edit.edit("777", asked.message_id, "Refund withdrawn", buttons=())
+    assert "reply_markup" not in peer.messages[(777, 2)]
+    await edit.edit("777", asked.message_id, "Refund withdrawn.")  # taken off: known
+    assert peer.messages[(777, 2)]["text"] == "Refund withdrawn."
+
+
 async def test_an_edited_reply_keeps_its_link_without_a_preview(
     peer: TelegramBotAPIPeer, start: Start
 ) -> None:
