@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -627,18 +628,40 @@ async def _hooks(args: argparse.Namespace) -> int:
 async def _replay(store: Store | None, args: argparse.Namespace) -> int:
     from talkbridge.message import utcnow
 
-    ids = None if args.all else args.ids
+    now = utcnow()
+    if args.all:
+        count = 0
+        if store is not None:
+            count = await store.replay_hook_deliveries(None, now=now, app_id=args.app)
+        _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
+        return EXIT_OK
+    # One at a time, so that an id that is no dead letter can be named.
+    missing: list[int] = []
     count = 0
-    if store is not None:
-        count = await store.replay_hook_deliveries(ids, now=utcnow(), app_id=args.app)
-    if ids is not None and count < len(ids):
-        _console.err(
-            f"replayed {count} of {len(ids)}: the others are not dead letters"
-            + (f" of app {args.app!r}" if args.app else "")
-        )
-        return EXIT_RUNTIME
-    _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
-    return EXIT_OK
+    for delivery_id in dict.fromkeys(args.ids):
+        replayed = 0
+        if store is not None:
+            replayed = await store.replay_hook_deliveries([delivery_id], now=now, app_id=args.app)
+        if replayed:
+            count += 1
+        else:
+            missing.append(delivery_id)
+    if count:
+        _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
+    if not missing:
+        return EXIT_OK
+    of_app = f" of app {args.app!r}" if args.app else ""
+    ids = ", ".join(str(i) for i in missing)
+    listing = "talkbridge hooks dead-letters list"
+    if args.app:
+        listing += f" --app {shlex.quote(args.app)}"
+    if args.config:
+        listing += f" --config {shlex.quote(args.config)}"
+    _console.err(
+        f"talkbridge hooks dead-letters replay: no dead letter{of_app} has the id"
+        f"{'s' if len(missing) > 1 else ''} {ids}; `{listing}` shows their ids"
+    )
+    return EXIT_RUNTIME
 
 
 # -- init ------------------------------------------------------------------------------------------
