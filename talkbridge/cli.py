@@ -142,13 +142,17 @@ def _load(path: str | None, only: tuple[str, ...] | None = None) -> tuple[Bridge
 
 
 async def _run(args: argparse.Namespace) -> int:
+    config, secrets = _load(args.config)  # no SDK is imported to check it: a bad key is quick
+    config = _with_overrides(config, args)
+    # Said before the slow part: importing the connectors' SDKs (aiogram alone takes seconds)
+    # and opening the store. Silence until the URL looked like a hang.
+    _console.err("talkbridge: starting…")
+
     from talkbridge.bridge import Bridge
     from talkbridge.preflight import check_agent_roles
     from talkbridge.serving import freeze_startup_objects
     from talkbridge.store import public_url
 
-    config, secrets = _load(args.config)
-    config = _with_overrides(config, args)
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
     bridge.new_webchat_token = args.new_token
