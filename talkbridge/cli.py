@@ -335,11 +335,14 @@ _PROBE_KEY = "check:probe"
 
 
 async def _check(args: argparse.Namespace) -> int:
+    config, secrets = _load(args.config)
+    if any(conn.enabled for conn in config.connections):
+        _console.err("talkbridge: checking…")  # as `run` says it starts: SDKs load for seconds
+
     from talkbridge.bridge import Bridge
     from talkbridge.preflight import validate_startup
     from talkbridge.store import open_store
 
-    config, secrets = _load(args.config)
     _setup_logging("error", secrets)
     store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     bridge = Bridge(config, secrets, store=store, with_webchat=False)

@@ -81,33 +81,38 @@ def _imported(line: str) -> str | None:
     return line.rpartition("|")[2].strip()
 
 
-async def test_run_says_it_is_starting_before_it_imports_a_connections_sdk(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("command", "first", "exit_code"),
+    [(("run", "--port", "0"), STARTING, 0), (("check",), "talkbridge: checking…", 1)],
+    ids=["run", "check"],
+)
+async def test_a_command_says_what_it_does_before_it_imports_a_connections_sdk(
+    tmp_path: Path, command: tuple[str, ...], first: str, exit_code: int
 ) -> None:
-    """Importing aiogram alone takes seconds: `run` printed nothing until the URL, and a new
-    user took it for a hang. The first line comes before any SDK is imported."""
+    """Importing aiogram alone takes seconds: `run` printed nothing until the URL (`check`
+    nothing until its table), and a new user took it for a hang. The first line comes before
+    any SDK is imported."""
     require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
     (tmp_path / "talkbridge.yaml").write_text(
         "connections: [{id: bot, channel: telegram, token: '1:x', "
-        f"api_base: 'http://127.0.0.1:{free_port()}'}}]\n"
+        f"api_base: 'http://127.0.0.1:{free_port()}'}}]\n"  # nobody there: `check` fails it
     )
-    process = await talkbridge(
-        "run", "--port", "0", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}
-    )
+    process = await talkbridge(*command, cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert process.stderr is not None
     while True:  # until the first line, or an SDK imported before it
         line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode().rstrip("\n")
-        assert line, "talkbridge run ended without saying it was starting"
+        assert line, f"talkbridge {command[0]} ended without saying what it does"
         module = _imported(line)
-        if line == STARTING or (module and module.split(".")[0] in SDKS):
+        if line == first or (module and module.split(".")[0] in SDKS):
             break
-    assert line == STARTING, f"{module} was imported before `run` said anything"
+    assert line == first, f"{module} was imported before `{command[0]}` said anything"
     while _imported(line) != "aiogram":  # it is imported after: the wait the line announces
         line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode().rstrip("\n")
-        assert line, "talkbridge run ended before it imported the telegram connector's SDK"
-    process.send_signal(signal.SIGINT)
+        assert line, f"talkbridge {command[0]} ended before it imported the telegram SDK"
+    if command[0] == "run":
+        process.send_signal(signal.SIGINT)
     code, _, err = await finish(process)
-    assert code == 0, err
+    assert code == exit_code, err
 
 
 async def test_run_on_the_embedded_default_imports_no_sdk(tmp_path: Path) -> None:
