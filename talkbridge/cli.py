@@ -483,9 +483,9 @@ async def _pair(args: argparse.Namespace) -> int:
 
     async with _existing_store(args) as store:
         if args.pair_command == "approve":
-            return await _approve(store, args.code)
+            return await _approve(store, args.code, args.config)
         if args.pair_command == "revoke":
-            return await _revoke(store, args.code)
+            return await _revoke(store, args.code, args.config)
         now = utcnow()
         found = [] if store is None else await store.pairings(include_approved=args.all, now=now)
         if not found:
@@ -534,7 +534,9 @@ def _shown(text: str, limit: int = 40) -> str:
     return safe if len(safe) <= limit else safe[: limit - 1] + "…"
 
 
-async def _pairing(store: Store | None, code: str, wanted: str) -> Pairing | int:
+async def _pairing(
+    store: Store | None, code: str, wanted: str, listing: str, config: str | None
+) -> Pairing | int:
     """The pairing with this code, or the exit code after saying why there is none."""
     key = _code_key(code)
     if not _PAIRING_CODE.fullmatch(key):
@@ -546,7 +548,8 @@ async def _pairing(store: Store | None, code: str, wanted: str) -> Pairing | int
     known = [] if store is None else await store.pairings(include_approved=True)
     found = next((p for p in known if _code_key(p.code) == key), None)
     if found is None:
-        _console.err(f"no {wanted} with code {code!r}")
+        listing = f"talkbridge {listing}" + (f" --config {shlex.quote(config)}" if config else "")
+        _console.err(f"no {wanted} has the code {code}; `{listing}` shows the codes")
         return EXIT_RUNTIME
     return found
 
@@ -556,8 +559,8 @@ def _who(pairing: Pairing) -> str:
     return f"{name} ({_shown(pairing.channel_user_id)})"
 
 
-async def _approve(store: Store | None, code: str) -> int:
-    found = await _pairing(store, code, "pending pairing")
+async def _approve(store: Store | None, code: str, config: str | None) -> int:
+    found = await _pairing(store, code, "pending pairing", "pair list", config)
     if isinstance(found, int):
         return found
     assert store is not None
@@ -580,11 +583,11 @@ async def _approve(store: Store | None, code: str) -> int:
     return EXIT_OK
 
 
-async def _revoke(store: Store | None, code: str) -> int:
+async def _revoke(store: Store | None, code: str, config: str | None) -> int:
     """Undo an approval (or drop a pending code): the sender meets the sentinel again."""
     from talkbridge.message import utcnow
 
-    found = await _pairing(store, code, "pairing")
+    found = await _pairing(store, code, "pairing", "pair list --all", config)
     if isinstance(found, int):
         return found
     assert store is not None

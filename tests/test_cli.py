@@ -1286,7 +1286,17 @@ async def test_pair_revoke_undoes_an_approval_and_drops_a_pending_code(tmp_path:
     await store.approve_pairing("ABCD-EFGH")
     await store.close()
     code, _, err = await finish(await talkbridge("pair", "revoke", "ZZZZ-ZZZZ", cwd=tmp_path))
-    assert code == 1 and "no pairing with code 'ZZZZ-ZZZZ'" in err
+    assert code == 1 and err == (
+        "no pairing has the code ZZZZ-ZZZZ; `talkbridge pair list --all` shows the codes\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///talkbridge.db\n")
+    args = ("pair", "approve", "zzzz-zzzz", "--config", "talkbridge.yaml")
+    code, out, err = await finish(await talkbridge(*args, cwd=tmp_path))
+    assert (code, out) == (1, "")
+    assert err == (
+        "no pending pairing has the code zzzz-zzzz; `talkbridge pair list --config "
+        "talkbridge.yaml` shows the codes\n"
+    )
     code, out, err = await finish(await talkbridge("pair", "revoke", "abcd-efgh", cwd=tmp_path))
     assert code == 0, err
     assert out.startswith("revoked: Grace (4242) on support is no longer trusted by pairing")
