@@ -442,6 +442,7 @@ class Bridge:
                 route.drop_reason,
                 route.routed_by,
             )
+            await self._say_not_answered(route.message)
             return
         untrusted = route.trust != "trusted"
         if route.forward is not None:
@@ -492,6 +493,22 @@ class Bridge:
             if stream is not None:
                 await stream.end()
 
+    async def _say_not_answered(self, message: NormalizedMessage) -> None:
+        """Where the sender waits in view for the answer (the webchat), tell them none will come:
+        without a word, a dropped message just sat there. Never why: that is for the log."""
+        notices = self.router.feature(message.connection_id, "notices")
+        if notices is None:
+            return
+        try:
+            await notices.not_answered(message.thread_id, message.id)
+        except Exception as exc:  # the message is dropped all the same: say so in the log
+            log.warning(
+                "%s/%s: could not tell the sender it is not answered: %s",
+                message.connection_id,
+                message.id,
+                self.secrets.redact(str(exc)),
+            )
+
     async def _screen(
         self, message: NormalizedMessage, *, visible_to: str | None = None, ids: Sequence[str] = ()
     ) -> None:
@@ -512,7 +529,8 @@ class Bridge:
 
     async def _agent_history(self, message: NormalizedMessage, limit: int) -> list[HistoryEntry]:
         """What an agent sees of its thread's past (`ctx.history`): never a message the
-        sentinel screened or a hook dropped, nor the sentinel's answers. An untrusted sender's
+        sentinel screened or a hook dropped, nor the sentinel's answers, nor a note for the
+        people of the thread (role `system`: the webchat's "not answered"). An untrusted sender's
         words reach an agent only when a hook routes them there, not later as history (a
         stranger in a group, a sender before the operator approved them).
 
@@ -527,6 +545,7 @@ class Bridge:
             for entry in entries
             if not (entry.message_id in screened and screened[entry.message_id] != agent)
             and not (entry.role == "assistant" and entry.sender in (sentinel, UNTRUSTED_FORWARD))
+            and entry.role != "system"  # notes for the people in the thread ("not answered")
         ]
 
     async def _notify_listeners(self, message: NormalizedMessage) -> None:

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -141,13 +142,17 @@ def _load(path: str | None, only: tuple[str, ...] | None = None) -> tuple[Bridge
 
 
 async def _run(args: argparse.Namespace) -> int:
+    config, secrets = _load(args.config)  # no SDK is imported to check it: a bad key is quick
+    config = _with_overrides(config, args)
+    # Said before the slow part: importing the connectors' SDKs (aiogram alone takes seconds)
+    # and opening the store. Silence until the URL looked like a hang.
+    _console.err("talkbridge: starting…")
+
     from talkbridge.bridge import Bridge
     from talkbridge.preflight import check_agent_roles
     from talkbridge.serving import freeze_startup_objects
     from talkbridge.store import public_url
 
-    config, secrets = _load(args.config)
-    config = _with_overrides(config, args)
     _setup_logging(args.log_level, secrets)
     bridge = Bridge(config, secrets, node_id=args.node_id)
     bridge.new_webchat_token = args.new_token
@@ -330,11 +335,14 @@ _PROBE_KEY = "check:probe"
 
 
 async def _check(args: argparse.Namespace) -> int:
+    config, secrets = _load(args.config)
+    if any(conn.enabled for conn in config.connections):
+        _console.err("talkbridge: checking…")  # as `run` says it starts: SDKs load for seconds
+
     from talkbridge.bridge import Bridge
     from talkbridge.preflight import validate_startup
     from talkbridge.store import open_store
 
-    config, secrets = _load(args.config)
     _setup_logging("error", secrets)
     store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     bridge = Bridge(config, secrets, store=store, with_webchat=False)
@@ -475,9 +483,9 @@ async def _pair(args: argparse.Namespace) -> int:
 
     async with _existing_store(args) as store:
         if args.pair_command == "approve":
-            return await _approve(store, args.code)
+            return await _approve(store, args.code, args.config)
         if args.pair_command == "revoke":
-            return await _revoke(store, args.code)
+            return await _revoke(store, args.code, args.config)
         now = utcnow()
         found = [] if store is None else await store.pairings(include_approved=args.all, now=now)
         if not found:
@@ -526,7 +534,9 @@ def _shown(text: str, limit: int = 40) -> str:
     return safe if len(safe) <= limit else safe[: limit - 1] + "…"
 
 
-async def _pairing(store: Store | None, code: str, wanted: str) -> Pairing | int:
+async def _pairing(
+    store: Store | None, code: str, wanted: str, listing: str, config: str | None
+) -> Pairing | int:
     """The pairing with this code, or the exit code after saying why there is none."""
     key = _code_key(code)
     if not _PAIRING_CODE.fullmatch(key):
@@ -538,7 +548,8 @@ async def _pairing(store: Store | None, code: str, wanted: str) -> Pairing | int
     known = [] if store is None else await store.pairings(include_approved=True)
     found = next((p for p in known if _code_key(p.code) == key), None)
     if found is None:
-        _console.err(f"no {wanted} with code {code!r}")
+        listing = f"talkbridge {listing}" + (f" --config {shlex.quote(config)}" if config else "")
+        _console.err(f"no {wanted} has the code {code}; `{listing}` shows the codes")
         return EXIT_RUNTIME
     return found
 
@@ -548,8 +559,8 @@ def _who(pairing: Pairing) -> str:
     return f"{name} ({_shown(pairing.channel_user_id)})"
 
 
-async def _approve(store: Store | None, code: str) -> int:
-    found = await _pairing(store, code, "pending pairing")
+async def _approve(store: Store | None, code: str, config: str | None) -> int:
+    found = await _pairing(store, code, "pending pairing", "pair list", config)
     if isinstance(found, int):
         return found
     assert store is not None
@@ -572,11 +583,11 @@ async def _approve(store: Store | None, code: str) -> int:
     return EXIT_OK
 
 
-async def _revoke(store: Store | None, code: str) -> int:
+async def _revoke(store: Store | None, code: str, config: str | None) -> int:
     """Undo an approval (or drop a pending code): the sender meets the sentinel again."""
     from talkbridge.message import utcnow
 
-    found = await _pairing(store, code, "pairing")
+    found = await _pairing(store, code, "pairing", "pair list --all", config)
     if isinstance(found, int):
         return found
     assert store is not None
@@ -627,18 +638,40 @@ async def _hooks(args: argparse.Namespace) -> int:
 async def _replay(store: Store | None, args: argparse.Namespace) -> int:
     from talkbridge.message import utcnow
 
-    ids = None if args.all else args.ids
+    now = utcnow()
+    if args.all:
+        count = 0
+        if store is not None:
+            count = await store.replay_hook_deliveries(None, now=now, app_id=args.app)
+        _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
+        return EXIT_OK
+    # One at a time, so that an id that is no dead letter can be named.
+    missing: list[int] = []
     count = 0
-    if store is not None:
-        count = await store.replay_hook_deliveries(ids, now=utcnow(), app_id=args.app)
-    if ids is not None and count < len(ids):
-        _console.err(
-            f"replayed {count} of {len(ids)}: the others are not dead letters"
-            + (f" of app {args.app!r}" if args.app else "")
-        )
-        return EXIT_RUNTIME
-    _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
-    return EXIT_OK
+    for delivery_id in dict.fromkeys(args.ids):
+        replayed = 0
+        if store is not None:
+            replayed = await store.replay_hook_deliveries([delivery_id], now=now, app_id=args.app)
+        if replayed:
+            count += 1
+        else:
+            missing.append(delivery_id)
+    if count:
+        _console.out(f"replayed {count} dead letter(s); a running bridge delivers them now")
+    if not missing:
+        return EXIT_OK
+    of_app = f" of app {args.app!r}" if args.app else ""
+    ids = ", ".join(str(i) for i in missing)
+    listing = "talkbridge hooks dead-letters list"
+    if args.app:
+        listing += f" --app {shlex.quote(args.app)}"
+    if args.config:
+        listing += f" --config {shlex.quote(args.config)}"
+    _console.err(
+        f"talkbridge hooks dead-letters replay: no dead letter{of_app} has the id"
+        f"{'s' if len(missing) > 1 else ''} {ids}; `{listing}` shows their ids"
+    )
+    return EXIT_RUNTIME
 
 
 # -- init ------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ FeatureName = Literal[
     "delete",
     "reactions",
     "streaming",
+    "notices",
 ]
 FEATURE_NAMES: tuple[str, ...] = FeatureName.__args__  # type: ignore[attr-defined]
 
@@ -153,6 +154,16 @@ class Streaming(Protocol):
     async def end(self, thread_id: str, stream_id: str) -> None: ...
 
 
+@runtime_checkable
+class Notices(Protocol):
+    """Tell the sender, where they wait in view for an answer (webchat), that a message of
+    theirs will not be answered: a channel-message hook dropped it (or blocked it, failing
+    closed). Never why: the hook's reason is for the operator's log. Returns the ids of what it
+    recorded in the thread (kept once per message: asking again records nothing new)."""
+
+    async def not_answered(self, thread_id: str, message_id: str) -> Sequence[str]: ...
+
+
 Feature = (
     History
     | InboundMedia
@@ -163,6 +174,7 @@ Feature = (
     | Delete
     | Reactions
     | Streaming
+    | Notices
 )
 
 
@@ -187,6 +199,8 @@ class FeatureSource(Protocol):
     def feature(self, name: Literal["reactions"]) -> Reactions | None: ...
     @overload
     def feature(self, name: Literal["streaming"]) -> Streaming | None: ...
+    @overload
+    def feature(self, name: Literal["notices"]) -> Notices | None: ...
     @overload
     def feature(self, name: str) -> Feature | None: ...
     def feature(self, name: str) -> Feature | None: ...

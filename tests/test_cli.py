@@ -33,6 +33,9 @@ from tests.peers.redis import private_redis, redis_url
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
 
+STARTING = "talkbridge: starting…"
+"""What `run` says at once, before it imports the connectors' SDKs and opens the store."""
+
 
 async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Path) -> None:
     process = await talkbridge("run", "--port", "0", cwd=tmp_path)
@@ -65,6 +68,69 @@ async def test_run_on_the_embedded_default_chats_and_stops_cleanly(tmp_path: Pat
     assert "stopping" in err
     assert token not in err  # the token is printed once, on stdout, for the operator
     assert (tmp_path / "talkbridge.db").exists()  # the embedded default store
+
+
+SDKS = ("aiogram", "slack_sdk", "discord", "aioimaplib", "aiosmtplib", "redis", "aiohttp")
+"""The connectors' (and the Redis store's) client libraries: seconds to import, all told."""
+
+
+def _imported(line: str) -> str | None:
+    """The module a `-X importtime` line of stderr names (None for any other line)."""
+    if not line.startswith("import time:"):
+        return None
+    return line.rpartition("|")[2].strip()
+
+
+@pytest.mark.parametrize(
+    ("command", "first", "exit_code"),
+    [(("run", "--port", "0"), STARTING, 0), (("check",), "talkbridge: checking…", 1)],
+    ids=["run", "check"],
+)
+async def test_a_command_says_what_it_does_before_it_imports_a_connections_sdk(
+    tmp_path: Path, command: tuple[str, ...], first: str, exit_code: int
+) -> None:
+    """Importing aiogram alone takes seconds: `run` printed nothing until the URL (`check`
+    nothing until its table), and a new user took it for a hang. The first line comes before
+    any SDK is imported."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    (tmp_path / "talkbridge.yaml").write_text(
+        "connections: [{id: bot, channel: telegram, token: '1:x', "
+        f"api_base: 'http://127.0.0.1:{free_port()}'}}]\n"  # nobody there: `check` fails it
+    )
+    process = await talkbridge(*command, cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert process.stderr is not None
+    while True:  # until the first line, or an SDK imported before it
+        line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode().rstrip("\n")
+        assert line, f"talkbridge {command[0]} ended without saying what it does"
+        module = _imported(line)
+        if line == first or (module and module.split(".")[0] in SDKS):
+            break
+    assert line == first, f"{module} was imported before `{command[0]}` said anything"
+    while _imported(line) != "aiogram":  # it is imported after: the wait the line announces
+        line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode().rstrip("\n")
+        assert line, f"talkbridge {command[0]} ended before it imported the telegram SDK"
+    if command[0] == "run":
+        process.send_signal(signal.SIGINT)
+    code, _, err = await finish(process)
+    assert code == exit_code, err
+
+
+async def test_run_on_the_embedded_default_imports_no_sdk(tmp_path: Path) -> None:
+    """No connection but the webchat: no connector's SDK, nor redis, is loaded."""
+    process = await talkbridge(
+        "run", "--port", "0", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}
+    )
+    assert process.stderr is not None
+    err = asyncio.ensure_future(process.stderr.read())  # read all along: a full pipe blocks it
+    await _url_of(process)
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+    lines = (await err).decode().splitlines()
+    assert lines[0] != STARTING  # the interpreter's own imports come first: the count works
+    assert STARTING in lines
+    imported = {m.split(".")[0] for m in map(_imported, lines) if m}
+    assert "talkbridge" in imported and "websockets" in imported
+    assert imported.isdisjoint(SDKS), sorted(imported & set(SDKS))
 
 
 async def test_run_on_every_ipv6_interface_prints_a_link_that_works_and_warns(
@@ -145,8 +211,9 @@ async def test_a_second_run_on_the_same_port_says_one_fatal_line_and_no_warning(
         assert (await finish(first))[0] == 0
     assert code == 1 and "http://" not in out
     assert err.splitlines() == [  # the fatal line only: no registry warning (retrying) first
+        STARTING,
         f"talkbridge: cannot start: webchat cannot listen on 127.0.0.1:{port}: the port is in "
-        "use (another talkbridge?); choose another with --port or webchat.port"
+        "use (another talkbridge?); choose another with --port or webchat.port",
     ]
 
 
@@ -161,6 +228,7 @@ async def test_a_second_run_on_the_same_sqlite_store_stops_at_start_naming_the_f
         code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
         assert code == 1 and "http://" not in out, err
         assert err == (
+            f"{STARTING}\n"
             "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
             f"(pid {first.pid}): a SQLite store serves one bridge at a time (several share a "
             "redis:// store)\n"
@@ -190,6 +258,7 @@ async def test_a_bridge_an_app_started_keeps_run_off_its_store_and_pair_and_chec
         code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
         assert code == 1 and "http://" not in out, err
         assert err == (
+            f"{STARTING}\n"
             "talkbridge: the store sqlite:///talkbridge.db is in use by another talkbridge run "
             f"(pid {os.getpid()}): a SQLite store serves one bridge at a time (several share a "
             "redis:// store)\n"
@@ -760,6 +829,7 @@ async def test_one_ctrl_c_while_run_waits_for_a_store_that_never_answers_stops_i
     assert code == 130, err
     assert "http://" not in out
     assert err == (
+        f"{STARTING}\n"
         f"talkbridge: interrupted while connecting to the store {store}; nothing was started\n"
     )
 
@@ -1216,7 +1286,17 @@ async def test_pair_revoke_undoes_an_approval_and_drops_a_pending_code(tmp_path:
     await store.approve_pairing("ABCD-EFGH")
     await store.close()
     code, _, err = await finish(await talkbridge("pair", "revoke", "ZZZZ-ZZZZ", cwd=tmp_path))
-    assert code == 1 and "no pairing with code 'ZZZZ-ZZZZ'" in err
+    assert code == 1 and err == (
+        "no pairing has the code ZZZZ-ZZZZ; `talkbridge pair list --all` shows the codes\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///talkbridge.db\n")
+    args = ("pair", "approve", "zzzz-zzzz", "--config", "talkbridge.yaml")
+    code, out, err = await finish(await talkbridge(*args, cwd=tmp_path))
+    assert (code, out) == (1, "")
+    assert err == (
+        "no pending pairing has the code zzzz-zzzz; `talkbridge pair list --config "
+        "talkbridge.yaml` shows the codes\n"
+    )
     code, out, err = await finish(await talkbridge("pair", "revoke", "abcd-efgh", cwd=tmp_path))
     assert code == 0, err
     assert out.startswith("revoked: Grace (4242) on support is no longer trusted by pairing")

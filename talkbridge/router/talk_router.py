@@ -47,6 +47,7 @@ from talkbridge.talk import (
     InboundMedia,
     Interactions,
     MessageHandler,
+    Notices,
     Reactions,
     Streaming,
     Subscription,
@@ -213,6 +214,8 @@ class TalkRouter:
     def feature(self, connection_id: str, name: Literal["reactions"]) -> Reactions | None: ...
     @overload
     def feature(self, connection_id: str, name: Literal["streaming"]) -> Streaming | None: ...
+    @overload
+    def feature(self, connection_id: str, name: Literal["notices"]) -> Notices | None: ...
     @overload
     def feature(self, connection_id: str, name: str) -> Feature | None: ...
     def feature(self, connection_id: str, name: str) -> Feature | None:

@@ -37,6 +37,9 @@ from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_TOO_MANY_SESSIONS,
     CLOSE_UNAUTHORIZED,
+    NOT_ANSWERED,
+    NOT_ANSWERED_TEXT,
+    NOTE_SENDER,
     PROTOCOL_VERSION,
     AuthFrame,
     ClientFrame,
@@ -162,6 +165,7 @@ class WebchatConnector(BaseConnector):
         self.provide("streaming", self)
         self.provide("activity", self)
         self.provide("history", self)
+        self.provide("notices", self)
 
     # ---- transport ---------------------------------------------------------------------------
 
@@ -696,6 +700,30 @@ class WebchatConnector(BaseConnector):
         parts = split_thread(thread_id)
         if parts is not None:
             await self._publish(parts[0], {"type": "typing", "thread_id": thread_id})
+
+    async def not_answered(self, thread_id: str, message_id: str) -> Sequence[str]:
+        """Notices: a note after the user's message `message_id` that it will not be answered
+        (a hook dropped it), stored in the thread so a reload and every tab show it. Kept
+        once: the same message handled again (after a restart) records and sends nothing."""
+        parts = split_thread(thread_id)
+        if parts is None:
+            return ()
+        note_id = f"{message_id}:{NOT_ANSWERED}"
+        try:
+            _, entry = await self.context.store.append_history_once(
+                CONNECTION_ID,
+                note_id,
+                _thread_key(thread_id),
+                "system",
+                NOTE_SENDER,
+                NOT_ANSWERED_TEXT,
+                data={"code": NOT_ANSWERED, "reply_to": message_id},
+            )
+        except StoreError as exc:
+            raise TransientError(f"the note could not be kept: {exc}") from exc
+        if entry is not None:
+            await self._publish(parts[0], message_frame(thread_id, entry))
+        return (note_id,)
 
     async def fetch(
         self, thread_id: str, *, limit: int = 50, before: str | None = None

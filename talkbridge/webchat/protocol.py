@@ -51,6 +51,13 @@ EMPTY_MESSAGE = (
     "there is nothing to show"
 )
 
+NOT_ANSWERED = "not_answered"
+"""The `code` of the note (a `system` message) after a user's message that no one will answer:
+a channel-message hook dropped it. Stable: clients match on it, not on the text."""
+NOT_ANSWERED_TEXT = "Not answered"
+NOTE_SENDER = "talkbridge"
+"""Who a note is from, in the store's history (and in the `history` feature's messages)."""
+
 REF_MAX = 64
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 THREAD_ID_MAX = 200
@@ -265,7 +272,7 @@ def message_frame(thread_id: str, entry: HistoryEntry) -> dict[str, Any]:
         "text": entry.text,
         "ts": _iso(entry.created_at),
     }
-    for key in ("client_id", "stream_id", "markup"):
+    for key in ("client_id", "stream_id", "markup", "code", "reply_to"):
         if key in entry.data:
             frame[key] = entry.data[key]
     return frame

@@ -622,7 +622,7 @@ async def test_cli_lists_and_replays_dead_letters(tmp_path: Path) -> None:
     code, out, _ = await finish(await talkbridge(*args, cwd=tmp_path))
     assert code == 0 and "replayed 1 dead letter" in out
     code, _, err = await finish(await talkbridge(*args, cwd=tmp_path))  # no longer dead
-    assert code == 1 and "not dead letters" in err
+    assert code == 1 and f"no dead letter has the id {first.id};" in err
     code, out, _ = await finish(
         await talkbridge("hooks", "dead-letters", "replay", "--all", cwd=tmp_path)
     )
@@ -674,6 +674,43 @@ async def test_a_durable_hook_folder_gets_every_completed_turn(tmp_path: Path) -
         assert bridge.audited == ["chat-1"]  # type: ignore[attr-defined]
     finally:
         await bridge.stop()
+
+
+async def test_replaying_ids_that_are_no_dead_letters_names_them_and_how_to_list_ids(
+    tmp_path: Path,
+) -> None:
+    """It said "replayed 0 of 1: the others are not dead letters": which others, of one?"""
+    from talkbridge.store import SqliteStore
+    from tests.test_cli import finish, talkbridge
+
+    store = SqliteStore(tmp_path / "talkbridge.db")
+    await store.open()
+    await store.enqueue_hook_event("shop", ["billing"], "c", "ev-1", "{}", utcnow(), capacity=9)
+    (dead,) = await store.hook_backlog()
+    await store.fail_hook_delivery(dead.id, "402", retry_at=None)
+    await store.close()
+    unknown = dead.id + 41
+
+    replay = ("hooks", "dead-letters", "replay")
+    code, out, err = await finish(await talkbridge(*replay, str(unknown), cwd=tmp_path))
+    assert (code, out) == (1, "")
+    assert err == (
+        f"talkbridge hooks dead-letters replay: no dead letter has the id {unknown}; "
+        "`talkbridge hooks dead-letters list` shows their ids\n"
+    )
+    # One known among unknown ones: it is replayed, and only the others are named.
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///talkbridge.db\n")
+    args = (*replay, str(unknown), str(dead.id), str(unknown + 1), "--app", "shop")
+    code, out, err = await finish(
+        await talkbridge(*args, "--config", "talkbridge.yaml", cwd=tmp_path)
+    )
+    assert code == 1
+    assert out == "replayed 1 dead letter(s); a running bridge delivers them now\n"
+    assert err == (
+        f"talkbridge hooks dead-letters replay: no dead letter of app 'shop' has the ids "
+        f"{unknown}, {unknown + 1}; `talkbridge hooks dead-letters list --app shop --config "
+        "talkbridge.yaml` shows their ids\n"
+    )
 
 
 async def test_a_dead_letters_error_keeps_no_secret_for_the_cli_to_print(tmp_path: Path) -> None:

@@ -12,9 +12,11 @@ from urllib.parse import quote
 import pytest
 
 from talkbridge.bridge import Bridge
-from talkbridge.config import BridgeConfig
+from talkbridge.config import BridgeConfig, parse_config
 from talkbridge.errors import StoreError
+from talkbridge.init_template import write_starter
 from talkbridge.message import OutboundMessage
+from tests.support.agents import GatedAgent
 from tests.webchat.conftest import (
     MS,
     TIMEOUT,
@@ -923,3 +925,94 @@ async def test_a_browser_past_the_tokens_session_limit_is_told_so_and_others_go_
     await page.reload()  # the browser that has its session goes on
     await say(page, "still here")
     await expect(page.locator(".msg .bubble")).to_have_text(["still here", "echo: still here"])
+
+
+async def test_a_message_a_hook_drops_shows_not_answered_under_it_and_after_a_reload(
+    context: Any, tmp_path: Path
+) -> None:
+    """The README's steps: `talkbridge init`'s keyword-router drops "buy spam". The page said
+    nothing, and the message sat there waiting for a reply that would never come."""
+    write_starter(tmp_path)
+    config, secrets = parse_config(
+        {
+            "store": "sqlite:///talkbridge.db",
+            "webchat": {"host": "127.0.0.1", "port": 0},
+            "hooks": ["hooks/channel-message/keyword-router"],
+        },
+        tmp_path,
+    )
+    bridge = Bridge(config, secrets)
+    await bridge.start()
+    try:
+        page = await context.new_page()
+        await page.goto(await bridge.webchat_url())
+        await say(page, "buy spam")
+        note = page.locator(".msg-note")
+        await expect(note).to_have_text(["Not answered"])
+        await expect(note).to_have_attribute("data-code", "not_answered")
+        await say(page, "I want a refund")
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+            ["[billing] I want a refund"]
+        )
+        # In its place: right under the message it is about, on the user's side.
+        rows = page.locator(".msg")
+        await expect(rows).to_have_count(4)
+        classes = [await rows.nth(i).get_attribute("class") for i in range(4)]
+        assert [c.split()[1] for c in classes] == [
+            "msg-user",
+            "msg-note",
+            "msg-user",
+            "msg-assistant",
+        ]
+        user, shown = (
+            await page.locator(".msg-user").first.bounding_box(),
+            await note.bounding_box(),
+        )
+        assert user is not None and shown is not None
+        assert shown["y"] >= user["y"] + user["height"]  # below it
+        assert abs((shown["x"] + shown["width"]) - (user["x"] + user["width"])) < 2  # aligned
+        await page.reload()
+        await expect(page.locator(".msg-note")).to_have_text(["Not answered"])
+        assert "looks like spam" not in await page.content()
+    finally:
+        await bridge.stop()
+
+
+async def test_a_note_after_other_messages_quotes_the_message_it_is_about(
+    context: Any, tmp_path: Path
+) -> None:
+    """Messages typed while a reply is on its way wait their turn: the dropped one's note comes
+    after those typed behind it, and names the message it is about."""
+    agent = GatedAgent()
+    write_starter(tmp_path)
+    config, secrets = parse_config(
+        {
+            "store": "sqlite:///talkbridge.db",
+            "webchat": {"host": "127.0.0.1", "port": 0},
+            "hooks": ["hooks/channel-message/keyword-router"],
+        },
+        tmp_path,
+    )
+    bridge = Bridge(config, secrets, agents={"echo": agent})
+    await bridge.start()
+    try:
+        page = await context.new_page()
+        await page.goto(await bridge.webchat_url())
+        await say(page, "hello")
+        await asyncio.wait_for(agent.started["hello"].wait(), TIMEOUT)
+        for text in ("buy spam", "and this"):
+            await say(page, text)
+        await expect(page.locator(".msg-user .bubble")).to_have_text(
+            ["hello", "buy spam", "and this"]
+        )
+        agent.gates["hello"].set()
+        agent.gates["and this"].set()
+        note = page.locator(".msg-note")
+        await expect(note).to_have_text(["Not answered: “buy spam”"])
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+            ["answer to hello", "answer to and this"]
+        )
+        await page.reload()
+        await expect(page.locator(".msg-note")).to_have_text(["Not answered: “buy spam”"])
+    finally:
+        await bridge.stop()

@@ -18,7 +18,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
-from talkbridge.config import BridgeConfig
+from talkbridge.config import BridgeConfig, parse_config
+from talkbridge.init_template import write_starter
 from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
 from tests.support.agents import Storyteller
@@ -377,3 +378,78 @@ async def test_healthz_counts_the_events_a_slow_watcher_had_dropped(tmp_path: Pa
         assert health["watchers"]["slow"] == {"behind": 0, "dropped": 2}  # kept since the start
     finally:
         await bridge.stop()
+
+
+async def test_a_message_a_hook_drops_gets_a_not_answered_note_and_never_the_reason(
+    tmp_path: Path,
+) -> None:
+    """The README's keyword-router drops "buy spam": the page was left waiting for an answer
+    that never came. Now a note follows it (stored: a reload shows it), with a stable code and
+    without the hook's reason; no agent reads it as history, and it comes once per message."""
+    seen: list[list[tuple[str, str]]] = []
+
+    class Historian:
+        name = "historian"
+
+        async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+            seen.append([(e.role, e.text) for e in await ctx.history(20)])
+            yield Result(text=f"answered {ctx.input.prompt}")
+
+    write_starter(tmp_path)  # what `talkbridge init` writes: the keyword-router hook
+    config, secrets = parse_config(
+        {
+            "store": "sqlite:///talkbridge.db",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN]},
+            "agents": {"default": "historian"},
+            "hooks": ["hooks/channel-message/keyword-router"],
+        },
+        tmp_path,
+    )
+    bridge = Bridge(config, secrets, agents={"historian": Historian()})
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready):
+            thread = ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "buy spam"}
+            await ws.send(json.dumps(send))
+            frames = await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 2)
+            note = frames[-1]
+            assert note == {
+                "type": "message",
+                "thread_id": thread,
+                "seq": 2,
+                "id": f"{thread}:c1:not_answered",
+                "role": "system",
+                "text": "Not answered",
+                "code": "not_answered",
+                "reply_to": f"{thread}:c1",
+                "ts": note["ts"],
+            }
+            assert [f["type"] for f in frames] == ["message", "ack", "conversation", "message"]
+            send = {**send, "client_id": "c2", "text": "I want a refund"}
+            await ws.send(json.dumps(send))
+            answer = (await _until(ws, _answer))[-1]
+            assert answer["text"] == "answered [billing] I want a refund"
+            # The same message handled again (a restart before it was marked done): no second
+            # note, none sent.
+            notices = bridge.router.feature("webchat", "notices")
+            assert notices is not None
+            assert await notices.not_answered(thread, f"{thread}:c1") == (
+                f"{thread}:c1:not_answered",
+            )
+            await ws.send(json.dumps({"type": "ping", "ref": "p"}))
+            assert await _recv(ws) == {"type": "pong", "ref": "p"}
+        async with _page(bridge, ready["session_id"]) as (ws, _):  # a reload
+            await ws.send(json.dumps({"type": "history", "thread_id": thread}))
+            history = await _recv(ws)
+    finally:
+        await bridge.stop()
+    shown = [(m["role"], m["text"], m.get("code")) for m in history["messages"]]
+    assert shown == [
+        ("user", "buy spam", None),
+        ("system", "Not answered", "not_answered"),
+        ("user", "I want a refund", None),
+        ("assistant", "answered [billing] I want a refund", None),
+    ]
+    assert "spam" not in json.dumps([*frames, history]).replace("buy spam", "")  # no reason
+    assert seen == [[]]  # neither the dropped message nor its note reached the agent

@@ -508,7 +508,7 @@ function onMessage(frame) {
     // Not followed even when it is the user's own, typed in another tab or on another device:
     // a reader scrolled up stays where they are (this tab's own messages follow in `queue`).
     if (fresh || changed) renderThread({ fresh });
-  } else if (fresh && frame.role !== "user") {
+  } else if (fresh && frame.role === "assistant") {
     t.unread += 1;
     renderConversations();
   }
@@ -827,6 +827,40 @@ function messageNode(role, content, meta, extraClass = "") {
   return article;
 }
 
+// A note from the bridge about the conversation, not a message of anyone in it: small and muted.
+// `not_answered` follows a message of the user's that no one will answer (a hook of the bridge
+// dropped it); it says which when another message came between them.
+function noteNode(t, m) {
+  const article = document.createElement("article");
+  const about = m.code === "not_answered" && m.reply_to ? shownBefore(t, m.seq, m.reply_to) : null;
+  article.className = `msg msg-note${about !== null ? " msg-note-user" : ""}`;
+  if (m.code) article.dataset.code = m.code;
+  const note = document.createElement("p");
+  note.className = "note";
+  note.dir = "auto";
+  if (m.code === "not_answered") {
+    note.textContent = about ? `Not answered: “${about}”` : "Not answered";
+    note.title = "No reply will come to this message.";
+  } else note.textContent = m.text;
+  article.append(note);
+  return article;
+}
+
+/** Whether the message `id` is shown before `seq`: "" when right before it, else a short quote
+ * of it to name it by; null when this page does not hold it. */
+function shownBefore(t, seq, id) {
+  const at = lowerBound(t.order, seq);
+  for (let i = at - 1; i >= 0; i -= 1) {
+    const m = t.messages.get(t.order[i]);
+    if (m && m.id === id) {
+      if (i === at - 1) return "";
+      const text = m.text.replace(/\s+/g, " ").trim();
+      return text.length > 40 ? `${text.slice(0, 39)}…` : text;
+    }
+  }
+  return null;
+}
+
 function unsentNode(item) {
   const node = messageNode("user", renderPlain(item.text), `Not sent: ${item.reason}`, "failed");
   node.dataset.client = item.client_id;
@@ -885,7 +919,10 @@ function messageNodeOf(t, seq) {
   let node = view.nodes.get(seq);
   if (!node) {
     const m = t.messages.get(seq);
-    node = messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
+    node =
+      m.role === "system"
+        ? noteNode(t, m)
+        : messageNode(m.role, render(m.role, m.text, m.markup), formatTime(m.ts));
     node.dataset.seq = String(seq);
     view.nodes.set(seq, node);
   }
