@@ -403,14 +403,16 @@ class TelegramConnector(BaseConnector):
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         """Not the webhook: said in the log, since a proxy forwarding to the wrong path
-        otherwise fails with nothing to show for it."""
+        otherwise fails with nothing to show for it. Only in the log: the answer goes to
+        whoever asked, and the path may be a secret (Telegram's docs suggest putting the bot
+        token in it), so it names nothing; the log line has the token scrubbed."""
         self._log.warning(
             "webhook server: %s %s is not the webhook, which is POST %s (webhook_path)",
             request.method,
-            request.path[:200],
-            self.config.webhook_path,
+            scrub(request.path[:200], self._token),
+            scrub(self.config.webhook_path, self._token),
         )
-        return web.Response(status=404, text=f"the webhook is POST {self.config.webhook_path}")
+        return web.Response(status=404, text="not the webhook")
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         secret = self.config.webhook_secret

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from talkbridge.connectors.telegram.render import (
@@ -537,6 +538,33 @@ async def test_webhook_acknowledges_a_malformed_update_and_points_other_paths_to
     assert running.inbox.texts == ["fine"]
     assert await peer.post_to_webhook(ok, path="/telegram/webhook") == 404
     assert "is not the webhook, which is POST /bot/updates" in caplog.text
+
+
+async def test_the_webhook_server_tells_no_stranger_its_path_nor_logs_the_token_in_it(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Telegram's docs suggest a secret path, e.g. the bot token, in the webhook URL. Any
+    # request to another path was answered "the webhook is POST /tg/<the token>".
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/tg/{TOKEN}",
+        webhook_secret="abc",
+        webhook_port=port,
+    )
+    secret_part = TOKEN.partition(":")[2]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/") as response,
+    ):
+        body = await response.text()
+    assert response.status == 404
+    assert secret_part not in body and "/tg/" not in body
+    assert "GET / is not the webhook, which is POST /tg/" in caplog.text
+    assert secret_part not in caplog.text
+    ok = private_text(777, "through the secret path", message_id=2)
+    assert await peer.post_to_webhook(ok) == 200
+    assert running.inbox.texts == ["through the secret path"]
 
 
 # ---- outbound -----------------------------------------------------------------------------
