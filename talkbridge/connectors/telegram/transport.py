@@ -130,6 +130,8 @@ class TelegramConnector(BaseConnector):
         """The buttons each message carries, which an edit must send again."""
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
+        self.short_poll_every = 1.0
+        """With `poll_timeout: 0`: seconds between polls that found nothing."""
         self.read_timeout = READ_TIMEOUT
         """Webhook: seconds a request's head, then its body, may take to arrive."""
         self._albums = Albums(
@@ -221,6 +223,11 @@ class TelegramConnector(BaseConnector):
             if not healthy:
                 healthy = True
                 status.up()
+            elif not timeout and not updates:
+                # Short polling (`poll_timeout: 0`): an empty answer comes back at once, so
+                # polling again at once would ask a thousand times a second. Genuinely a
+                # wait on time: nothing announces the next update but the next poll.
+                await asyncio.sleep(self.short_poll_every)
             self._restarted_ids(updates, offset)
             reached = offset
             try:

@@ -318,6 +318,23 @@ async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     assert all(TOKEN not in reason for reason in degraded)
 
 
+async def test_short_polling_asks_once_a_second_while_nothing_comes(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    # `poll_timeout: 0` is Telegram's short polling: an empty answer comes back at once. Asked
+    # again at once, the bot sent over a thousand getUpdates a second, CPU-bound, until
+    # Telegram answered 429.
+    running = await start(poll_timeout=0)
+    peer.push_update(private_text(777, "first"))
+    await running.inbox.wait_count(1)
+    before = len(peer.calls_of("getUpdates", answered=None))
+    await asyncio.sleep(1.5)  # a rate is measured over time: nothing to await instead
+    assert len(peer.calls_of("getUpdates", answered=None)) - before <= 3
+    peer.push_update(private_text(777, "second"))
+    await running.inbox.wait_count(2, timeout=5)  # still delivered, within the interval
+    assert running.inbox.texts == ["first", "second"]
+
+
 async def test_two_instances_polling_one_token_back_off_instead_of_cutting_each_other_off(
     peer: TelegramBotAPIPeer, make_connector: Callable[..., TelegramConnector]
 ) -> None:
