@@ -15,9 +15,10 @@ What it does like Telegram:
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
 - `setWebhook` records url and secret; `post_to_webhook(update)` delivers like Telegram does;
-- 401 for unknown or revoked tokens; 400 with `migrate_to_chat_id` for a group that became a
-  supergroup (`migrate_chat`); scripted failures for the next N calls of a method
-  (`fail_next`): an error status with `retry_after`, or a dropped connection.
+- 401 for unknown or revoked tokens; 403 for a chat whose user blocked the bot (`block`); 400
+  with `migrate_to_chat_id` for a group that became a supergroup (`migrate_chat`); scripted
+  failures for the next N calls of a method (`fail_next`): an error status with `retry_after`,
+  or a dropped connection.
 
 Every call is recorded (`calls`, `calls_of`, `sent_messages`); `wait_for` awaits a condition
 on them without sleeping.
@@ -121,6 +122,8 @@ class TelegramBotAPIPeer(Waitable):
         self._revoked: set[str] = set()
         self.migrated: dict[int, int] = {}
         """Groups upgraded to supergroups: old chat id -> new one (`migrate_chat`)."""
+        self.blocked: set[int | str] = set()
+        """Chats whose user blocked the bot (`block`): calls naming them answer 403."""
         self._message_ids: dict[int | str, itertools.count[int]] = {}
         self._update_ids = itertools.count(1000)
         self._last_update_id: dict[str, int] = {}
@@ -176,6 +179,11 @@ class TelegramBotAPIPeer(Waitable):
         """The group `old` became the supergroup `new`: from now on every call naming `old`
         answers 400 with `migrate_to_chat_id`, as Telegram does."""
         self.migrated[old] = new
+
+    def block(self, chat_id: int | str) -> None:
+        """The user of the private chat `chat_id` blocked the bot: from now on every call
+        naming that chat answers 403, as Telegram does."""
+        self.blocked.add(chat_id)
 
     def push_update(self, update: dict[str, Any], token: str | None = None) -> int:
         """Queue an update for `getUpdates` (an `update_id` is assigned if missing)."""
@@ -343,6 +351,8 @@ class TelegramBotAPIPeer(Waitable):
                 if failure.migrate_to is not None:
                     extra = {"migrate_to_chat_id": failure.migrate_to}
                 return self._error(call, failure.status, failure.description, extra)
+            if call.params.get("chat_id") in self.blocked:
+                return self._error(call, 403, "Forbidden: bot was blocked by the user")
             moved = self.migrated.get(call.params.get("chat_id"))
             if moved is not None:
                 return self._error(

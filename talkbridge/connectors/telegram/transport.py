@@ -132,6 +132,8 @@ class TelegramConnector(BaseConnector):
         """The buttons each message carries, which an edit must send again."""
         self.retry_base = 0.5
         """First delay (seconds) before re-polling after a network error or 5xx; then doubles."""
+        self.short_poll_every = 1.0
+        """With `poll_timeout: 0`: seconds between polls that found nothing."""
         self.read_timeout = READ_TIMEOUT
         """Webhook: seconds a request's head, then its body, may take to arrive."""
         self._albums = Albums(
@@ -223,6 +225,11 @@ class TelegramConnector(BaseConnector):
             if not healthy:
                 healthy = True
                 status.up()
+            elif not timeout and not updates:
+                # Short polling (`poll_timeout: 0`): an empty answer comes back at once, so
+                # polling again at once would ask a thousand times a second. Genuinely a
+                # wait on time: nothing announces the next update but the next poll.
+                await asyncio.sleep(self.short_poll_every)
             self._restarted_ids(updates, offset)
             reached = offset
             try:
@@ -405,14 +412,16 @@ class TelegramConnector(BaseConnector):
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         """Not the webhook: said in the log, since a proxy forwarding to the wrong path
-        otherwise fails with nothing to show for it."""
+        otherwise fails with nothing to show for it. Only in the log: the answer goes to
+        whoever asked, and the path may be a secret (Telegram's docs suggest putting the bot
+        token in it), so it names nothing; the log line has the token scrubbed."""
         self._log.warning(
             "webhook server: %s %s is not the webhook, which is POST %s (webhook_path)",
             request.method,
-            request.path[:200],
-            self.config.webhook_path,
+            scrub(request.path[:200], self._token),
+            scrub(self.config.webhook_path, self._token),
         )
-        return web.Response(status=404, text=f"the webhook is POST {self.config.webhook_path}")
+        return web.Response(status=404, text="not the webhook")
 
     async def _on_webhook(self, request: web.Request) -> web.Response:
         secret = self.config.webhook_secret

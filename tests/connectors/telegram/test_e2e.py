@@ -86,6 +86,21 @@ async def test_a_429_delays_only_its_own_connection(
     assert [m["text"] for m in sent_by(peer, TOKEN_B)] == ["to fast"]
 
 
+async def test_a_user_who_blocked_the_bot_fails_once_and_clearly_and_others_are_answered(
+    peer: TelegramBotAPIPeer, bridge: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    await bridge({"id": "support", "token": TOKEN_A, "trusted": ["777", "888"]})
+    peer.block(777)
+    peer.push_update(private_text(777, "from a blocker", message_id=1), token=TOKEN_A)
+    peer.push_update(private_text(888, "from a friend", message_id=2), token=TOKEN_A)
+    await peer.wait_for(lambda: len(sent_by(peer, TOKEN_A)) == 1)
+    await peer.wait_for(lambda: "giving up on a send to 777" in caplog.text)
+    assert [m["chat_id"] for m in sent_by(peer, TOKEN_A)] == [888]
+    refused = [c for c in peer.calls_of("sendMessage", answered=403) if c.token == TOKEN_A]
+    assert len(refused) == 1  # a 403 is for good: not retried
+    assert "bot was blocked by the user" in caplog.text and TOKEN_A not in caplog.text
+
+
 async def test_a_revoked_token_marks_the_connection_down_with_a_clear_reason(
     peer: TelegramBotAPIPeer, bridge: Callable[..., Any]
 ) -> None:

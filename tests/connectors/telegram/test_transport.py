@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
 from talkbridge.connectors.telegram.render import (
@@ -317,6 +318,23 @@ async def test_502_and_dropped_connections_recover_without_loss_or_duplicates(
     assert all(TOKEN not in reason for reason in degraded)
 
 
+async def test_short_polling_asks_once_a_second_while_nothing_comes(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    # `poll_timeout: 0` is Telegram's short polling: an empty answer comes back at once. Asked
+    # again at once, the bot sent over a thousand getUpdates a second, CPU-bound, until
+    # Telegram answered 429.
+    running = await start(poll_timeout=0)
+    peer.push_update(private_text(777, "first"))
+    await running.inbox.wait_count(1)
+    before = len(peer.calls_of("getUpdates", answered=None))
+    await asyncio.sleep(1.5)  # a rate is measured over time: nothing to await instead
+    assert len(peer.calls_of("getUpdates", answered=None)) - before <= 3
+    peer.push_update(private_text(777, "second"))
+    await running.inbox.wait_count(2, timeout=5)  # still delivered, within the interval
+    assert running.inbox.texts == ["first", "second"]
+
+
 async def test_two_instances_polling_one_token_back_off_instead_of_cutting_each_other_off(
     peer: TelegramBotAPIPeer, make_connector: Callable[..., TelegramConnector]
 ) -> None:
@@ -537,6 +555,33 @@ async def test_webhook_acknowledges_a_malformed_update_and_points_other_paths_to
     assert running.inbox.texts == ["fine"]
     assert await peer.post_to_webhook(ok, path="/telegram/webhook") == 404
     assert "is not the webhook, which is POST /bot/updates" in caplog.text
+
+
+async def test_the_webhook_server_tells_no_stranger_its_path_nor_logs_the_token_in_it(
+    peer: TelegramBotAPIPeer, start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Telegram's docs suggest a secret path, e.g. the bot token, in the webhook URL. Any
+    # request to another path was answered "the webhook is POST /tg/<the token>".
+    port = free_port()
+    running = await start(
+        mode="webhook",
+        webhook_url=f"http://127.0.0.1:{port}/tg/{TOKEN}",
+        webhook_secret="abc",
+        webhook_port=port,
+    )
+    secret_part = TOKEN.partition(":")[2]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{port}/") as response,
+    ):
+        body = await response.text()
+    assert response.status == 404
+    assert secret_part not in body and "/tg/" not in body
+    assert "GET / is not the webhook, which is POST /tg/" in caplog.text
+    assert secret_part not in caplog.text
+    ok = private_text(777, "through the secret path", message_id=2)
+    assert await peer.post_to_webhook(ok) == 200
+    assert running.inbox.texts == ["through the secret path"]
 
 
 # ---- outbound -----------------------------------------------------------------------------
