@@ -284,3 +284,36 @@ async def open_chat(context: Any, webchat: Webchat) -> Any:
 async def say(page: Any, text: str) -> None:
     await page.get_by_role("textbox", name="Message").fill(text)
     await page.get_by_role("textbox", name="Message").press("Enter")
+
+
+async def say_on_a_phone(page: Any, text: str) -> None:
+    """Type and tap Send: on a touch screen Enter starts a new line."""
+    await page.get_by_role("textbox", name="Message").fill(text)
+    await page.get_by_role("button", name="Send message").tap()
+
+
+ANNOUNCED = """() => {
+    window.__announced = [];
+    // The live region a change is read out from, or null: none, or one that is off or hidden.
+    const region = node => {
+        const el = node.nodeType === 1 ? node : node.parentElement;
+        if (!el || el.closest('[aria-hidden=true], [hidden]')) return null;
+        const at = el.closest('[aria-live], [role=log], [role=status], [role=alert]');
+        if (!at) return null;
+        const live = at.getAttribute('aria-live')
+            ?? (at.getAttribute('role') === 'alert' ? 'assertive' : 'polite');
+        return live === 'off' ? null : at;
+    };
+    new MutationObserver(records => {
+        for (const r of records) {
+            if (r.type === 'characterData' && region(r.target)) {
+                window.__announced.push(r.target.data);
+            }
+            for (const node of r.addedNodes) {
+                if (region(node)) window.__announced.push(node.textContent);
+            }
+        }
+    }).observe(document, { childList: true, subtree: true, characterData: true });
+}"""
+"""Before the page's script: every text added to a live region (what a screen reader reads
+out unasked) goes to `window.__announced`."""

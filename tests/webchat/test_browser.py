@@ -27,6 +27,7 @@ from tests.webchat.conftest import (
     open_chat,
     page_url,
     say,
+    say_on_a_phone,
 )
 
 
@@ -657,13 +658,13 @@ async def test_phone_sized_layout_opens_the_conversation_list(
         await page.wait_for_function("() => !document.querySelector('main').inert")
         await page.get_by_role("textbox", name="Message").fill("typed on the wide screen")
         await page.set_viewport_size({"width": 390, "height": 844})
-        await say(page, "from a phone")
+        await say_on_a_phone(page, "from a phone")
         await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: from a phone"])
         width = await page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390  # nothing sticks out sideways
 
         # A long code line scrolls inside its own block; the conversation does not widen.
-        await say(page, "code:\n```\n" + "x = long_name + " * 40 + "\n```")
+        await say_on_a_phone(page, "code:\n```\n" + "x = long_name + " * 40 + "\n```")
         code = page.locator(".msg-assistant pre")
         await expect(code).to_have_count(1)
         widths = await code.evaluate("pre => [pre.scrollWidth, pre.clientWidth]")

@@ -8,6 +8,7 @@ from typing import Any
 
 from talkbridge.message import OutboundMessage
 from tests.webchat.conftest import (
+    ANNOUNCED,
     TIMEOUT,
     StartWebchat,
     Webchat,
@@ -308,33 +309,6 @@ async def test_the_new_messages_button_far_up_a_long_thread_jumps_to_the_newest(
     await page.wait_for_function(AT_BOTTOM)
     await expect(newer).to_be_hidden()
     assert await page.locator(".msg").count() <= CAP
-
-
-ANNOUNCED = """() => {
-    window.__announced = [];
-    // The live region a change is read out from, or null: none, or one that is off or hidden.
-    const region = node => {
-        const el = node.nodeType === 1 ? node : node.parentElement;
-        if (!el || el.closest('[aria-hidden=true], [hidden]')) return null;
-        const at = el.closest('[aria-live], [role=log], [role=status], [role=alert]');
-        if (!at) return null;
-        const live = at.getAttribute('aria-live')
-            ?? (at.getAttribute('role') === 'alert' ? 'assertive' : 'polite');
-        return live === 'off' ? null : at;
-    };
-    new MutationObserver(records => {
-        for (const r of records) {
-            if (r.type === 'characterData' && region(r.target)) {
-                window.__announced.push(r.target.data);
-            }
-            for (const node of r.addedNodes) {
-                if (region(node)) window.__announced.push(node.textContent);
-            }
-        }
-    }).observe(document, { childList: true, subtree: true, characterData: true });
-}"""
-"""Before the page's script: every text added to a live region (what a screen reader reads
-out unasked) goes to `window.__announced`."""
 
 
 async def test_a_screen_reader_hears_what_is_new_not_the_history_the_page_draws(

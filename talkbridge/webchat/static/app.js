@@ -24,6 +24,7 @@ const KEY = {
   unsent: "talkbridge.unsent",
 };
 const TYPING_MS = 8000;
+const ANNOUNCE_MAX = 200; // characters of a reply a screen reader reads out unasked
 const PING_EVERY_MS = 20000;
 const PONG_WITHIN_MS = 10000; // no answer by then: the connection is dead, though not closed
 const BACKOFF_BASE_MS = 500;
@@ -42,6 +43,7 @@ const ui = {
   title: $("chat-title"),
   status: $("status"),
   statusText: $("status-text"),
+  retry: $("retry"),
   messages: $("messages"), // scrolls
   log: $("log"), // holds the messages
   empty: $("empty"),
@@ -50,6 +52,8 @@ const ui = {
   announcer: $("announcer"),
   composer: $("composer"),
   input: $("input"),
+  tooLong: $("too-long"),
+  hint: $("hint"),
   fatal: $("fatal"),
   fatalTitle: $("fatal-title"),
   fatalText: $("fatal-text"),
@@ -98,6 +102,8 @@ const state = {
   ready: false,
   attempt: 0,
   reconnectTimer: null,
+  reconnectAt: 0, // when reconnectTimer fires (Date.now() time)
+  countdownTimer: null,
   heartbeat: null,
   pongTimer: null,
   pendingConversation: null,
@@ -229,6 +235,7 @@ function thread(threadId) {
       earlier: false, // the server holds older messages than the first one shown
       loadingEarlier: false,
       unread: 0,
+      typingUntil: 0, // the assistant prepares a reply here until then (Date.now() time)
     };
     state.threads.set(threadId, t);
   }
@@ -281,6 +288,7 @@ function askHistoryAgain(frame) {
 function connect() {
   clearTimeout(state.reconnectTimer);
   state.reconnectTimer = null;
+  stopCountdown();
   setStatus("connecting", state.attempt ? "Reconnecting…" : "Connecting…");
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${scheme}//${location.host}/ws`);
@@ -382,6 +390,8 @@ function dropConnection(ws) {
 }
 
 function scheduleReconnect() {
+  clearTimeout(state.reconnectTimer); // one attempt waits at a time
+  state.reconnectTimer = null;
   if (!navigator.onLine) {
     // The browser knows there is no network: wait for its "online" event instead of polling.
     setStatus("offline", "No network: messages wait until it is back");
@@ -390,9 +400,39 @@ function scheduleReconnect() {
   const ceiling = Math.min(BACKOFF_CAP_MS, BACKOFF_BASE_MS * 2 ** state.attempt);
   const delay = Math.round(ceiling / 2 + (Math.random() * ceiling) / 2);
   state.attempt += 1;
-  const seconds = Math.max(1, Math.round(delay / 1000));
-  setStatus("offline", `Reconnecting in ${seconds} s…`);
+  state.reconnectAt = Date.now() + delay;
   state.reconnectTimer = setTimeout(connect, delay);
+  // Told once to a screen reader; the seconds then count down on the screen only (a live
+  // region changed every second would be read out every second).
+  ui.statusText.replaceChildren(
+    Object.assign(document.createElement("span"), {
+      className: "visually-hidden",
+      textContent: "Not connected; reconnecting shortly.",
+    }),
+    Object.assign(document.createElement("span"), { id: "countdown" }),
+  );
+  ui.statusText.lastChild.setAttribute("aria-hidden", "true");
+  ui.status.dataset.state = "offline";
+  ui.retry.hidden = false;
+  countDown();
+}
+
+/** "Reconnecting in N s…", N going down each second until the page tries again. */
+function countDown() {
+  clearTimeout(state.countdownTimer);
+  const left = state.reconnectAt - Date.now();
+  const shown = $("countdown");
+  if (!shown || state.reconnectTimer === null) return;
+  const seconds = Math.max(1, Math.ceil(left / 1000));
+  shown.textContent = `Reconnecting in ${seconds} s…`;
+  // Next when the number changes: as `left` passes the whole second below it.
+  if (seconds > 1) state.countdownTimer = setTimeout(countDown, left - (seconds - 1) * 1000);
+}
+
+function stopCountdown() {
+  clearTimeout(state.countdownTimer);
+  state.countdownTimer = null;
+  ui.retry.hidden = true;
 }
 
 function resetSession() {
@@ -448,6 +488,7 @@ function onReady(frame) {
   state.ready = true;
   state.attempt = 0;
   if (frame.limits) state.limits = frame.limits;
+  checkLength(); // what waits in the box, against this server's limit
   state.conversations = frame.conversations || [];
   const known = new Set(state.conversations.map((c) => c.thread_id));
   // Taken from storage again: another tab may have added to it while this one was away.
@@ -499,10 +540,10 @@ function onMessage(frame) {
     t.streams.clear(); // the streamed reply is here; any other stream left was cut off
     changed = true;
   }
-  if (frame.role !== "user" && frame.thread_id === state.active) hideTyping();
+  if (frame.role !== "user") stopTyping(frame.thread_id);
   const fresh = addMessages(frame.thread_id, [frame]);
   if (fresh && frame.role !== "user" && frame.thread_id === state.active) {
-    announce(`${frame.role === "system" ? "Notice" : "Assistant"}: ${frame.text}`);
+    announce(`${frame.role === "system" ? "Notice" : "Assistant"}: ${brief(frame.text)}`);
   }
   if (frame.thread_id === state.active) {
     // Not followed even when it is the user's own, typed in another tab or on another device:
@@ -527,10 +568,8 @@ function onDelta(frame) {
   // `from_start`: the reply so far, for a page that joined mid-stream (it replaces, not adds).
   if (frame.from_start) stream.restart = true;
   stream.text = frame.from_start ? frame.text : stream.text + frame.text;
-  if (frame.thread_id === state.active) {
-    hideTyping();
-    drawSoon();
-  }
+  stopTyping(frame.thread_id);
+  if (frame.thread_id === state.active) drawSoon();
 }
 
 function onStreamEnd(frame) {
@@ -540,12 +579,29 @@ function onStreamEnd(frame) {
   if (t.streams.delete(frame.stream_id) && frame.thread_id === state.active) renderThread();
 }
 
+// Kept per thread: a notice for a conversation not shown is shown once the user opens it,
+// while it still holds (the server does not send it again once a reply streams).
 function onTyping(frame) {
-  if (frame.thread_id !== state.active) return;
+  thread(frame.thread_id).typingUntil = Date.now() + TYPING_MS;
+  if (frame.thread_id === state.active) showTyping();
+}
+
+/** Show the notice when the assistant prepares a reply in the conversation shown, for as long
+ * as that holds. */
+function showTyping() {
+  const left = (state.threads.get(state.active)?.typingUntil ?? 0) - Date.now();
+  if (left <= 0) return;
   if (ui.typing.hidden) announce("The assistant is typing…");
   ui.typing.hidden = false;
   clearTimeout(state.typingTimer);
-  state.typingTimer = setTimeout(hideTyping, TYPING_MS);
+  state.typingTimer = setTimeout(hideTyping, left);
+}
+
+/** The reply of `threadId` streams or came: the notice is over there. */
+function stopTyping(threadId) {
+  const t = state.threads.get(threadId);
+  if (t) t.typingUntil = 0;
+  if (threadId === state.active) hideTyping();
 }
 
 function hideTyping() {
@@ -622,24 +678,89 @@ function capitalize(text) {
 
 function onError(frame) {
   if (frame.code === "unauthorized") state.refusal = frame.message;
-  if (!state.ready) state.lastAuthError = frame.message;
+  if (!state.ready) {
+    // About the auth: the socket closes, and its close code says what the page does (a page
+    // that explains, or a new session at once).
+    state.lastAuthError = frame.message;
+    return;
+  }
+  // The socket closes after these: its close code shows the page that explains.
+  if (frame.code === "unauthorized" || frame.code === "too_many_sessions") return;
+  if (frame.ref === "heartbeat") {
+    onPong(); // dropped or failed, yet answered: the connection is alive
+    return;
+  }
   if (askHistoryAgain(frame)) return;
+  if (frame.ref && frame.ref === state.pendingConversation) state.pendingConversation = null;
   if (frame.client_id) {
     const item = state.outbox.find((m) => m.client_id === frame.client_id);
     if (frame.code === "rate_limited" || frame.code === "internal") {
       const wait = Math.max(1, Number(frame.retry_after) || 2) * 1000;
       if (item) setTimeout(() => transmit(item), wait);
-      notify("The bridge is busy; your message will be sent again shortly.");
+      notify(
+        frame.code === "rate_limited"
+          ? "Messages are going out faster than the bridge takes them; " +
+              "yours will be sent again in a moment."
+          : "The bridge had a problem taking your message; it will be sent again in a moment.",
+      );
       return;
     }
     if (item) {
-      keepUnsent([item], frame.message || "the bridge refused it");
+      const why = whyNotSent(frame);
+      keepUnsent([item], why);
       dropFromOutbox((m) => m.client_id === item.client_id);
       if (item.thread_id === state.active) renderThread();
+      notify(`Your message was not sent: ${why}. It stays here to send again or copy.`);
     }
     return;
   }
-  notify(frame.message || "Something went wrong.");
+  notify(errorText(frame));
+}
+
+/** Why the bridge refused a message, in words for the person who typed it (the server's own
+ * words, which name frames and fields, are for whoever runs it, and stay in the page's console). */
+function whyNotSent(frame) {
+  if (frame.message) console.info(`talkbridge: ${frame.code}: ${frame.message}`);
+  switch (frame.code) {
+    case "too_large":
+      return (
+        `it is too long for the bridge (at most ${state.limits.max_frame_bytes.toLocaleString()}` +
+        " bytes): shorten it or split it into several messages"
+      );
+    case "empty_message":
+      return "it shows nothing: only spaces or invisible characters";
+    case "forbidden":
+      return "its conversation belongs to another session";
+    case "not_found":
+      return "its conversation is no longer on the bridge";
+    case "bad_frame":
+      return "the bridge could not read it; reloading the page may help";
+    default:
+      return "the bridge refused it";
+  }
+}
+
+/** An error about no message of the user's (a conversation to start, a page of history). */
+function errorText(frame) {
+  if (frame.message) console.info(`talkbridge: ${frame.code}: ${frame.message}`);
+  switch (frame.code) {
+    case "too_large":
+      return /conversations/.test(frame.message ?? "")
+        ? "No new conversation: this chat already holds as many as it can. Carry on in one of them."
+        : "That was too large for the bridge to take.";
+    case "forbidden":
+      return "That conversation belongs to another session: it cannot be opened here.";
+    case "not_found":
+      return "That conversation is no longer on the bridge.";
+    case "rate_limited":
+      return `The bridge is busy: try again in ${Math.ceil(Number(frame.retry_after) || 1)} s.`;
+    case "internal":
+      return "The bridge had a problem; try again in a moment.";
+    case "bad_frame":
+      return "The bridge could not read a request from this page; reloading the page may help.";
+    default:
+      return "Something went wrong; try again in a moment.";
+  }
 }
 
 // ---- actions --------------------------------------------------------------------------------
@@ -669,23 +790,18 @@ function submit() {
   if (queue(text)) {
     ui.input.value = "";
     autosize();
+    checkLength();
   }
 }
 
 /** Send `text` in the conversation shown (from the message box, or a "Not sent" one again). */
 function queue(text) {
-  const frame = { type: "send", thread_id: state.active, client_id: randomId(), text };
-  const size = new TextEncoder().encode(JSON.stringify(frame)).length;
+  const size = sendSize(text);
   if (size > state.limits.max_frame_bytes) {
-    const over = size - state.limits.max_frame_bytes;
-    notify(
-      `That message is too long to send: shorten it by about ${over.toLocaleString()} ` +
-        `characters (the limit is ${state.limits.max_frame_bytes.toLocaleString()} bytes; ` +
-        "accented letters and emoji count as 2–4).",
-    );
+    notify(`That message is not sent. ${tooLongText(size)}`);
     return false;
   }
-  const item = { thread_id: frame.thread_id, client_id: frame.client_id, text, tab: TAB };
+  const item = { thread_id: state.active, client_id: randomId(), text, tab: TAB };
   addToOutbox(item);
   transmit(item);
   renderThread({ follow: true });
@@ -738,6 +854,7 @@ function switchTo(threadId) {
   const t = thread(threadId);
   t.unread = 0;
   hideTyping();
+  showTyping(); // the assistant may be preparing a reply there
   const conv = state.conversations.find((c) => c.thread_id === threadId);
   ui.title.textContent = conv ? titleOf(conv) : "Conversation";
   renderConversations();
@@ -1199,6 +1316,7 @@ function renderComposerState() {
 }
 
 function setStatus(kind, text) {
+  if (kind !== "offline" || state.reconnectTimer === null) stopCountdown();
   ui.status.dataset.state = kind;
   ui.statusText.textContent = text;
 }
@@ -1212,6 +1330,18 @@ function announce(text) {
   line.textContent = text;
   ui.announcer.append(line);
   while (ui.announcer.childElementCount > 3) ui.announcer.firstElementChild.remove();
+}
+
+/** What of a reply is read out unasked: its first ANNOUNCE_MAX characters, then "…" (on a
+ * word's end where there is one near). The whole of it is in the conversation, to read on. */
+function brief(text) {
+  const flat = String(text).replace(/\s+/g, " ").trim();
+  if (flat.length <= ANNOUNCE_MAX) return flat;
+  let cut = flat.slice(0, ANNOUNCE_MAX);
+  if (/[\uD800-\uDBFF]$/.test(cut)) cut = cut.slice(0, -1); // not half an emoji
+  const space = cut.lastIndexOf(" ");
+  if (space > ANNOUNCE_MAX * 0.75) cut = cut.slice(0, space);
+  return `${cut.trimEnd()}…`;
 }
 
 let toastTimer = null;
@@ -1248,6 +1378,50 @@ function formatDate(iso) {
   return date.toDateString() === today.toDateString() ? TIME.format(date) : DAY.format(date);
 }
 
+// A phone or a tablet (touch as its main pointer) has no Shift key to hand, and its user types
+// messages of several lines too: there Enter starts a new line and the Send button sends, as in
+// the chat apps of phones. With a mouse and a keyboard, Enter sends and Shift+Enter is a new line.
+const touchTyping = window.matchMedia("(pointer: coarse)");
+function enterSends() {
+  return !touchTyping.matches;
+}
+function renderEnterMode() {
+  ui.input.enterKeyHint = enterSends() ? "send" : "enter";
+  ui.hint.textContent = enterSends()
+    ? "Enter to send · Shift+Enter for a new line"
+    : "Enter for a new line · the Send button sends";
+}
+
+/** The size of the `send` frame `text` makes, in UTF-8 bytes, and whether it is over the
+ * server's limit. */
+function sendSize(text) {
+  const frame = { type: "send", thread_id: state.active ?? "", client_id: randomId(), text };
+  return new TextEncoder().encode(JSON.stringify(frame)).length;
+}
+
+function tooLongText(size) {
+  const limit = state.limits.max_frame_bytes;
+  return (
+    `Too long to send: shorten it by about ${(size - limit).toLocaleString()} characters ` +
+    `(the limit is ${limit.toLocaleString()} bytes; accented letters and emoji count as 2–4).`
+  );
+}
+
+/** Say so under the box as soon as what is typed is too long to send, not only once Send is
+ * pressed; the text stays as it is. */
+function checkLength() {
+  const text = ui.input.value;
+  // Each character is at most 6 bytes in JSON (`\u001f`): short enough never needs counting.
+  const size = text.length * 6 + 200 < state.limits.max_frame_bytes ? 0 : sendSize(text);
+  const over = size > state.limits.max_frame_bytes;
+  if (over) ui.tooLong.textContent = tooLongText(size);
+  if (over !== !ui.tooLong.hidden) {
+    ui.tooLong.hidden = !over;
+    if (over) ui.input.setAttribute("aria-invalid", "true");
+    else ui.input.removeAttribute("aria-invalid");
+  }
+}
+
 function autosize() {
   ui.input.style.height = "auto";
   ui.input.style.height = `${Math.min(ui.input.scrollHeight, 200)}px`;
@@ -1279,12 +1453,23 @@ ui.composer.addEventListener("submit", (event) => {
   ui.input.focus();
 });
 ui.input.addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+  if (event.key !== "Enter" || event.isComposing) return;
+  // Ctrl+Enter (Cmd+Enter) sends everywhere: a tablet with a keyboard case has one too.
+  if (event.ctrlKey || event.metaKey || (enterSends() && !event.shiftKey)) {
     event.preventDefault();
     submit();
   }
 });
-ui.input.addEventListener("input", autosize);
+ui.input.addEventListener("input", () => {
+  autosize();
+  checkLength();
+});
+ui.retry.addEventListener("click", () => {
+  connect();
+  ui.input.focus(); // the button is gone: the keyboard goes back to the message box
+});
+touchTyping.addEventListener("change", renderEnterMode);
+renderEnterMode();
 ui.newConversation.addEventListener("click", startConversation);
 ui.earlier.addEventListener("click", showEarlier);
 ui.messages.addEventListener("scroll", onScroll, { passive: true });
