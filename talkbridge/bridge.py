@@ -29,7 +29,8 @@ from talkbridge.agents.runner import SORRY, AgentRunner, TurnOutcome, earlier_en
 from talkbridge.agents.sentinel import SentinelAgent
 from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import BridgeConfig, Secrets
-from talkbridge.connectors.base import ConnectorContext
+from talkbridge.connectors.base import BaseConnector, ConnectorContext
+from talkbridge.deletions import Deletions
 from talkbridge.errors import (
     ConnectorError,
     SendFailedError,
@@ -124,6 +125,9 @@ class Bridge:
             {"environment": self.config.environment},
             dedupe_for=timedelta(days=self.config.retention.dedupe_days),
         )
+        self.deletions = Deletions()
+        """Messages deleted while (or before) they are answered: their turns are called off."""
+        self.context.on_deleted.append(self.deletions.deleted)
         self._with_webchat = with_webchat
         self.webchat: Any = None
         self.webchat_token: str | None = None
@@ -480,13 +484,20 @@ class Bridge:
 
     async def _turn(self, message: NormalizedMessage, agent: str) -> None:
         """Answer `message` (or an edit of it) with `agent`; then end what the turn streamed,
-        which its connection drops unless the turn's final message went out."""
+        which its connection drops unless the turn's final message went out. A message
+        deleted meanwhile is not answered (`talkbridge.deletions`)."""
+        cid = message.connection_id
         stream = self._stream(message)
         try:
             if message.edit_of is not None:
                 await self._handle_edit(message, agent, stream)
                 return
-            outcome = await self.answer(message, agent, stream)
+            if await self._deleted(message, message.id):
+                log.info("%s/%s was deleted before its turn: not answered", cid, message.id)
+                return
+            outcome = None
+            with self.deletions.answering(cid, message.id):
+                outcome = await self.answer(message, agent, stream)
             if outcome is not None and outcome.text:
                 await self._reply(message, outcome)
         finally:
@@ -598,6 +609,9 @@ class Bridge:
 
     async def _reply(self, message: NormalizedMessage, outcome: TurnOutcome) -> None:
         cid = message.connection_id
+        if await self._deleted(message, message.id):  # as the turn ended (or on another node)
+            log.info("%s/%s was deleted: its answer is not sent", cid, message.id)
+            return
         reply = OutboundMessage(
             thread_id=message.thread_id,
             text=outcome.text,
@@ -636,7 +650,35 @@ class Bridge:
         ):  # it answers words that agent alone saw
             await self._screen(message, visible_to=routing.agent, ids=reply_ids)
         if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
-            await replies.remember(self.store, cid, message.id, reply_ids)
+            await self._remember_reply(message, message.id, reply_ids)
+
+    async def _remember_reply(
+        self, message: NormalizedMessage, answered: str, reply_ids: Sequence[str]
+    ) -> None:
+        """Put our reply to `answered` in the id map; should `answered` have been deleted
+        while the reply was being posted (the deletion found no reply on record), the reply
+        goes now."""
+        cid = message.connection_id
+        await replies.remember(self.store, cid, answered, reply_ids)
+        if await self._deleted(message, answered):
+            connector = self.registry.get(cid)
+            if isinstance(connector, BaseConnector):
+                await connector.take_back_reply(message.thread_id, answered)
+
+    async def _deleted(self, message: NormalizedMessage, answered: str) -> bool:
+        """Whether `answered` (`message`'s id, or the message it edits) was deleted. In
+        embedded mode a fresh message's deletion is heard in this process: no store read.
+        One handled again after a restart, or by a node of a cluster (the deletion may have
+        reached another), asks the store for its tombstone."""
+        cid = message.connection_id
+        if (cid, answered) in self.deletions:
+            return True
+        if self.cluster is None and not self.router.was_recovered(message):
+            return False
+        connector = self.registry.get(cid)
+        if not getattr(connector, "reports_deletions", False):
+            return False
+        return await replies.tombstone(self.store, cid, answered) is not None
 
     async def _answered_before(self, message: NormalizedMessage) -> bool:
         """Whether a message handled again (accepted before a crash, or left by a node that
@@ -683,8 +725,10 @@ class Bridge:
         if earlier_reply is None or editor is None:
             log.info("edit of %s/%s recorded; no reply to update", cid, message.edit_of)
             return
-        outcome = await self.answer(message, agent, stream)
-        if outcome is None or not outcome.text:
+        outcome = None
+        with self.deletions.answering(cid, message.edit_of):  # deleted: its reply goes
+            outcome = await self.answer(message, agent, stream)
+        if outcome is None or not outcome.text or await self._deleted(message, message.edit_of):
             return
         later = await replies.later_parts(self.store, cid, message.edit_of)
         try:
@@ -712,7 +756,7 @@ class Bridge:
             log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
         await self._delete_replies(message, [earlier_reply, *later])  # replaced: it goes
-        await replies.remember(self.store, cid, message.edit_of, result.message_ids)
+        await self._remember_reply(message, message.edit_of, result.message_ids)
         await self._turn_completed(message, outcome)
 
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:

@@ -8,8 +8,9 @@ messages; apps never hold connectors, they go through the router.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,18 +80,30 @@ class ConnectorContext:
         long a connector keeps what it stores per inbound message for later use (rebuilding
         it on an edit), with `store.set_state(..., keep_for=dedupe_for)`, so the store does
         not grow with every message."""
+        self.on_deleted: list[Callable[[str, str], None]] = []
+        """Told (connection id, native id) the moment a connector hears that an inbound
+        message was deleted (`BaseConnector.withdraw_reply`): the bridge stops a turn still
+        answering it. Called synchronously; must not raise."""
+
+    def deleted(self, connection_id: str, message_id: str) -> None:
+        for listener in list(self.on_deleted):
+            listener(connection_id, message_id)
 
 
 class BaseConnector:
     """Subscriber fan-out and a feature table; subclasses add `send` and a transport."""
 
     channel: str = ""
+    reports_deletions: bool = False
+    """True for a connector whose platform says when a user deletes a message, and which then
+    calls `withdraw_reply`: the bridge checks for such deletions when it records a reply."""
 
     def __init__(self, connection_id: str, context: ConnectorContext) -> None:
         self.connection_id = connection_id
         self.context = context
         self._handlers: list[MessageHandler] = []
         self._features: dict[str, Feature] = {}
+        self._taking_back: asyncio.Lock | None = None
 
     def subscribe(self, handler: MessageHandler) -> Subscription:
         self._handlers.append(handler)
@@ -143,13 +156,48 @@ class BaseConnector:
 
     async def withdraw_reply(self, thread_id: str, message_id: str) -> bool:
         """A deleted inbound message takes the bot's reply along: the id map (in the store, so it
-        survives restarts) knows which reply answered it. True when a reply was deleted."""
+        survives restarts) knows which reply answered it. A turn still answering it is stopped
+        (`ConnectorContext.on_deleted`), and a tombstone is left in the store, so that a reply
+        being posted right now, not on record yet, is deleted as soon as the bridge records it
+        (`take_back_reply`). A deletion of a message never answered (or never seen) costs that
+        tombstone only, kept for `dedupe_for`. True when a reply was deleted."""
+        self.context.deleted(self.connection_id, message_id)
+        async with self._take_back_lock():
+            store = self.context.store
+            keep_for = self.context.dedupe_for
+            if not await replies.mark_deleted(
+                store, self.connection_id, message_id, keep_for=keep_for
+            ):
+                return False  # the same deletion again: its reply went already
+            return await self._take_back(thread_id, message_id)
+
+    async def take_back_reply(self, thread_id: str, message_id: str) -> bool:
+        """For the bridge once it recorded its reply to `message_id`: should that message have
+        been deleted meanwhile (its tombstone says so), the reply is deleted now, unless the
+        deletion found it first. True when a reply was deleted."""
+        async with self._take_back_lock():
+            found = await replies.tombstone(self.context.store, self.connection_id, message_id)
+            if found != replies.DELETED:
+                return False
+            return await self._take_back(thread_id, message_id)
+
+    def _take_back_lock(self) -> asyncio.Lock:
+        """One deletion of a reply at a time, so a deletion and the bridge recording the reply
+        never both delete it (a second delete fails: the message is gone)."""
+        if self._taking_back is None:
+            self._taking_back = asyncio.Lock()
+        return self._taking_back
+
+    async def _take_back(self, thread_id: str, message_id: str) -> bool:
         store = self.context.store
         reply = await store.lookup_id(self.connection_id, message_id)
         deleter = self._features.get("delete")
         if reply is None or deleter is None:
             return False
         later = await replies.later_parts(store, self.connection_id, message_id)
+        await replies.mark_taken_back(
+            store, self.connection_id, message_id, keep_for=self.context.dedupe_for
+        )
         for part in [reply, *later]:  # a reply split over several messages goes whole
             try:
                 await deleter.delete(thread_id, part)  # type: ignore[union-attr]

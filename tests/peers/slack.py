@@ -515,6 +515,7 @@ class SlackPeer(Waitable):
                 headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
                 return self._error(call, failure.error, status=failure.status, headers=headers)
             if method in self._held:
+                self._notify()  # the call is recorded: a test may wait for it
                 await self._held[method].wait()
             handler = getattr(self, "_m_" + method.replace(".", "_"), None)
             if handler is None:
@@ -868,6 +869,19 @@ def message_event(
     if thread_ts:
         event["thread_ts"] = thread_ts
     return event
+
+
+def deleted_event(channel: str, ts: str) -> dict[str, Any]:
+    """A user deleted their message `ts` (one without thread replies): `message_deleted`."""
+    return {
+        "type": "message",
+        "subtype": "message_deleted",
+        "hidden": True,
+        "channel": channel,
+        "ts": f"{int(time.time())}.{next(_numbers):06d}",
+        "deleted_ts": ts,
+        "channel_type": "im" if channel.startswith("D") else "channel",
+    }
 
 
 def edit_event(original: dict[str, Any], text: str, edit_ts: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 `bridges(tmp_path, connection)` yields `start(*connections)`: each connection dict is completed
 by `connection` (channel, peer URLs, …), the Bridge starts on a SQLite store in `tmp_path`, and
-`start` returns once every connection is up or down (`agents=`: the Bridge's agents, by name).
+`start` returns once every connection is up or down (`agents=`: the Bridge's agents, by name;
+`prepare=`: called with the Bridge before it starts, to add hooks).
 All started Bridges stop at the end.
 """
 
@@ -31,12 +32,16 @@ async def bridges(
     started: list[Bridge] = []
 
     async def start(
-        *connections: dict[str, Any], agents: Mapping[str, Agent] | None = None
+        *connections: dict[str, Any],
+        agents: Mapping[str, Agent] | None = None,
+        prepare: Callable[[Bridge], None] | None = None,
     ) -> Bridge:
         configured = [connection(c) for c in connections]
         data = {"store": f"sqlite:///{tmp_path}/talkbridge.db", "connections": configured}
         config, secrets = parse_config(data, tmp_path)
         instance = Bridge(config, secrets, agents=agents, with_webchat=False)
+        if prepare is not None:
+            prepare(instance)
         await instance.start()
         started.append(instance)
         for c in configured:

@@ -181,6 +181,7 @@ class DiscordConnector(BaseConnector):
     reactions, interactions."""
 
     channel = "discord"
+    reports_deletions = True
 
     def __init__(self, config: DiscordConfig, context: ConnectorContext) -> None:
         super().__init__(config.id, context)

@@ -102,6 +102,7 @@ class SlackConnector(BaseConnector):
     interactions, inbound_media."""
 
     channel = "slack"
+    reports_deletions = True
 
     def __init__(self, config: SlackConfig, context: ConnectorContext) -> None:
         super().__init__(config.id, context)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ import pytest
 from talkbridge.registry import ConnectionState
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B, connection
 from tests.peers.discord import GENERAL, GUILD_ID, MODERATORS_ROLE, THREAD, DiscordPeer
+from tests.support.agents import GatedAgent
 from tests.support.bridge import StartBridge, bridges
 
 ROUTE = "/channels/{channel_id}/messages"
+ONE_MESSAGE = "/channels/{channel_id}/messages/{message_id}"
 
 
 @pytest.fixture
@@ -167,3 +170,55 @@ async def test_an_edit_adding_the_bots_mention_is_answered_once(
     await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
     assert peer.calls_of("PATCH", patch)[0].json["content"] == "is the build green? (main)"
     assert len(peer.sent(TOKEN)) == 1
+
+
+def _ours(peer: DiscordPeer, channel_id: str) -> list[str]:
+    """What the bot's messages in a channel say, as the channel now has them."""
+    bot = peer.bots[TOKEN].id
+    return [m["content"] for m in peer.messages.get(channel_id, []) if m["author"]["id"] == bot]
+
+
+async def test_a_message_deleted_while_its_answer_is_written_is_never_answered(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    agent = GatedAgent()
+    alice = peer.person("Alice")
+    await bridge({"id": "community", "trusted": [alice["id"]]}, agents={"echo": agent})
+    oops = peer.message(alice, "oops", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", oops)
+    await asyncio.wait_for(agent.started["oops"].wait(), 10)
+    peer.dispatch(TOKEN, "MESSAGE_DELETE", {"id": oops["id"], "channel_id": oops["channel_id"]})
+    await asyncio.wait_for(agent.cancelled["oops"].wait(), 10)
+    agent.gates["oops"].set()  # too late: the turn is over
+    peer.dispatch(TOKEN, "MESSAGE_DELETE", {"id": "1100000000000000999", "channel_id": GENERAL})
+    agent.gates["next"].set()
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "next", guild=False))
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    assert _ours(peer, oops["channel_id"]) == ["answer to next"]
+    assert peer.calls_of("DELETE", ONE_MESSAGE, answered=None) == []
+    assert agent.turns == {"oops": 1, "next": 1}
+
+
+async def test_a_message_deleted_while_its_answer_is_being_posted_takes_it_along(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    agent = GatedAgent()
+    agent.gates["oops"].set()
+    alice, bob = peer.person("Alice"), peer.person("Bob")
+    await bridge({"id": "community", "trusted": [alice["id"], bob["id"]]}, agents={"echo": agent})
+    posting = peer.hold("POST", ROUTE)
+    oops = peer.message(alice, "oops", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", oops)
+    await peer.wait_for(lambda: bool(peer.calls_of("POST", ROUTE, answered=None)))
+    peer.dispatch(TOKEN, "MESSAGE_DELETE", {"id": oops["id"], "channel_id": oops["channel_id"]})
+    # Gateway events are taken in order: once Bob's message is, so was the deletion.
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(bob, "other", guild=False))
+    await asyncio.wait_for(agent.started["other"].wait(), 10)
+    assert peer.calls_of("DELETE", ONE_MESSAGE, answered=None) == []  # nothing on record yet
+    agent.gates["other"].set()
+    posting.set()
+    await peer.wait_for(lambda: len(peer.calls_of("DELETE", ONE_MESSAGE, answered=None)) == 1)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 2)
+    assert len(peer.calls_of("DELETE", ONE_MESSAGE, answered=204)) == 1
+    assert _ours(peer, oops["channel_id"]) == []  # posted, then taken along
+    assert _ours(peer, str(int(bob["id"]) + 7)) == ["answer to other"]

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from talkbridge.bridge import Bridge
 from talkbridge.connectors.slack.codec import Deletion
 from talkbridge.connectors.slack.transport import SlackConnector
+from talkbridge.hooks import TurnFinishedEvent
 from talkbridge.registry import ConnectionState
 from tests.peers.slack import (
     SlackPeer,
     Workspace,
+    deleted_event,
     edit_event,
     message_event,
     placeholder_deleted_event,
     tombstone_event,
 )
+from tests.support.agents import GatedAgent
 from tests.support.bridge import StartBridge, bridges
 
 ACME = Workspace("xoxb-acme-bot", app_token="xapp-acme-app", team_id="T0ACME001", team="Acme")
@@ -266,20 +271,115 @@ async def test_a_deleted_message_takes_its_answer_along(
     question = message_event("U0ADA0001", "oops, wrong channel", ts="1700000005.000100")
     await peer.send_event(question, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
-    deletion = {
-        "type": "message",
-        "subtype": "message_deleted",
-        "hidden": True,
-        "channel": "D0DM00001",
-        "ts": "1700000006.000100",
-        "deleted_ts": "1700000005.000100",
-        "channel_type": "im",
-    }
-    await peer.send_event(deletion, app_token=ACME.app_token)
+    [reply] = peer.messages["D0DM00001"]
+    # The id map may or may not have the reply yet when the deletion comes: either way it goes.
+    await peer.send_event(deleted_event("D0DM00001", "1700000005.000100"), app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.calls_of("chat.delete")) == 1)
     [call] = peer.calls_of("chat.delete")
-    assert call.params["channel"] == "D0DM00001"
-    assert call.params["ts"] != "1700000005.000100"  # our reply, not the user's message
+    assert (call.params["channel"], call.params["ts"]) == ("D0DM00001", reply["ts"])
+    assert peer.messages["D0DM00001"] == []
+
+
+async def test_a_message_deleted_while_its_answer_is_written_is_never_answered(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """ "Oops, wrong channel", deleted at once while the agent thinks: the turn is cancelled
+    before it answers, and the next message of the conversation is answered as usual."""
+    agent = GatedAgent()
+    finished: list[TurnFinishedEvent] = []
+    both_finished = asyncio.Event()
+
+    async def watch(event: TurnFinishedEvent) -> None:
+        finished.append(event)
+        if len(finished) == 2:
+            both_finished.set()
+
+    def prepare(instance: Bridge) -> None:
+        instance.hooks.lifecycle.add("agent-turn-finished", watch, name="watch")
+
+    await bridge(
+        connection("acme", ACME, trusted=["U0ADA0001"]), agents={"echo": agent}, prepare=prepare
+    )
+    oops = message_event("U0ADA0001", "oops", ts="1700000010.000100")
+    await peer.send_event(oops, app_token=ACME.app_token)
+    await asyncio.wait_for(agent.started["oops"].wait(), 10)
+    gone = await peer.send_event(
+        deleted_event("D0DM00001", "1700000010.000100"), app_token=ACME.app_token
+    )
+    await peer.wait_ack(gone)
+    await asyncio.wait_for(agent.cancelled["oops"].wait(), 10)
+    agent.gates["oops"].set()  # too late: the turn is over
+    never_seen = deleted_event("D0DM00001", "1700000000.999999")  # harmless
+    await peer.wait_ack(await peer.send_event(never_seen, app_token=ACME.app_token))
+    agent.gates["next"].set()
+    await peer.send_event(message_event("U0ADA0001", "next"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    assert [m["text"] for m in peer.messages["D0DM00001"]] == ["answer to next"]
+    assert peer.calls_of("chat.delete", ok=None) == []  # nothing was posted to take back
+    assert agent.turns == {"oops": 1, "next": 1}
+    await asyncio.wait_for(both_finished.wait(), 10)  # watchers are told in tasks of their own
+    assert [(e.status, e.output.error) for e in finished] == [
+        ("interrupted", "the message was deleted"),
+        ("completed", None),
+    ]
+
+
+async def test_a_message_deleted_while_its_answer_is_being_posted_takes_it_along(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """The deletion comes while chat.postMessage is under way: the reply is not on record yet,
+    so the deletion finds nothing to delete; it is deleted once recorded."""
+    agent = GatedAgent()
+    agent.gates["oops"].set()
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]), agents={"echo": agent})
+    peer.hold("chat.postMessage")
+    oops = message_event("U0ADA0001", "oops", ts="1700000020.000100")
+    await peer.send_event(oops, app_token=ACME.app_token)
+    await peer.wait_for(lambda: bool(peer.calls_of("chat.postMessage", ok=None)))
+    gone = await peer.send_event(
+        deleted_event("D0DM00001", "1700000020.000100"), app_token=ACME.app_token
+    )
+    await peer.wait_ack(gone)  # taken: the reply was not on record to delete
+    assert peer.calls_of("chat.delete", ok=None) == []
+    peer.release("chat.postMessage")
+    await peer.wait_for(lambda: len(peer.calls_of("chat.delete", ok=None)) == 1)
+    [call] = peer.calls_of("chat.delete")
+    assert call.params["channel"] == "D0DM00001" and call.params["ts"] != "1700000020.000100"
+    assert peer.messages["D0DM00001"] == []  # the reply posted is gone
+    agent.gates["next"].set()
+    await peer.send_event(message_event("U0ADA0001", "next"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.messages["D0DM00001"]) == 1)
+    assert [m["text"] for m in peer.messages["D0DM00001"]] == ["answer to next"]
+    assert len(peer.calls_of("chat.delete", ok=None)) == 1
+
+
+async def test_a_deletion_heard_before_a_restart_still_keeps_its_message_unanswered(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """ "oops" waits behind a turn under way and is deleted; the bridge stops before getting
+    to it. At the next start it is handled again, and the store's tombstone says it was
+    deleted: it is not answered, and the conversation goes on in order."""
+    first_agent = GatedAgent()
+    acme = connection("acme", ACME, trusted=["U0ADA0001"])
+    first = await bridge(acme, agents={"echo": first_agent})
+    await peer.send_event(message_event("U0ADA0001", "first"), app_token=ACME.app_token)
+    await asyncio.wait_for(first_agent.started["first"].wait(), 10)
+    oops = message_event("U0ADA0001", "oops", ts="1700000030.000100")
+    await peer.wait_ack(await peer.send_event(oops, app_token=ACME.app_token))
+    gone = deleted_event("D0DM00001", "1700000030.000100")
+    await peer.wait_ack(await peer.send_event(gone, app_token=ACME.app_token))
+    await first.stop(drain_timeout=0)  # both messages stay pending in the store
+    agent = GatedAgent()
+    for prompt in ("first", "oops", "third"):
+        agent.gates[prompt].set()
+    await bridge(acme, agents={"echo": agent})
+    await peer.send_event(message_event("U0ADA0001", "third"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
+    assert [m["text"] for m in peer.posted(ACME.bot_token)] == [
+        "answer to first",
+        "answer to third",
+    ]
+    assert agent.turns == {"first": 1, "third": 1}
 
 
 async def test_a_deleted_message_answered_in_its_thread_takes_its_answer_along_once(
