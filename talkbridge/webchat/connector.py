@@ -26,6 +26,7 @@ from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
+from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.sending import keep_latest
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from talkbridge.cluster.fanout import WebchatFanout
 
 CONNECTION_ID = "webchat"
+CLOSE_SECONDS = 5.0
+"""How long a stop waits for the sockets to close and their handlers to end."""
 REPLIES = "webchat:replies"
 """The store's once-only records of replies sent with an idempotency key: apart from the users'
 messages (`CONNECTION_ID`), whose client ids could otherwise take a reply's id."""
@@ -215,7 +218,12 @@ class WebchatConnector(BaseConnector):
         finally:
             self.ready.clear()
             server.close()
-            await server.wait_closed()
+            # The sockets' handlers finish the frames they hold (a send being saved and handed
+            # over) before the bridge closes the store: the stop cancels this task again every
+            # 0.25 s (`cancel_and_wait`), which cut this wait short, and they ran on after it.
+            closed = asyncio.ensure_future(server.wait_closed())
+            if not await finish_despite_cancels(closed, CLOSE_SECONDS):
+                self.log.warning("stopping: webchat sockets still open after %g s", CLOSE_SECONDS)
 
     def _socket_log(self) -> logging.Logger:
         """websockets' logger: a line for every socket and request opened or closed is for
