@@ -4,14 +4,18 @@ goes bad, two bridges on one file or port. Each as real `talkbridge run` process
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import websockets
 
 from tests.support.cli import finish, talkbridge
@@ -256,3 +260,39 @@ async def test_a_bridge_stopped_mid_traffic_loses_nothing_and_answers_each_messa
         process.send_signal(signal.SIGINT)
         code, _, err = await finish(process)
     assert code == 0, err
+
+
+@contextlib.contextmanager
+def _read_only_folder(folder: Path) -> Iterator[str]:
+    """`folder` made read-only, the way this process can: a read-only tmpfs mounted on it as
+    root (whom permissions do not stop), its mode otherwise. Yields what the error says."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield f"the folder {folder} is not writable"
+        finally:
+            folder.chmod(0o755)
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:  # root without the right to mount (a container)
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield f"the folder {folder} is on a read-only file system"
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+async def test_a_store_in_a_read_only_folder_says_so_at_start(tmp_path: Path) -> None:
+    """SQLite says only "unable to open database file"; the error now says why."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (tmp_path / "talkbridge.yaml").write_text("store: sqlite:///data/talkbridge.db\n")
+    with _read_only_folder(folder) as why:
+        code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
+    assert code == 1 and "http://" not in out, err
+    assert err == (
+        f"talkbridge: cannot open the sqlite store at {folder}/talkbridge.db: unable to open "
+        f"database file ({why})\n"
+    )
