@@ -64,6 +64,8 @@ log = logging.getLogger("talkbridge.store")
 
 _HEADER = struct.Struct("!I")
 _READY = -1
+_HEALTH = -2
+"""The token of a result that is no operation's: whether writes fail (`BatchRunner.failing`)."""
 RESTART_PAUSE = 1.0
 """Seconds at least between starts of one store's writer when it keeps dying."""
 
@@ -279,11 +281,14 @@ class ProcessWriter(QueueingWriter):
         """Set when a writer that died could not be replaced: the store stays down."""
         self._trouble: str | None = None
         """Why the writer is not up, for `health()`."""
+        self._failing: str | None = None
+        """Why its writes fail while it runs, as the child last said (`_HEALTH`)."""
 
     async def start(self) -> None:
         """Start the child and wait until it has opened the database (or failed to)."""
         self._loop = loop = asyncio.get_running_loop()
         self._stopping = False
+        self._failing = None  # a new child has seen no failure yet
         self._started_at = loop.time()
         ours, theirs = socket.socketpair()
         try:
@@ -334,6 +339,8 @@ class ProcessWriter(QueueingWriter):
 
     def health(self) -> dict[str, Any]:
         if self._accepting:
+            if self._failing is not None:
+                return {"state": "down", "error": self._failing}
             return {"state": "up"}
         if self._replacing is not None:
             return {"state": "restarting", "error": self._trouble}
@@ -405,6 +412,9 @@ class ProcessWriter(QueueingWriter):
             while True:
                 latest = 0
                 for token, exc, value in await self._read():
+                    if token == _HEALTH:
+                        self._failing = value
+                        continue
                     self._resolve(token, exc, value)
                     if token is not None and token > latest:
                         latest = token
@@ -616,7 +626,11 @@ def _serve(sock: socket.socket, setup: Callable[..., ChildOps], args: tuple[Any,
                     if fn is None:
                         fn = resolved[name] = ops.resolve(name)
                     batch.append((fn, op_args, token))
-                _report(sock, runner.run(batch))
+                failing = runner.failing
+                results = runner.run(batch)
+                if runner.failing != failing:  # told the parent, for `health()`
+                    results.append((_HEALTH, None, runner.failing))
+                _report(sock, results)
                 if keeper is not None:
                     keeper.committed()
             if stop is not None:

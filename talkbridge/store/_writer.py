@@ -83,6 +83,29 @@ def settle(fut: asyncio.Future[Any] | None, exc: BaseException | None, value: An
         fut.set_exception(exc)
 
 
+_STORAGE_ERRORS = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+    }
+)
+
+
+def _storage_trouble(exc: BaseException) -> bool:
+    """Whether `exc` (as `map_error` left it: the sqlite3 error is its cause) says that the
+    database file itself fails, not the operation."""
+    cause = exc if isinstance(exc, sqlite3.Error) else exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None) if isinstance(cause, sqlite3.Error) else None
+    return isinstance(code, int) and code & 0xFF in _STORAGE_ERRORS
+
+
 class BatchRunner:
     """Runs batches of queued operations on one connection, one transaction per batch."""
 
@@ -96,12 +119,23 @@ class BatchRunner:
         self._conn = conn
         self._on_rollback = on_rollback
         self._map_error = map_error
+        self.failing: str | None = None
+        """Why writes fail on the file itself (a full disk, a lock held elsewhere, an I/O error,
+        a corrupt page), until a batch commits a change again: `/healthz` shows it. A write that
+        is refused for what it asks (a constraint) is no trouble of the store's."""
 
     def run(self, batch: list[_Item]) -> list[_Result]:
+        changes = self._conn.total_changes
         try:
-            return self._run_batch(batch)
+            results = self._run_batch(batch)
         except Exception as exc:  # a bug here must not strand the callers
             return [(token, exc, None) for _, _, token in batch]
+        trouble = next((e for _, e, _ in results if e is not None and _storage_trouble(e)), None)
+        if trouble is not None:
+            self.failing = f"writes are failing: {trouble}"
+        elif self._conn.total_changes != changes:
+            self.failing = None  # a write went through
+        return results
 
     def close(self) -> Exception | None:
         try:
@@ -267,6 +301,13 @@ class GroupCommitWriter(QueueingWriter):
         self._map_error = map_error
         self._queue: queue.SimpleQueue[list[_Item]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._runner: BatchRunner | None = None
+
+    def health(self) -> dict[str, Any]:
+        failing = None if self._runner is None else self._runner.failing
+        if self._accepting and failing is not None:
+            return {"state": "down", "error": failing}
+        return super().health()
 
     async def start(self) -> None:
         """Start the thread and wait until it has opened the database (or failed to)."""
@@ -314,6 +355,7 @@ class GroupCommitWriter(QueueingWriter):
             self._post([(ready, exc, None)])
             return
         runner = BatchRunner(conn, on_rollback=self._on_rollback, map_error=self._map_error)
+        self._runner = runner
         self._post([(ready, None, None)])
         get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:

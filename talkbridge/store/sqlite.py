@@ -441,7 +441,7 @@ class _SqliteOps:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
-            raise StoreError(f"cannot open the sqlite store at {self.path}: {exc}") from exc
+            raise self._unopenable(exc) from exc
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
@@ -454,9 +454,14 @@ class _SqliteOps:
             conn.close()
             if isinstance(exc, StoreError):
                 raise
-            raise StoreError(f"cannot open the sqlite store at {self.path}: {exc}") from exc
+            raise self._unopenable(exc) from exc
         self._cur = conn.cursor()
         return conn
+
+    def _unopenable(self, exc: Exception) -> StoreError:
+        why = _unwritable(self.path) if isinstance(self.path, Path) else None
+        detail = f"{exc} ({why})" if why else str(exc)
+        return StoreError(f"cannot open the sqlite store at {self.path}: {detail}")
 
     def connect_checkpointer(self) -> sqlite3.Connection:
         """A second connection for `WalCheckpointer`, opened after the writer's (migrated)."""
@@ -851,6 +856,20 @@ def _replayed(item: Any) -> Any:
     if name == "messages" and args[0] == "append":
         return name, ("replay", *args[1:]), token
     return item
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why SQLite may not write `path` or its folder (where it keeps the `-wal` and `-shm` files
+    beside it): said with its "unable to open database file", which names neither."""
+    folder = path.parent
+    for target, what in ((folder, f"the folder {folder}"), (path, f"the file {path}")):
+        if target.exists() and not os.access(target, os.W_OK):
+            try:
+                read_only = bool(os.statvfs(target).f_flag & os.ST_RDONLY)
+            except OSError:
+                read_only = False
+            return f"{what} is {'on a read-only file system' if read_only else 'not writable'}"
+    return None
 
 
 def _map_error(path: Path | str, exc: Exception) -> Exception:

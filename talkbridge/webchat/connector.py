@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from websockets.asyncio.server import ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
+from talkbridge.cancellation import finish_despite_cancels
 from talkbridge.config import WebchatConfig
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.sending import keep_latest
@@ -66,6 +68,11 @@ if TYPE_CHECKING:
     from talkbridge.cluster.fanout import WebchatFanout
 
 CONNECTION_ID = "webchat"
+CLOSE_SECONDS = 5.0
+"""How long a stop waits for the sockets to close and their handlers to end."""
+REPLIES = "webchat:replies"
+"""The store's once-only records of replies sent with an idempotency key: apart from the users'
+messages (`CONNECTION_ID`), whose client ids could otherwise take a reply's id."""
 USER_DISPLAY_NAME = "Webchat user"
 MAX_UNPUBLISHED = 4096
 """Stored messages whose hand-over failed, remembered for the resend that publishes them."""
@@ -215,7 +222,12 @@ class WebchatConnector(BaseConnector):
         finally:
             self.ready.clear()
             server.close()
-            await server.wait_closed()
+            # The sockets' handlers finish the frames they hold (a send being saved and handed
+            # over) before the bridge closes the store: the stop cancels this task again every
+            # 0.25 s (`cancel_and_wait`), which cut this wait short, and they ran on after it.
+            closed = asyncio.ensure_future(server.wait_closed())
+            if not await finish_despite_cancels(closed, CLOSE_SECONDS):
+                self.log.warning("stopping: webchat sockets still open after %g s", CLOSE_SECONDS)
 
     def _socket_log(self) -> logging.Logger:
         """websockets' logger: a line for every socket and request opened or closed is for
@@ -366,7 +378,12 @@ class WebchatConnector(BaseConnector):
                     dumps(
                         error_frame(
                             "internal",
-                            "the server failed on that frame; send it again",
+                            (
+                                "the bridge cannot save messages right now (its store is "
+                                "failing); send it again"
+                                if _store_down(exc)
+                                else "the server failed on that frame; send it again"
+                            ),
                             retry_after=1.0,
                             **ids,
                         )
@@ -645,7 +662,12 @@ class WebchatConnector(BaseConnector):
         if parts is None:
             raise NotFoundError(f"{message.thread_id!r} is not a webchat thread id")
         text = _with_attachments(message)
-        message_id = f"{message.thread_id}:r{unique_id()}"
+        key = message.idempotency_key
+        # A reply with a key (the bridge's answer to a message) gets an id of its own key, kept
+        # once: a turn run again after a crash between the reply's entry and the record of its
+        # send (`record_sent`) finds that entry instead of adding a second answer.
+        suffix = unique_id() if key is None else hashlib.sha256(key.encode()).hexdigest()[:24]
+        message_id = f"{message.thread_id}:r{suffix}"
         data: dict[str, Any] = {"markup": message.markup}
         stream_id = message.meta.get("stream_id")
         if isinstance(stream_id, str):
@@ -653,17 +675,24 @@ class WebchatConnector(BaseConnector):
         sender = message.meta.get("agent")
         if isinstance(stream_id, str):
             await self._streams.finish(stream_id)  # every piece before the final message
+        store = self.context.store
+        thread_key = _thread_key(message.thread_id)
+        by = sender if isinstance(sender, str) else "assistant"
         try:
-            entry = await self.context.store.append_history(
-                _thread_key(message.thread_id),
-                "assistant",
-                message_id,
-                sender if isinstance(sender, str) else "assistant",
-                text,
-                data=data,
-            )
+            if key is None:
+                entry: HistoryEntry | None = await store.append_history(
+                    thread_key, "assistant", message_id, by, text, data=data
+                )
+            else:
+                appended = await store.append_history_once(
+                    REPLIES, message_id, thread_key, "assistant", by, text, data=data
+                )
+                entry = appended.entry
         except StoreError as exc:  # the webchat's "platform" is its store: an outage passes
             raise TransientError(f"the reply could not be kept: {exc}") from exc
+        if entry is None:  # kept before: the pages have it (or get it from history); a
+            # stream of this run is ended by `end` (`stream_end`)
+            return SendResult(message_ids=(message_id,))
         await self._publish(parts[0], message_frame(message.thread_id, entry))
         if isinstance(stream_id, str):  # the end of a streamed reply, and of any cut off before
             self._streams.ended(message.thread_id, stream_id)

@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -493,3 +493,36 @@ async def test_an_append_sent_again_after_its_writer_died_is_made_once(
     await thread_db._writer.submit(thread_db._messages, "replay", not_made)
     entries = await thread_db.history("k", limit=10)
     assert [(e.seq, e.message_id) for e in entries] == [(1, "r1"), (2, "r2")]
+
+
+@pytest.mark.parametrize("writer", ["process", "thread"])
+async def test_health_says_writes_fail_while_the_file_refuses_them(
+    tmp_path: Path, writer: Literal["process", "thread"]
+) -> None:
+    """Another process holding the file's write lock (a `sqlite3` shell left in a transaction):
+    every write fails after the busy timeout, and `/healthz` said `up` all along. It now says
+    `down`, naming the file and why, until a write goes through again."""
+    path = tmp_path / "x.db"
+    store = SqliteStore(path, writer=writer)
+    await store.open()
+    try:
+        await store.set_state("k", "1")
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            with pytest.raises(StoreError, match="database is locked"):
+                await store.set_state("k", "2")
+            health = store.health()
+            assert health["state"] == "down", health
+            assert health["error"] == (
+                f"writes are failing: sqlite store at {path}: database is locked"
+            )
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert store.health()["state"] == "down"  # nothing written since: not known yet
+        await store.set_state("k", "3")
+        assert store.health() == {"state": "up"}
+        assert await store.get_state("k") == "3"
+    finally:
+        await store.close()
