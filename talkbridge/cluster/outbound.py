@@ -316,14 +316,14 @@ class OutboundBus:
             reading.worked()
 
     async def _read_new(self, served: dict[str, _Served]) -> dict[Any, Any]:
-        """Read the new requests of the `served` streams and start
-        sending them, each stream only while Redis says this node holds its connection's
-        lease: a read that reaches Redis after the lease moved (this node paused, or yet to
-        hear of the loss at its next renewal) would take requests the new owner, its takeover
-        claim over, never sees; put back, they would go out after later ones. A stream found
-        leased to another (or to nobody) is read no more; the registry hears of the loss at its
-        renewal. Returns, when nothing was new, the last entry id each stream's group was given
-        (to wait for newer ones)."""
+        """Read the new requests of the `served` streams and start sending them, each stream
+        only while Redis says this node holds its connection's lease: a read that reaches Redis
+        after the lease moved (this node paused, or yet to hear of the loss at its next
+        renewal) would take requests the new owner, its takeover claim over, never sees; put
+        back, they would go out after later ones. A stream found leased to another (or to
+        nobody) is read no more; the registry hears of the loss at its renewal. Returns, when
+        nothing was new, the last entry id each stream's group was given (to wait for newer
+        ones)."""
         streams = list(served)
         keys = [k for s in streams for k in (self._keys.lease("conn", served[s].connection_id), s)]
         answers = await self._read(keys=keys, args=[self._node, GROUP, READ_COUNT])
