@@ -1,15 +1,20 @@
 """Sends through the node that owns the destination connection.
 
     any node --XADD--> bus:out:<connection>  (request id, sender node, message, deadline)
-    owner of the connection --XREADGROUP--> its local OutboundQueue --> platform
+    owner of the connection --XREADGROUP, while Redis says it holds the lease--> its local
+        OutboundQueue --> platform
     owner --XADD--> bus:reply:<sender node> (SendResult or the failure's reason) --> future
 
-Only the lease holder of a connection reads its request stream. When it takes a connection over
-it first claims the requests the previous owner read but never acknowledged; those are sent with
-the idempotency check on, so a request the dead owner already sent is answered from the store
-instead of reaching the platform twice. A request whose sender stopped waiting is not sent.
-A live node whose read comes back after it lost the connection (the new owner's claim may be
-over by then) puts the requests it got back on the stream, for the new owner to read.
+Only the lease holder of a connection reads its request stream, and a read takes requests only
+while Redis says the lease is the reader's (one script, `scripts.FENCED_READ`): a node that lost
+the connection, whether it has heard so yet or not, takes none, so whatever the new owner's
+takeover claim did not find is new, and the new owner reads it in stream order. When nothing is
+new the owner waits with a plain XREAD, which takes nothing. When a node takes a connection over
+it first claims the requests the previous owner read but never acknowledged, oldest first, before
+any new one; those are sent with the idempotency check on, so a request the previous owner
+already sent is answered from the store instead of reaching the platform twice. A request whose
+sender stopped waiting is not sent. Requests a read brings back just after the node learnt of
+the loss (it read them while it still held the lease) stay pending for the next owner's claim.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -66,6 +72,8 @@ async def until_written(write: Callable[[], Awaitable[Any]], seconds: float) -> 
 
 
 GROUP = "owner"
+READ_COUNT = 256
+"""Requests one read takes from a stream at most."""
 REPLY_TTL_MS = 24 * 3600 * 1000
 """A reply stream outlives its node by a day at most."""
 
@@ -97,6 +105,14 @@ def decode(fields: dict[str, str]) -> OutboundMessage:
     return message
 
 
+@dataclass(eq=False)
+class _Served:
+    """A connection whose requests this node reads, from its `own` until its `disown` (one
+    object each time: a read that outlives the connection's loss is told by it)."""
+
+    connection_id: str
+
+
 class OutboundBus:
     def __init__(
         self,
@@ -115,12 +131,12 @@ class OutboundBus:
         self._local: LocalSend | None = None
         self._reply_key = keys.bus_reply(node_id)
         self._futures: dict[str, asyncio.Future[SendResult]] = {}
-        self._served: dict[str, str] = {}  # stream -> connection id, read by the serve loop
+        self._served: dict[str, _Served] = {}  # stream -> its connection, read by the serve loop
         self._claiming: set[str] = set()
         self._handling: set[asyncio.Task[None]] = set()
         self._reply_script = client.register_script(scripts.REPLY)
         self._ack = client.register_script(scripts.ACK)
-        self._give_back = client.register_script(scripts.GIVE_BACK)
+        self._read = client.register_script(scripts.FENCED_READ)
         self._replies: asyncio.Task[None] | None = None
         self._server: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -132,7 +148,7 @@ class OutboundBus:
 
     @property
     def serving(self) -> list[str]:
-        return sorted(self._served.values())
+        return sorted(s.connection_id for s in self._served.values())
 
     async def start(self) -> None:
         # Replies to an earlier process with this node id answer nobody now.
@@ -262,7 +278,7 @@ class OutboundBus:
             if claimed:
                 log.info("%s: took over %d unanswered send(s)", connection_id, claimed)
             if self._serving and stream in self._claiming:
-                self._served[stream] = connection_id
+                self._served[stream] = _Served(connection_id)
                 self._wake.set()
         finally:
             self._claiming.discard(stream)
@@ -276,45 +292,70 @@ class OutboundBus:
         reading = Outage("reading send requests", log)
         while True:
             raise_if_cancelling()  # a cancel lost in the client ends the loop here
-            streams: dict[Any, Any] = dict.fromkeys(self._served, ">")
-            if not streams:
+            served = dict(self._served)
+            if not served:
                 self._wake.clear()
+                self._cycles.bump()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._block_ms / 1000)
                 continue
             try:
-                result = await self._client.xreadgroup(
-                    GROUP, self._node, streams, count=256, block=self._block_ms
-                )
+                waiting = await self._read_new(served)
+                self._cycles.bump()
+                if waiting:  # nothing new: wait for a request (reading none: it may move)
+                    await self._client.xread(waiting, count=1, block=self._block_ms)
+                    self._cycles.bump()
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
-                if group_gone(exc):
-                    with contextlib.suppress(RedisError, OSError):  # else: the next read
-                        await remake_groups(self._client, streams, GROUP, log)
-                        continue
+                if group_gone(exc):  # a stream waited on is gone: the next read makes it again
+                    continue
                 reading.failed(exc)
+                self._cycles.bump()
                 await asyncio.sleep(self._block_ms / 1000)
                 continue
             reading.worked()
-            for name, entries in read_entries(result):
-                cid = self._served.get(name)
-                for entry in entries:
-                    if cid is not None:
-                        await self._take(cid, name, entry, reclaimed=False)
-                    else:  # the connection was lost while reading
-                        await self._hand_back(name, entry)
-            self._cycles.bump()
 
-    async def _hand_back(self, stream: str, entry: Entry) -> None:
-        """Put a request this node read after losing its connection back on the stream: left
-        pending here, no node would send it (the new owner claimed what was pending already)."""
-        entry_id, fields = entry
-        args = [GROUP, self._node, entry_id, *(x for kv in fields.items() for x in kv)]
-        try:
-            await self._give_back(keys=[stream], args=args)
-        except (RedisError, OSError) as exc:
-            raise_if_cancelling()
-            log.warning("handing send request %s back failed: %s", entry_id, exc)
+    async def _read_new(self, served: dict[str, _Served]) -> dict[Any, Any]:
+        """Read the new requests of the `served` streams and start sending them, each stream
+        only while Redis says this node holds its connection's lease: a read that reaches Redis
+        after the lease moved (this node paused, or yet to hear of the loss at its next
+        renewal) would take requests the new owner, its takeover claim over, never sees; put
+        back, they would go out after later ones. A stream found leased to another (or to
+        nobody) is read no more; the registry hears of the loss at its renewal. Returns, when
+        nothing was new, the last entry id each stream's group was given (to wait for newer
+        ones)."""
+        streams = list(served)
+        keys = [k for s in streams for k in (self._keys.lease("conn", served[s].connection_id), s)]
+        answers = await self._read(keys=keys, args=[self._node, GROUP, READ_COUNT])
+        waiting: dict[Any, Any] = {}
+        gone: list[str] = []
+        for stream, answer in zip(streams, answers, strict=True):
+            state = int(answer[0])
+            if state == 0:
+                if self._served.get(stream) is served[stream]:
+                    log.warning(
+                        "%s: the connection's lease is not this node's; no longer sending "
+                        "its requests",
+                        served[stream].connection_id,
+                    )
+                    self._served.pop(stream, None)
+            elif state == 1:
+                waiting[stream] = answer[1]
+            elif state == 3:
+                gone.append(stream)
+            else:
+                for entry_id, flat in answer[1]:
+                    # Lost meanwhile (even if taken back since, whose claim took these): the
+                    # next owner claims them, in their order, before it reads anything newer.
+                    if self._served.get(stream) is not served[stream]:
+                        continue
+                    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                    cid = served[stream].connection_id
+                    await self._take(cid, stream, (entry_id, fields), reclaimed=False)
+        if gone:  # made again; read at once
+            await remake_groups(self._client, gone, GROUP, log)
+            return {}
+        return waiting if len(waiting) == len(streams) else {}
 
     async def _take(self, cid: str, stream: str, entry: Entry, *, reclaimed: bool) -> None:
         # A task per request, created in stream order: each reaches the connection's queue

@@ -108,9 +108,11 @@ redis.call('XADD', KEYS[2], '*', 'm', ARGV[2], 'r', '1')
 return 1
 """
 
-# Read new entries of held shards: each only while this node holds its lease in Redis, so a
-# read that reaches Redis after the lease moved on (the node paused, or slow to hear of the
-# loss) takes nothing that the new holder (whose take-over claim may be over) would not see.
+# Read new entries of held streams (inbound shards, a connection's send requests): each only
+# while this node holds its lease in Redis, so a read that reaches Redis after the lease moved
+# on (the node paused, or slow to hear of the loss) takes nothing that the new holder (whose
+# take-over claim may be over) would not see. Nothing is ever put back: what a holder took stays
+# pending, in stream order, for the next holder's claim.
 # KEYS: lease, stream, lease, stream, ...  ARGV: node (the consumer), group, count
 #   -> per pair: {0} not this node's lease; {1, the group's last delivered id} nothing new;
 #      {2, entries}; {3, error} (the stream or its group is gone)
@@ -145,19 +147,6 @@ return out
 ACK: Final = """
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return redis.call('XDEL', KEYS[1], ARGV[2])
-"""
-
-# A send request read by a node in the instant it lost the connection: had it stayed pending
-# with that node, the new owner (whose takeover claim may have run already) would never see it.
-# Put back at the end of the stream for whoever serves it now, unless another consumer claimed it.
-# KEYS: request stream  ARGV: group, consumer, entry id, then its field/value pairs
-#   -> 1 put back, 0 not this consumer's any more
-GIVE_BACK: Final = """
-if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2]) == 0 then return 0 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
-redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
-return 1
 """
 
 # KEYS: reply stream  ARGV: ttl_ms, then field/value pairs

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -12,11 +14,18 @@ import redis.asyncio as aioredis
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.cluster import Cluster as Node
 from talkbridge.cluster.inbound import GROUP, Ack
+from talkbridge.cluster.outbound import encode
 from talkbridge.config import ClusterConfig
+from talkbridge.connectors.base import ConnectorContext
+from talkbridge.connectors.telegram.config import TelegramConfig
+from talkbridge.connectors.telegram.transport import create as create_telegram
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.store.redis import RedisStore
 from tests.cluster.conftest import TTL, Cluster, connector, owner, wait_until
+from tests.peers.telegram import TelegramBotAPIPeer
 from tests.support.talk_connector import make_message
+
+TOKEN = "123456:TEST-token_abc"
 
 CONFIG = ClusterConfig(lease_ttl=TTL, shards=4, claim_idle=5.0, send_timeout=5.0)
 
@@ -410,12 +419,14 @@ async def test_a_reply_waits_while_the_lease_is_unsure_and_goes_once_it_is_renew
 async def test_a_send_request_read_just_as_its_connection_was_lost_reaches_the_new_owner(
     store: RedisStore,
 ) -> None:
-    """The old owner's read is under way when it learns another node took the connection (whose
-    takeover claim found nothing pending yet): before, the request stayed pending with the old
-    owner and its sender waited out `send_timeout`."""
-    config = CONFIG.model_copy(update={"lease_ttl": 6.0})  # reads block 1 s: a's stays out
+    """The old owner's wait is under way when it learns another node took the connection
+    (whose takeover claim found nothing pending yet): before, the request stayed pending with
+    the old owner and its sender waited out `send_timeout`."""
+    config = CONFIG.model_copy(update={"lease_ttl": 6.0})  # reads wait 1 s: a's stays out
     a, b = Node(store, config, "a"), Node(store, config, "b")
     sent: list[tuple[str, str]] = []
+    client = aioredis.Redis.from_url(store.url, decode_responses=True)
+    lease = a.keys.lease("conn", "test")
 
     def local(node: str) -> Callable[[str, OutboundMessage, bool], Awaitable[SendResult]]:
         async def send(cid: str, message: OutboundMessage, check: bool) -> SendResult:
@@ -429,8 +440,10 @@ async def test_a_send_request_read_just_as_its_connection_was_lost_reaches_the_n
     await a.start()
     await b.start()
     try:
+        await client.set(lease, "a", px=60_000)
         await a.acquired("test")
         await a.outbound._cycles.wait_past(a.outbound._cycles.count)  # a reads "test" now
+        await client.set(lease, "b", px=60_000)  # a's ran out, b took it
         await b.acquired("test")  # b takes it over: nothing pending to claim
         a.lost("test")  # and a learns it, its read still out
         result = await b.outbound.request(
@@ -438,5 +451,88 @@ async def test_a_send_request_read_just_as_its_connection_was_lost_reaches_the_n
         )
         assert sent == [("b", "hi")] and result.message_ids == ("b-1",)
     finally:
+        await client.aclose()
         await b.stop()
         await a.stop()
+
+
+@pytest.mark.parametrize("heard", [True, False], ids=["heard-of-the-loss", "yet-to-hear"])
+async def test_send_requests_of_a_moved_connection_reach_the_platform_once_and_in_order(
+    store: RedisStore, heard: bool
+) -> None:
+    """Node a owns the Telegram connection and waits on its send-request stream; the connection
+    moves to b (a's lease ran out, b took it: nothing pending to claim), and three requests of
+    one chat come from another node back to back. Before, a's read, out first, took the first
+    one: a node that had heard of the loss put it back at the end of the stream, so the chat
+    got answer 2 (and 3) before answer 1; a node yet to hear sent it itself, beside the
+    owner. Now a read takes requests only while Redis says the connection is the reader's."""
+    config = CONFIG.model_copy(update={"lease_ttl": 6.0})  # reads wait 1 s: a's stays out
+    a, b = Node(store, config, "a"), Node(store, config, "b")
+    senders: list[str] = []
+    context = ConnectorContext(store, logging.getLogger("test"))
+    async with TelegramBotAPIPeer([TOKEN]) as peer:
+        platform = TelegramConfig(
+            id="test", channel="telegram", token=TOKEN, api_base=peer.base_url
+        )
+        connectors = {name: create_telegram(platform, context) for name in ("a", "b")}
+
+        def local(node: str) -> Callable[[str, OutboundMessage, bool], Awaitable[SendResult]]:
+            async def send(cid: str, message: OutboundMessage, check: bool) -> SendResult:
+                senders.append(node)
+                return await connectors[node].send(message)
+
+            return send
+
+        a.outbound.set_local(local("a"))
+        b.outbound.set_local(local("b"))
+        client = aioredis.Redis.from_url(store.url, decode_responses=True)
+        lease, stream = a.keys.lease("conn", "test"), a.keys.bus_out("test")
+        await a.start()
+        await b.start()
+        try:
+            await client.set(lease, "a", px=60_000)
+            await a.acquired("test")
+            await a.outbound._cycles.wait_past(a.outbound._cycles.count)  # a waits on it now
+            await client.set(lease, "b", px=60_000)  # a's ran out, b took it
+            await b.acquired("test")  # nothing pending to claim
+            if heard:
+                a.lost("test")  # its read still out
+            deadline = str(int((time.time() + 30) * 1000))
+            async with client.pipeline(transaction=False) as requests:  # as another node asks
+                for i in (1, 2, 3):
+                    message = OutboundMessage(thread_id="5000", text=f"answer {i}")
+                    fields = {"r": f"r{i}", "n": "c", "c": "0", "d": deadline, **encode(message)}
+                    requests.xadd(stream, fields)  # type: ignore[arg-type]
+                await requests.execute()
+            await peer.wait_for(lambda: len(peer.sent_messages) >= 3, 10)
+            replies = await wait_for_replies(client, a.keys.bus_reply("c"), 3)
+            assert [m["text"] for m in peer.sent_messages] == ["answer 1", "answer 2", "answer 3"]
+            assert senders == ["b", "b", "b"]  # only the owner sends
+            assert sorted(r["r"] for r in replies) == ["r1", "r2", "r3"]  # each answered once
+            assert all(r["ok"] == "1" for r in replies)
+            # none left over, none added again (each acknowledged right after its answer)
+            await wait_until(lambda: _drained(client, stream), timeout=5)
+            assert (await client.xinfo_stream(stream))["entries-added"] == 3
+        finally:
+            await client.aclose()
+            await b.stop()
+            await a.stop()
+            for connector_ in connectors.values():
+                await connector_.close()
+
+
+async def _drained(client: aioredis.Redis, stream: str) -> bool:
+    return await client.xlen(stream) == 0
+
+
+async def wait_for_replies(client: aioredis.Redis, stream: str, count: int) -> list[dict[str, str]]:
+    """The first `count` answers on a node's reply stream (read, not taken)."""
+    replies: list[dict[str, str]] = []
+    last = "0"
+    async with asyncio.timeout(10):
+        while len(replies) < count:
+            for _, entries in await client.xread({stream: last}, block=1000) or ():
+                for entry_id, fields in entries:
+                    last = entry_id
+                    replies.append(fields)
+    return replies
