@@ -161,13 +161,16 @@ async def _run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:  # a second one while starting (or stopping) stops at once
-        if stop.is_set():
+    stopped_by: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:  # a second one while starting (or stopping)
+        if stop.is_set():  # stops at once
             _stop_now()
+        stopped_by.append(sig)
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         # The store first, on its own: a store that never answers would hold the start until
         # its timeout, and nothing has started yet, so a Ctrl-C may cut that wait short.
@@ -208,8 +211,9 @@ async def _run(args: argparse.Namespace) -> int:
     _console.out("Press Ctrl-C to stop.")
     await stop.wait()
     later = "by another node or at the next start" if bridge.node_id else "at the next start"
+    again = "a second SIGTERM" if stopped_by[:1] == [signal.SIGTERM] else "Ctrl-C again"
     _console.err(
-        "talkbridge: stopping: finishing the replies under way (up to 10 s; Ctrl-C again stops "
+        f"talkbridge: stopping: finishing the replies under way (up to 10 s; {again} stops "
         f"at once); messages still waiting are answered {later}…"
     )
     await bridge.stop()

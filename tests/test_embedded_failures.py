@@ -242,6 +242,8 @@ async def test_a_bridge_stopped_mid_traffic_loses_nothing_and_answers_each_messa
         if stop != signal.SIGKILL:
             assert code == 0, err
             assert "ERROR" not in err and "Traceback" not in err and "destroyed" not in err, err
+            again = "a second SIGTERM" if stop == signal.SIGTERM else "Ctrl-C again"
+            assert f"(up to 10 s; {again} stops at once)" in err, err  # what was sent
     process = await talkbridge("run", "--port", "0", cwd=tmp_path)
     try:
         base, token = (await _url_of(process)).split("?token=")

@@ -17,6 +17,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 log = logging.getLogger("talkbridge.store")
 
@@ -29,8 +30,10 @@ LOG_SIZE_LIMIT = 64 << 20
 
 
 class WalCheckpointer:
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], path: Path | str) -> None:
         self._connect = connect
+        self._path = path
+        """The database file, named in the warnings (they come from the writer process)."""
         self._batches = 0
         self._wanted = threading.Condition()
         self._pending = False
@@ -76,7 +79,7 @@ class WalCheckpointer:
         try:
             conn = self._connect()
         except Exception as exc:  # the writer goes on; its backstop checkpoints inline
-            log.warning("no checkpoint thread for the sqlite store: %s", exc)
+            log.warning("no checkpoint thread for the sqlite store at %s: %s", self._path, exc)
             self._stopped()
             return
         try:
@@ -88,7 +91,13 @@ class WalCheckpointer:
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:  # busy or failing disk: the backstop remains
-                    log.warning("sqlite checkpoint failed: %s", exc)
+                    log.warning(
+                        "checkpoint of the sqlite store at %s failed (the writer checkpoints "
+                        "itself past %d pages of log): %s",
+                        self._path,
+                        BACKSTOP_PAGES,
+                        exc,
+                    )
                 with self._wanted:
                     self._pending = False
                     self._wanted.notify_all()

@@ -900,7 +900,7 @@ def _child_ops(path: Path | str) -> _process.ChildOps:
         resolve,
         ops.reset_caches,
         functools.partial(_map_error, path),
-        None if path == MEMORY else WalCheckpointer(ops.connect_checkpointer),
+        None if path == MEMORY else WalCheckpointer(ops.connect_checkpointer, path),
     )
 
 

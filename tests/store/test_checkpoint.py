@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 from talkbridge.store._checkpoint import BATCHES_PER_CHECKPOINT, WalCheckpointer
 
@@ -19,7 +22,7 @@ def open_writer(path: Path) -> sqlite3.Connection:
 
 def started(path: Path) -> tuple[sqlite3.Connection, WalCheckpointer]:
     writer = open_writer(path)
-    keeper = WalCheckpointer(lambda: sqlite3.connect(path, isolation_level=None))
+    keeper = WalCheckpointer(lambda: sqlite3.connect(path, isolation_level=None), path)
     keeper.start(writer)
     return writer, keeper
 
@@ -76,3 +79,23 @@ def test_closing_hands_the_last_checkpoint_to_the_writer(tmp_path: Path) -> None
     keeper.close()  # and closes it, so the writer's is the last one
     writer.close()
     assert not path.with_name(path.name + "-wal").exists()
+
+
+def test_a_failing_checkpoint_names_its_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning comes from the writer process, where nothing else says which store it is."""
+    path = tmp_path / "db.sqlite"
+    writer = open_writer(path)
+
+    def refused() -> sqlite3.Connection:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    keeper = WalCheckpointer(refused, path)
+    with caplog.at_level(logging.WARNING, logger="talkbridge.store"):
+        keeper.start(writer)
+        keeper.close()  # the thread gave up already: nothing to wait for
+    writer.close()
+    assert caplog.messages == [
+        f"no checkpoint thread for the sqlite store at {path}: database or disk is full"
+    ]
