@@ -138,14 +138,9 @@ async def test_a_redelivered_message_is_not_answered_a_second_time(cluster: Clus
     assert [s.message.text for s in total] == ["only once"]
 
 
-async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_new_holder(
-    store: RedisStore,
-) -> None:
-    # As after a pause of node a (a stopped process, a long GC, a Redis outage): its leases
-    # ran out and b took the shards, but a's reader has not heard yet. Entries a read now
-    # would wait for b's straggler sweep (claim_idle) and be answered out of order.
-    a, b = Node(store, CONFIG, "a"), Node(store, CONFIG, "b")
-    taken: dict[str, list[str]] = {"a": [], "b": []}
+def takers(*nodes: Node) -> dict[str, list[str]]:
+    """Each node's inbound handler notes (by node id) the ids of the messages it took."""
+    taken: dict[str, list[str]] = {node.node_id: [] for node in nodes}
 
     def taker(name: str) -> object:
         async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
@@ -154,8 +149,19 @@ async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_ne
 
         return take
 
-    a.inbound.set_handler(taker("a"))  # type: ignore[arg-type]
-    b.inbound.set_handler(taker("b"))  # type: ignore[arg-type]
+    for node in nodes:
+        node.inbound.set_handler(taker(node.node_id))  # type: ignore[arg-type]
+    return taken
+
+
+async def test_a_node_whose_renewals_stalled_leaves_new_entries_to_the_shards_new_holder(
+    store: RedisStore,
+) -> None:
+    # As after a pause of node a (a stopped process, a long GC, a Redis outage): its leases
+    # ran out and b took the shards, but a's reader has not heard yet. Entries a read now
+    # would wait for b's straggler sweep (claim_idle) and be answered out of order.
+    a, b = Node(store, CONFIG, "a"), Node(store, CONFIG, "b")
+    taken = takers(a, b)
     await a.start()
     await a.inbound.start()
     balancer = a.inbound._balancer
@@ -187,17 +193,7 @@ async def test_a_node_yet_to_hear_its_shard_moved_reads_none_of_its_new_entries(
     # them itself, beside the shard's holder and out of its order.
     config = ClusterConfig(lease_ttl=3.0, shards=1, claim_idle=30.0, send_timeout=5.0)
     a, b = Node(store, config, "a"), Node(store, config, "b")
-    taken: dict[str, list[str]] = {"a": [], "b": []}
-
-    def taker(name: str) -> object:
-        async def take(message: NormalizedMessage, recovered: bool, ack: object) -> None:
-            taken[name].append(message.id)
-            await ack()  # type: ignore[operator]
-
-        return take
-
-    a.inbound.set_handler(taker("a"))  # type: ignore[arg-type]
-    b.inbound.set_handler(taker("b"))  # type: ignore[arg-type]
+    taken = takers(a, b)
     await a.start()
     await a.inbound.start()
     balancer = a.inbound._balancer

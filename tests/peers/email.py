@@ -30,7 +30,7 @@ import ssl
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from email import message_from_bytes, policy
@@ -42,6 +42,7 @@ import trustme
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 from tests.peers.http import free_port
+from tests.peers.proxy import TcpProxy
 from tests.support.waiting import Waitable
 
 DOVECOT = shutil.which("dovecot") or "/usr/sbin/dovecot"
@@ -281,50 +282,29 @@ service imap-login {{
 # ---- cutting a client off at one command ------------------------------------------------------
 
 
-class ImapCutter:
+class ImapCutter(TcpProxy):
     """A TCP proxy in front of an IMAP server that cuts the first client to send `command`
     off: before the server gets the command (what the server sees of a bridge killed just
     before it), or, with `after`, once the server carried it out but before the client hears
     so (killed just after). Later connections pass through untouched. `cut` is set then."""
 
+    until_first_ends = True
+
     def __init__(self, port: int, command: str = "APPEND", *, after: bool = False) -> None:
-        self._target = port
+        super().__init__(port)
         self._command = f" {command.upper()} ".encode()
         self._after = after
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.cut = asyncio.Event()
-        self.port = 0
 
-    async def __aenter__(self) -> ImapCutter:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
+    def _pumps(
+        self,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        server: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> tuple[Coroutine[Any, Any, None], Coroutine[Any, Any, None]]:
         tag: list[bytes] = []  # the tag of the command to cut at, once the client sent it
-        tasks = [
-            asyncio.create_task(self._upstream(reader, up_writer, tag)),
-            asyncio.create_task(self._downstream(up_reader, writer, tag)),
-        ]
-        self._tasks.update(tasks)
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            self._tasks.difference_update(tasks)
-            for w in (writer, up_writer):
-                w.close()
+        return self._upstream(client[0], server[1], tag), self._downstream(
+            server[0], client[1], tag
+        )
 
     async def _upstream(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tag: list[bytes]

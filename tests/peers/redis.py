@@ -13,9 +13,11 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any
 
 from tests.peers.http import free_port
+from tests.peers.proxy import TcpProxy
 
 _url: str | None = None
 
@@ -120,19 +122,16 @@ async def outage_redis() -> AsyncIterator[OutageRedis]:
         server.stop()
 
 
-class StallingProxy:
+class StallingProxy(TcpProxy):
     """A TCP proxy in front of a redis-server whose answers can be held back: while `hold`
     is on, what Redis answers reaches no client until `release`. A client behind it sees a
     command carried out by Redis, but hears so only later, as a node paused (SIGSTOP) right
     after sending it would: deterministically, at a chosen command."""
 
     def __init__(self, port: int) -> None:
-        self._target = port
-        self._server: asyncio.Server | None = None
+        super().__init__(port)
         self._open = asyncio.Event()
         self._open.set()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.port = 0
 
     @property
     def url(self) -> str:
@@ -144,30 +143,12 @@ class StallingProxy:
     def release(self) -> None:
         self._open.set()
 
-    async def __aenter__(self) -> StallingProxy:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
-        pumps = (self._pump(reader, up_writer, gated=False), self._pump(up_reader, writer))
-        tasks = [asyncio.create_task(p) for p in pumps]
-        self._tasks.update(tasks)
-        try:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        finally:
-            self._tasks.difference_update(tasks)
-            for w in (writer, up_writer):
-                w.close()
+    def _pumps(
+        self,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        server: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> tuple[Coroutine[Any, Any, None], Coroutine[Any, Any, None]]:
+        return self._pump(client[0], server[1], gated=False), self._pump(server[0], client[1])
 
     async def _pump(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, gated: bool = True

@@ -928,21 +928,27 @@ async def test_a_browser_past_the_tokens_session_limit_is_told_so_and_others_go_
     await expect(page.locator(".msg .bubble")).to_have_text(["still here", "echo: still here"])
 
 
-async def test_a_message_a_hook_drops_shows_not_answered_under_it_and_after_a_reload(
-    context: Any, tmp_path: Path
-) -> None:
-    """The README's steps: `talkbridge init`'s keyword-router drops "buy spam". The page said
-    nothing, and the message sat there waiting for a reply that would never come."""
-    write_starter(tmp_path)
+def starter_bridge(folder: Path, **options: Any) -> Bridge:
+    """A bridge in `folder` as `talkbridge init` leaves it: its keyword-router hook drops
+    "buy spam"."""
+    write_starter(folder)
     config, secrets = parse_config(
         {
             "store": "sqlite:///talkbridge.db",
             "webchat": {"host": "127.0.0.1", "port": 0},
             "hooks": ["hooks/channel-message/keyword-router"],
         },
-        tmp_path,
+        folder,
     )
-    bridge = Bridge(config, secrets)
+    return Bridge(config, secrets, **options)
+
+
+async def test_a_message_a_hook_drops_shows_not_answered_under_it_and_after_a_reload(
+    context: Any, tmp_path: Path
+) -> None:
+    """The README's steps: `talkbridge init`'s keyword-router drops "buy spam". The page said
+    nothing, and the message sat there waiting for a reply that would never come."""
+    bridge = starter_bridge(tmp_path)
     await bridge.start()
     try:
         page = await context.new_page()
@@ -985,16 +991,7 @@ async def test_a_note_after_other_messages_quotes_the_message_it_is_about(
     """Messages typed while a reply is on its way wait their turn: the dropped one's note comes
     after those typed behind it, and names the message it is about."""
     agent = GatedAgent()
-    write_starter(tmp_path)
-    config, secrets = parse_config(
-        {
-            "store": "sqlite:///talkbridge.db",
-            "webchat": {"host": "127.0.0.1", "port": 0},
-            "hooks": ["hooks/channel-message/keyword-router"],
-        },
-        tmp_path,
-    )
-    bridge = Bridge(config, secrets, agents={"echo": agent})
+    bridge = starter_bridge(tmp_path, agents={"echo": agent})
     await bridge.start()
     try:
         page = await context.new_page()
