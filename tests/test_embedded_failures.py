@@ -295,6 +295,7 @@ async def test_a_store_in_a_read_only_folder_says_so_at_start(tmp_path: Path) ->
         code, out, err = await finish(await talkbridge("run", "--port", "0", cwd=tmp_path))
     assert code == 1 and "http://" not in out, err
     assert err == (
+        "talkbridge: starting…\n"
         f"talkbridge: cannot open the sqlite store at {folder}/talkbridge.db: unable to open "
         f"database file ({why})\n"
     )
