@@ -42,10 +42,10 @@ _TG_HOST = re.compile(r"[A-Za-z0-9_-]+")
 def telegram_accepts_link(href: str) -> bool:
     """Whether Telegram keeps `href` as a link (`<a href>`), by the rules its servers apply
     (TDLib's `LinkManager::check_link`): `http(s)://` with a host that has a dot in it (or is
-    an IPv6 address) and a port from 1 to 65535, or `tg:` with a bare name for host (`tg://user?id=
-    123`). Anything else, `mailto:`, `http://localhost`, `http://` without a host, a relative
-    or a scheme-less address, is refused, and in HTML mode the link is dropped, leaving only its
-    label: the reader would never see the address."""
+    an IPv6 address) and a port from 1 to 65535, or `tg:` with a bare name for host
+    (`tg://user?id=123`). Anything else (`mailto:`, `http://localhost`, `http://` without a
+    host, a relative or a scheme-less address) is refused, and in HTML mode the link is
+    dropped, leaving only its label: the reader would never see the address."""
     lower = href.lower()
     if lower.startswith("tg:"):
         rest = href[3:].removeprefix("//")
