@@ -318,7 +318,9 @@ async def earlier_entries(
     behind it: a thread is answered in order, so those are still to come, and an agent given
     them would answer a question as if it had been asked after them. Replies recorded after
     `message` came are kept: they were sent before its turn began. A message that is not in
-    the history (never recorded) leaves the latest entries, as they are."""
+    the history (never recorded) leaves the latest entries, as they are. Messages deleted on
+    their platform, and our replies taken back with them (`HistoryEntry.deleted`), are not
+    given: the user asked the bot to forget them."""
     if limit <= 0:
         return []
     key = message.thread_key
@@ -331,11 +333,13 @@ async def earlier_entries(
         entries = older + entries
         at = _position(entries, message.id)
     if at is None:
-        return entries[-limit:]
-    kept = entries[:at] + [e for e in entries[at + 1 :] if e.role != "user"]
+        return [e for e in entries if not e.deleted][-limit:]
+    kept = [e for e in entries[:at] if not e.deleted]
+    kept += [e for e in entries[at + 1 :] if e.role != "user" and not e.deleted]
     missing = limit - len(kept)
     if missing > 0 and more:  # later messages took the room of earlier ones in the read
-        kept = [*await store.history(key, limit=missing, before_seq=entries[0].seq), *kept]
+        earlier = await store.history(key, limit=missing, before_seq=entries[0].seq)
+        kept = [*(e for e in earlier if not e.deleted), *kept]
     return kept[-limit:]
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from talkbridge import replies
 from talkbridge.connectors.boundary import scrub
 from talkbridge.errors import ConnectorError, TransientError
-from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
+from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, thread_key
 from talkbridge.store.base import Store
 from talkbridge.talk import Feature, MessageHandler, Subscription
 
@@ -160,7 +160,10 @@ class BaseConnector:
         (`ConnectorContext.on_deleted`), and a tombstone is left in the store, so that a reply
         being posted right now, not on record yet, is deleted as soon as the bridge records it
         (`take_back_reply`). A deletion of a message never answered (or never seen) costs that
-        tombstone only, kept for `dedupe_for`. True when a reply was deleted."""
+        tombstone only, kept for `dedupe_for`. The message (and its edits) leave the thread's
+        history, as its reply does once taken back: a user who deletes a message expects the
+        bot to forget it, so no later turn reads it (`Store.forget_history`). True when a reply
+        was deleted."""
         self.context.deleted(self.connection_id, message_id)
         async with self._take_back_lock():
             store = self.context.store
@@ -169,7 +172,20 @@ class BaseConnector:
                 store, self.connection_id, message_id, keep_for=keep_for
             ):
                 return False  # the same deletion again: its reply went already
+            await self._forget(thread_id, message_id, message_id)
             return await self._take_back(thread_id, message_id)
+
+    def history_threads(self, thread_id: str, message_id: str) -> list[str]:
+        """The threads whose history may hold `message_id`, reported deleted in `thread_id`:
+        a platform that names a deleted message's thread otherwise than the message's own
+        (Slack: the thread it started) says so here."""
+        return [thread_id]
+
+    async def _forget(self, thread_id: str, message_id: str, entry_id: str) -> None:
+        """`entry_id` (the deleted `message_id`, or our reply to it) leaves the history."""
+        for thread in self.history_threads(thread_id, message_id):
+            key = thread_key(self.connection_id, thread)
+            await self.context.store.forget_history(key, [entry_id])
 
     async def take_back_reply(self, thread_id: str, message_id: str) -> bool:
         """For the bridge once it recorded its reply to `message_id`: should that message have
@@ -191,8 +207,11 @@ class BaseConnector:
     async def _take_back(self, thread_id: str, message_id: str) -> bool:
         store = self.context.store
         reply = await store.lookup_id(self.connection_id, message_id)
+        if reply is None:
+            return False
+        await self._forget(thread_id, message_id, reply)  # even if it cannot be deleted
         deleter = self._features.get("delete")
-        if reply is None or deleter is None:
+        if deleter is None:
             return False
         later = await replies.later_parts(store, self.connection_id, message_id)
         await replies.mark_taken_back(

@@ -105,6 +105,37 @@ return {first, hmget_all(KEYS[1], fields)}
 """
 )
 
+# KEYS: history  ARGV: seq to look back from (0: the latest), most entries to look at, ids...
+#   -> {entries erased, seq to go on from (0: none left), the ids found}
+# Erases the entries of the ids and of their edits (`edit_of`), newest first: an edit comes
+# after its message, so once a message is found, the caller looks no further for it.
+FORGET_HISTORY: Final = """
+local start, most = tonumber(ARGV[1]), tonumber(ARGV[2])
+local last = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+if start == 0 or start > last then start = last end
+local wanted = {}
+for i = 3, #ARGV do wanted[ARGV[i]] = true end
+local erased, found = 0, {}
+local stop = math.max(1, start - most + 1)
+for s = start, stop, -1 do
+  local raw = redis.call('HGET', KEYS[1], tostring(s))
+  if raw then
+    local entry = cjson.decode(raw)
+    local data = entry[6]
+    if type(data) ~= 'table' then data = {} end
+    local hit = wanted[entry[2]]
+    if hit then found[#found + 1] = entry[2] end
+    local edit_of = data.edit_of
+    if (hit or (type(edit_of) == 'string' and wanted[edit_of])) and data.deleted ~= true then
+      entry[3], entry[4], entry[6] = '', '', {deleted = true}
+      redis.call('HSET', KEYS[1], tostring(s), cjson.encode(entry))
+      erased = erased + 1
+    end
+  end
+end
+return {erased, stop - 1, found}
+"""
+
 # KEYS: id map, reverse map  ARGV: native id, message id
 MAP_ID: Final = """
 local old = redis.call('HGET', KEYS[1], ARGV[1])

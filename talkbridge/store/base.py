@@ -19,6 +19,10 @@ from talkbridge.store.seen import SeenFilter
 Role = Literal["user", "assistant", "system"]
 
 
+DELETED = "deleted"
+"""The `data` key `Store.forget_history` leaves (True) in the entries it erases."""
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     """One message of a thread as the bridge saw it; `seq` grows by one per thread, from 1."""
@@ -33,6 +37,12 @@ class HistoryEntry:
     created_at: datetime
     data: dict[str, Any] = field(default_factory=dict)
     """Extra JSON-able fields (client ids, turn ids, attachments) a connector wants back."""
+
+    @property
+    def deleted(self) -> bool:
+        """Erased by `Store.forget_history`: the message was deleted on its platform (or was
+        our reply to one). Its text is gone; what shows a conversation skips it."""
+        return self.data.get(DELETED) is True
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Entries cross from the SQLite writer process by the thousand; a slots dataclass's
@@ -258,6 +268,16 @@ class Store(Protocol):
     ) -> Sequence[HistoryEntry]:
         """Entries with seq > after_seq, oldest first; with after_seq=0 the *latest* `limit`,
         or with `before_seq` the latest `limit` of those with a smaller seq (paging back)."""
+        ...
+
+    async def forget_history(self, thread_key: str, message_ids: Sequence[str]) -> int:
+        """Erase the entries of `thread_key` recorded under one of `message_ids`, and those of
+        their edits (`data["edit_of"]` one of them): a message its sender deleted on the
+        platform, and our reply taken back with it, are forgotten. An erased entry keeps its
+        place (seq, role, message id, time), so seqs stay gapless and paging stays true, but
+        its sender and text are emptied and its `data` is `{"deleted": True}`
+        (`HistoryEntry.deleted`); what shows a conversation (`ctx.history`) skips it. Returns
+        how many entries it erased (none the second time)."""
         ...
 
     # -- native id <-> message id map (replies, edits, deletes survive restarts) ---------------

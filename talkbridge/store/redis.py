@@ -57,6 +57,8 @@ _ROLES = frozenset(get_args(Role))
 MAX_BATCH: Final = 2048
 """Commands per pipeline, so one huge backlog does not delay every reply."""
 _SEP: Final = "\x1f"
+FORGET_STEP: Final = 1000
+"""History entries one `forget_history` script looks at: a long thread is searched in steps."""
 
 
 def _part(value: str) -> str:
@@ -755,6 +757,22 @@ class RedisStore:
             "HISTORY", [self.keys.history(thread_key)], [limit, after_seq, before_seq], parse=parse
         )
         return found
+
+    async def forget_history(self, thread_key: str, message_ids: Sequence[str]) -> int:
+        wanted = list(dict.fromkeys(message_ids))
+        erased, start = 0, 0
+        while wanted:  # a step at a time, newest first: no long script holds Redis up
+            count, start, found = await self._script(
+                "FORGET_HISTORY",
+                [self.keys.history(thread_key)],
+                [start, FORGET_STEP, *wanted],
+            )
+            erased += int(count)
+            gone = set(_text_list(found))
+            wanted = [w for w in wanted if w not in gone]
+            if int(start) <= 0:
+                break
+        return erased
 
     # -- id map -----------------------------------------------------------------------------
 

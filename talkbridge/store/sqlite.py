@@ -26,6 +26,7 @@ from talkbridge.store import _process
 from talkbridge.store._checkpoint import WalCheckpointer
 from talkbridge.store._writer import BulkOp, GroupCommitWriter, QueueingWriter
 from talkbridge.store.base import (
+    DELETED,
     EXPIRED_PAIRINGS_KEPT,
     FORGET_EXPIRED_PER_CALL,
     Appended,
@@ -226,6 +227,12 @@ _HISTORY_BEFORE = (
 )
 _HISTORY_AFTER = (
     f"SELECT {_HISTORY_COLS} FROM history WHERE thread_key = ? AND seq > ? ORDER BY seq LIMIT ?"
+)
+_ERASED_DATA = json.dumps({DELETED: True})
+_FORGET_HISTORY = (
+    "UPDATE history SET sender = '', text = '', data = ? WHERE thread_key = ?"
+    " AND (data IS NULL OR data != ?) AND (message_id IN {ids}"
+    " OR (data IS NOT NULL AND json_extract(data, '$.edit_of') IN {ids}))"
 )
 _MAP_ID_HEAD = "INSERT OR REPLACE INTO id_map (connection_id, native_id, message_id)"
 _LOOKUP_ID = "SELECT message_id FROM id_map WHERE connection_id = ? AND native_id = ?"
@@ -618,6 +625,18 @@ class _SqliteOps:
             )
             for seq, role, mid, sender, text, at, data in rows
         ]
+
+    def forget_history(self, thread_key: str, message_ids: tuple[str, ...]) -> int:
+        forgotten = 0
+        for chunk in _chunks([(i,) for i in message_ids], 2):  # each id is bound twice
+            ids = f"({', '.join('?' * len(chunk))})"
+            chunk_ids = [i for (i,) in chunk]
+            self._cur.execute(
+                _FORGET_HISTORY.format(ids=ids),
+                (_ERASED_DATA, thread_key, _ERASED_DATA, *chunk_ids, *chunk_ids),
+            )
+            forgotten += self._cur.rowcount
+        return forgotten
 
     # -- id map -----------------------------------------------------------------------------
 
@@ -1111,6 +1130,14 @@ class SqliteStore:
             self._ops.lookup, _ONCE_SEQ, connection_id, native_id
         )
         return found
+
+    async def forget_history(self, thread_key: str, message_ids: Sequence[str]) -> int:
+        if not message_ids:
+            return 0
+        forgotten: int = await self._writer.submit(
+            self._ops.forget_history, thread_key, tuple(message_ids)
+        )
+        return forgotten
 
     # -- id map -----------------------------------------------------------------------------
 

@@ -165,6 +165,25 @@ async def test_two_prefixes_share_one_server_without_seeing_each_other(url: str)
                     await raw.delete(*found)
 
 
+async def test_forget_history_searches_a_long_thread_in_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each script looks at a few entries only (no long script holds Redis up), newest first;
+    an old message is found all the same, and the search stops once every id is found."""
+    monkeypatch.setattr("talkbridge.store.redis.FORGET_STEP", 3)
+    async with private_store() as (store, url):
+        for i in range(1, 11):
+            await store.append_history("k", "user", f"m{i}", "s", f"t{i}")
+        async with Redis.from_url(url) as raw:
+            await raw.config_resetstat()
+            assert await store.forget_history("k", ["m2", "m9"]) == 2
+            stats = await raw.info("commandstats")
+        assert [e.text for e in await store.history("k")] == [
+            *("t1", "", "t3", "t4", "t5", "t6", "t7", "t8", "", "t10")
+        ]
+        assert stats["cmdstat_evalsha"]["calls"] == 3  # seqs 10-8, 7-5, 4-2: m2 found, done
+
+
 async def test_state_that_expires_is_a_key_redis_expires_itself(url: str, raw: Redis) -> None:
     # Hash fields cannot expire before Redis 7.4: each expiring entry is a key with a deadline.
     store = RedisStore(url, prefix=f"tbtest-{uuid.uuid4().hex[:12]}")

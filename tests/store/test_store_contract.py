@@ -242,6 +242,47 @@ async def test_append_history_once_dedupes_within_one_batch(store: Store) -> Non
     assert len(await store.history(key)) == 2
 
 
+async def test_forget_history_erases_deleted_messages_their_edits_and_replies(
+    store: Store, reopen: Reopen
+) -> None:
+    """A message deleted on its platform (and our reply taken back with it) is forgotten: its
+    entries keep their places, so seqs and paging stay true, but say nothing any more."""
+    key = "sl\x1fD1"
+    await store.append_history(key, "user", "D1:1", "Ada", "kept")
+    await store.append_history(key, "assistant", "D1:2", "echo", "answer to kept")
+    assert await store.accept_inbound(
+        msg("D1:3").model_copy(
+            update={"connection_id": "sl", "thread_id": "D1", "text": "my password is hunter2"}
+        ),
+        record_history=True,
+    )
+    await store.append_history(key, "assistant", "D1:4", "echo", "noted: hunter2", {"n": 1})
+    edit = msg("D1:3:edit:9").model_copy(
+        update={"connection_id": "sl", "thread_id": "D1", "text": "hunter3", "edit_of": "D1:3"}
+    )
+    assert await store.accept_inbound(edit, record_history=True)
+    await store.append_history("sl\x1fD2", "user", "D1:3", "Ada", "another thread, same id")
+    assert await store.forget_history(key, ["D1:3", "D1:4", "never-seen"]) == 3
+    entries = await store.history(key)
+    assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
+    assert [(e.message_id, e.sender, e.text, e.deleted) for e in entries] == [
+        ("D1:1", "Ada", "kept", False),
+        ("D1:2", "echo", "answer to kept", False),
+        ("D1:3", "", "", True),
+        ("D1:4", "", "", True),
+        ("D1:3:edit:9", "", "", True),
+    ]
+    assert [e.role for e in entries] == ["user", "assistant", "user", "assistant", "user"]
+    assert all(e.data == {"deleted": True} for e in entries[2:])
+    assert [e.text for e in await store.history("sl\x1fD2")] == ["another thread, same id"]
+    assert await store.forget_history(key, ["D1:3", "D1:4"]) == 0  # the same deletion again
+    assert await store.forget_history(key, []) == 0
+    assert await store.forget_history("sl\x1fnowhere", ["D1:1"]) == 0
+    store = await reopen()
+    assert [e.text for e in await store.history(key)] == ["kept", "answer to kept", "", "", ""]
+    assert (await store.append_history(key, "user", "D1:6", "Ada", "next")).seq == 6
+
+
 # -- retention -------------------------------------------------------------------------------
 
 WEEK = Retention(dedupe=timedelta(days=7), sent=timedelta(days=7), failed_sends=timedelta(days=30))

@@ -333,6 +333,17 @@ class SlackConnector(BaseConnector):
 
     # ---- require_mention ---------------------------------------------------------------------
 
+    def history_threads(self, thread_id: str, message_id: str) -> list[str]:
+        """A deleted message that started a thread (its `thread_ts` its own ts) is reported in
+        that thread; it was written, and is in the history of, its channel."""
+        try:
+            channel, thread_ts = parse_thread_id(thread_id)
+        except ValueError:
+            return [thread_id]
+        if thread_ts is not None and native_id(channel, thread_ts) == message_id:
+            return [channel, thread_id]
+        return [thread_id]
+
     def _mention_rule(self, payload: Mapping[str, Any], message: NormalizedMessage) -> bool:
         """Whether `require_mention` applies: to messages of channels and group DMs (`mpim`,
         several people: a group, as `thread_type` says), not one-to-one DMs; a click on the

@@ -14,6 +14,7 @@ import html
 import re
 from collections.abc import Mapping
 from typing import ClassVar, Literal
+from urllib.parse import urlsplit
 
 from talkbridge.connectors import markdown
 from talkbridge.connectors.markdown import Dialect
@@ -35,7 +36,33 @@ def escape(text: str) -> str:
 
 # ---- Markdown -> HTML -------------------------------------------------------------------------
 
-_SAFE_SCHEMES = ("http://", "https://", "tg://", "mailto:")
+_TG_HOST = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def telegram_accepts_link(href: str) -> bool:
+    """Whether Telegram keeps `href` as a link (`<a href>`), by the rules its servers apply
+    (TDLib's `LinkManager::check_link`): `http(s)://` with a host that has a dot in it (or is
+    an IPv6 address) and a port from 1 to 65535, or `tg:` with a bare name for host
+    (`tg://user?id=123`). Anything else (`mailto:`, `http://localhost`, `http://` without a
+    host, a relative or a scheme-less address) is refused, and in HTML mode the link is
+    dropped, leaving only its label: the reader would never see the address."""
+    lower = href.lower()
+    if lower.startswith("tg:"):
+        rest = href[3:].removeprefix("//")
+        host = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        return bool(_TG_HOST.fullmatch(host))
+    if not lower.startswith(("http://", "https://")):
+        return False
+    try:
+        parts = urlsplit(href)
+        port = parts.port
+    except ValueError:  # a bad port or IPv6 address
+        return False
+    host = parts.hostname or ""
+    ipv6 = parts.netloc.rpartition("@")[2].startswith("[")
+    if port == 0 or not host.strip(".") or any(ch.isspace() for ch in href):
+        return False
+    return ipv6 or "." in host
 
 
 class _TelegramHTML(Dialect):
@@ -62,9 +89,14 @@ class _TelegramHTML(Dialect):
         return f"<pre>{escape(code)}</pre>\n\n"
 
     def link(self, href: str, label: str) -> str:
-        if not href.lower().startswith(_SAFE_SCHEMES):
+        if telegram_accepts_link(href):
+            return f'<a href="{html.escape(href, quote=True)}">{label}</a>'
+        # Telegram would drop it, and the address with it: written out after its label
+        # instead (once, where the label is the address already, as in `<a@b.com>`).
+        shown = html.unescape(re.sub(r"<[^>]*>", "", label))
+        if not href or shown in (href, href.removeprefix("mailto:")):
             return label
-        return f'<a href="{html.escape(href, quote=True)}">{label}</a>'
+        return f"{label} ({escape(href)})"
 
     def quote(self, inner: str, depth: int) -> str:
         # Telegram cannot nest blockquotes: only the outermost one is a tag.

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from talkbridge.agents import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.connectors.slack.codec import Deletion
 from talkbridge.connectors.slack.transport import SlackConnector
@@ -417,3 +418,67 @@ async def test_a_deleted_message_answered_in_its_thread_takes_its_answer_along_o
     assert [d.message_id for d in deletions] == ["C0GENERAL1:1700000007.000100"]
     assert len(peer.calls_of("chat.delete", ok=None)) == 1
     assert len(peer.posted(ACME.bot_token)) == 1  # neither event was a turn
+
+
+class HistoryReader:
+    """The default agent: answers "answer to PROMPT", and records the history each turn read
+    (`ctx.history`), as (role, text) pairs, by prompt."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[tuple[str, str]]] = {}
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        self.seen[ctx.input.prompt] = [(e.role, e.text) for e in await ctx.history(20)]
+        yield Result(text=f"answer to {ctx.input.prompt}")
+
+
+async def test_a_deleted_message_and_its_answer_leave_the_history_agents_read(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """A user who deletes a message expects the bot to forget it: later turns read neither it,
+    nor its edits, nor the answer taken back with it; the rest of the conversation stays."""
+    agent = HistoryReader()
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]), agents={"echo": agent})
+    await peer.send_event(message_event("U0ADA0001", "kept"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    secret = message_event("U0ADA0001", "my password is hunter2", ts="1700000050.000100")
+    await peer.send_event(secret, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
+    edited = edit_event(secret, "my password is hunter3", "1700000051.000000")
+    await peer.send_event(edited, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.update")) == 1)
+    await peer.send_event(deleted_event("D0DM00001", "1700000050.000100"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.delete")) == 1)
+    await peer.send_event(message_event("U0ADA0001", "next"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 3)
+    assert agent.seen["next"] == [("user", "kept"), ("assistant", "answer to kept")]
+
+
+async def test_a_deleted_thread_starter_leaves_the_history_with_its_answer(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """A channel message answered in its thread, deleted: Slack names the deleted message with
+    the thread it started (a placeholder), not the channel it was written in. Both its history
+    and its answer's go all the same."""
+    agent = HistoryReader()
+    await bridge(
+        connection(
+            "acme", ACME, trusted=["U0ADA0001"], reply_in_thread=True, require_mention=False
+        ),
+        agents={"echo": agent},
+    )
+    question = message_event("U0ADA0001", "oops", channel="C0GENERAL1", ts="1700000060.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    [reply] = peer.messages["C0GENERAL1"]
+    gone = tombstone_event(
+        "C0GENERAL1", "1700000060.000100", user="U0ADA0001", text="oops", reply_ts=reply["ts"]
+    )
+    await peer.send_event(gone, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.delete")) == 1)
+    later = message_event("U0ADA0001", "next", channel="C0GENERAL1")
+    await peer.send_event(later, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
+    assert agent.seen == {"oops": [], "next": []}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,7 @@ from talkbridge.connectors.telegram.render import (
     render_chunks,
     render_markdown,
     split_html,
+    telegram_accepts_link,
     utf16_len,
     visible_length,
 )
@@ -72,6 +74,81 @@ def test_code_blocks_lists_and_quotes() -> None:
 def test_unsafe_links_are_not_links() -> None:
     out = render_markdown("[x](javascript:alert(1))")
     assert "<a" not in out and "javascript" in out
+
+
+@pytest.mark.parametrize(
+    ("markdown", "expected"),
+    [
+        ("[write to us](mailto:help@example.com)", "write to us (mailto:help@example.com)"),
+        ("[the dashboard](http://localhost:8080/x)", "the dashboard (http://localhost:8080/x)"),
+        ("[dev box](https://devbox/status)", "dev box (https://devbox/status)"),
+        ("[nowhere](http://)", "nowhere (http://)"),
+        ("[no host](https:///path)", "no host (https:///path)"),
+        ("[port 0](https://e.com:0/)", "port 0 (https://e.com:0/)"),
+        ("[files](ftp://e.com/f)", "files (ftp://e.com/f)"),
+        ("[docs](/docs/setup)", "docs (/docs/setup)"),
+        ("[tg with a dot](tg:google.com)", "tg with a dot (tg:google.com)"),
+        (
+            "[**q**](http://localhost/?a=1&b=<2>)",
+            "<b>q</b> (http://localhost/?a=1&amp;b=%3C2%3E)",
+        ),
+    ],
+)
+def test_a_link_telegram_would_refuse_is_written_out_after_its_label(
+    markdown: str, expected: str
+) -> None:
+    """Telegram refuses such an href, and in HTML mode drops the link: the reader saw the label
+    alone, and the address was lost."""
+    out = render_markdown(markdown)
+    assert out == expected
+    assert tags_in(out) <= TELEGRAM_TAGS - {"a"}
+
+
+@pytest.mark.parametrize(
+    "href",
+    [
+        "https://e.com/?a=1",
+        "HTTP://Example.org",
+        "http://127.0.0.1:8080/",
+        "http://[2001:db8::ff00:42:8329]/",
+        "https://user:pw@e.com:8443/x#y",
+        "tg://user?id=123456789",
+        "tg://resolve?domain=talkbridge_bot",
+        "TG:_",
+    ],
+)
+def test_a_link_telegram_accepts_stays_a_link(href: str) -> None:
+    assert telegram_accepts_link(href)
+    assert render_markdown(f"[go]({href})") == f'<a href="{href.replace("&", "&amp;")}">go</a>'
+
+
+def test_an_address_shown_as_its_own_label_is_written_once() -> None:
+    assert render_markdown("<help@example.com>") == "help@example.com"
+    assert render_markdown("see <http://localhost:8080>") == "see http://localhost:8080"
+
+
+@pytest.mark.parametrize(
+    ("href", "accepted"),
+    [  # TDLib's own cases (td/test/link.cpp, check_link)
+        ("sftp://google.com", False),
+        ("httP://google.com?1#tes", True),
+        ("http:google.com", False),
+        ("http://google.com:0", False),
+        ("http://google.com:-1", False),
+        ("http://localhost", False),
+        ("https://.", False),
+        ("tg://google_com", True),
+        ("tg:google-com", True),
+        ("tg:google.com", False),
+        ("tg:test@google.com", False),
+        ("tg:google.com:80", False),
+        ("tg://http://google.com", False),
+        ("mailto:a@b.com", False),
+        ("", False),
+    ],
+)
+def test_which_links_telegram_accepts(href: str, accepted: bool) -> None:
+    assert telegram_accepts_link(href) is accepted
 
 
 def test_plain_markup_is_only_escaped() -> None:
