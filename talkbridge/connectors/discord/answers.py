@@ -23,6 +23,7 @@ import aiohttp
 import yarl
 
 from talkbridge.connectors.boundary import scrub
+from talkbridge.connectors.discord.ratelimit import GlobalLimit
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.errors import TransientError
 
@@ -58,8 +59,10 @@ class Answer:
 class Answers:
     """The last answer Discord gave, and the server error discord.py is retrying, if any."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, global_limit: GlobalLimit | None = None) -> None:
         self._token = token
+        self.global_limit = global_limit
+        """Told of every answer: it keeps the global 429s discord.py hands back."""
         self.last: Answer | None = None
         """The answer to the latest request; None while a request is on its way."""
         self.server_error: Answer | None = None
@@ -95,6 +98,8 @@ class Answers:
         params: aiohttp.TraceRequestEndParams,
     ) -> None:
         response = params.response
+        if self.global_limit is not None:
+            self.global_limit.answered(response.status, response.headers)
         answer = Answer(params.method, _route(params.url), response.status, response.reason or "")
         self.last = answer
         if not answer.server_side:

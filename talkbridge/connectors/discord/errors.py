@@ -15,6 +15,7 @@ import aiohttp
 
 from talkbridge.connectors.boundary import not_the_api, scrub
 from talkbridge.connectors.discord.answers import Answers
+from talkbridge.connectors.discord.ratelimit import GlobalLimit
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.errors import (
     ConnectorError,
@@ -59,14 +60,26 @@ def translate(
     *,
     scope: Literal["connection", "thread"] = "connection",
     answers: Answers | None = None,
+    limit: GlobalLimit | None = None,
 ) -> ConnectorError:
-    """The talkbridge error for a discord.py / aiohttp failure (returned, not raised)."""
+    """The talkbridge error for a discord.py / aiohttp failure (returned, not raised).
+
+    A `RateLimited` has `scope`, unless `limit` saw a global 429 still in force: then the whole
+    connection waits (see `ratelimit.py`).
+    """
     message = scrub(str(exc), token)
     if isinstance(exc, discord.RateLimited):
+        wait = float(exc.retry_after)
+        if limit is not None and limit.left() > 0:
+            limit.hit(wait)  # the body's wait, to the millisecond
+            wait = limit.left()
+            return RateLimitedError(
+                f"Discord global rate limit: retry after {wait:.2f} s",
+                retry_after=wait,
+                scope="connection",
+            )
         return RateLimitedError(
-            f"Discord rate limit: retry after {exc.retry_after:.2f} s",
-            retry_after=float(exc.retry_after),
-            scope=scope,
+            f"Discord rate limit: retry after {wait:.2f} s", retry_after=wait, scope=scope
         )
     if isinstance(exc, discord.LoginFailure):
         return UnauthorizedError(UNAUTHORIZED)
@@ -152,19 +165,28 @@ def translated(
     *,
     scope: Literal["connection", "thread"] = "connection",
     answers: Answers | None = None,
+    limit: GlobalLimit | None = None,
 ) -> Iterator[None]:
     """Run a Discord call; what discord.py or aiohttp raises leaves as a talkbridge error.
 
     With `answers` (the client's, for calls made one at a time), an error names its request,
     and a TypeError, ValueError or AttributeError raised while an answer is being read (none
-    started since) is that answer's wrong shape, not a crash.
+    started since) is that answer's wrong shape, not a crash. With `limit`, a REST call made
+    while the bot is globally rate limited is not made: it fails at once, for the connection.
     """
+    left = limit.left() if limit is not None else 0.0
+    if left > 0:
+        raise RateLimitedError(
+            f"Discord global rate limit: retry after {left:.2f} s",
+            retry_after=left,
+            scope="connection",
+        )
     if answers is not None:
         answers.forget()
     try:
         yield
     except _HANDLED as exc:
-        _raise(translate(exc, token, scope=scope, answers=answers))
+        _raise(translate(exc, token, scope=scope, answers=answers, limit=limit))
     except _SHAPE as exc:
         unreadable = answers.unreadable(exc) if answers is not None else None
         if unreadable is None:

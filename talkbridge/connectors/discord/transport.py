@@ -33,7 +33,9 @@ Outbound: `send` renders and splits at 2,000 characters and posts through discor
 `allowed_mentions` set to none, so an agent can never ping `@everyone`, a role or a user.
 discord.py keeps one rate-limit bucket per route (per channel for messages): a 429 delays only
 that route, waited out inside its bucket; a wait longer than `max_ratelimit_wait` is raised as
-`RateLimitedError` for the router to schedule.
+`RateLimitedError` for the router to schedule, for that thread. A global 429 (the bot's limit
+across all routes) longer than that pauses the whole connection instead, and every REST call
+fails at once until it is over rather than meet a 429 of its own (`ratelimit.py`).
 
 Process-wide settings: see `endpoints.py` (`api_base` and `gateway_url` are shared by every
 Discord connection of a process).
@@ -82,6 +84,7 @@ from talkbridge.connectors.discord.heartbeat import (
     hello_interval,
     opcode,
 )
+from talkbridge.connectors.discord.ratelimit import GlobalLimit
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
@@ -191,6 +194,8 @@ class DiscordConnector(BaseConnector):
         self._endpoints = endpoints.Endpoints(config.api_base, config.gateway_url)
         self.client: _Client | None = None
         self._checked: Answers | None = None
+        self._global = GlobalLimit(config.max_ratelimit_wait)
+        """A global 429 discord.py handed back: every REST call waits it out (`ratelimit.py`)."""
         """What Discord answered the latest `check` (see `check_waiting`)."""
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         """Gateway events to take in order; None: the run ended, stop after what is ahead."""
@@ -236,7 +241,7 @@ class DiscordConnector(BaseConnector):
         self._status = status
         self._beats = HeartbeatWatch()  # an earlier run's connection is not watched
         self._left_zombie = None
-        answers = Answers(self._token)
+        answers = Answers(self._token, self._global)
         client = self.client = self._new_client(answers)
         consumer: asyncio.Task[None] | None = None
         saver: asyncio.Task[None] | None = None
@@ -750,7 +755,7 @@ class DiscordConnector(BaseConnector):
         async def step(index: int) -> list[str]:
             view = _view(message.buttons) if message.buttons and index == len(steps) - 1 else None
             try:
-                with translated(self._token, scope="thread"):
+                with translated(self._token, scope="thread", limit=self._global):
                     kwargs: dict[str, Any] = {**steps[index], **({"view": view} if view else {})}
                     if message.idempotency_key:
                         kwargs["nonce"] = _nonce(message.idempotency_key, index)
@@ -804,7 +809,7 @@ class DiscordConnector(BaseConnector):
         client = self._require_client()
         channel_id = _channel(thread_id)
         before_id = _message(before)[1] if before else None
-        with translated(self._token, scope="thread"):
+        with translated(self._token, scope="thread", limit=self._global):
             payloads = await client.http.logs_from(channel_id, max(1, min(limit, 100)), before_id)
         found: list[NormalizedMessage] = []
         for payload in reversed(payloads):
@@ -823,7 +828,7 @@ class DiscordConnector(BaseConnector):
         if not user_id.isdigit():
             return None
         try:
-            with translated(self._token):
+            with translated(self._token, limit=self._global):
                 found = await client.fetch_user(int(user_id))
         except ConnectorError as exc:
             if "404" in str(exc) or "Unknown" in str(exc):
@@ -838,7 +843,7 @@ class DiscordConnector(BaseConnector):
         if not thread_id.isdigit():
             return None
         try:
-            with translated(self._token):
+            with translated(self._token, limit=self._global):
                 found = await client.fetch_channel(int(thread_id))
         except ConnectorError as exc:
             if "404" in str(exc) or "Unknown" in str(exc):
@@ -853,7 +858,7 @@ class DiscordConnector(BaseConnector):
 
     async def typing(self, thread_id: str) -> None:
         client = self._require_client()
-        with translated(self._token, scope="thread"):
+        with translated(self._token, scope="thread", limit=self._global):
             await client.http.send_typing(_channel(thread_id))
 
     async def edit(
@@ -877,7 +882,7 @@ class DiscordConnector(BaseConnector):
         if given is not None:
             kwargs["view"] = _view(given) if given else None  # None: `components: []`
         try:
-            with translated(self._token, scope="thread"):
+            with translated(self._token, scope="thread", limit=self._global):
                 await partial.edit(
                     content=content, allowed_mentions=discord.AllowedMentions.none(), **kwargs
                 )
@@ -889,14 +894,14 @@ class DiscordConnector(BaseConnector):
         client = self._require_client()
         channel_id, mid = _message(message_id)
         partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
-        with translated(self._token, scope="thread"):
+        with translated(self._token, scope="thread", limit=self._global):
             await partial.delete()
 
     async def react(self, thread_id: str, message_id: str, emoji: str) -> None:
         client = self._require_client()
         channel_id, mid = _message(message_id)
         partial = client.get_partial_messageable(channel_id).get_partial_message(mid)
-        with translated(self._token, scope="thread"):
+        with translated(self._token, scope="thread", limit=self._global):
             await partial.add_reaction(emoji)
 
     async def send_buttons(

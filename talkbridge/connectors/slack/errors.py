@@ -1,8 +1,9 @@
 """slack-sdk's exceptions -> talkbridge's, at the boundary, with every token scrubbed.
 
 Slack answers most failures with HTTP 200 and `{"ok": false, "error": "<code>"}`; the code
-decides the class. A 429 carries `Retry-After` and is always a `RateLimitedError` for the
-whole connection (Slack's limits are per method and workspace, not per conversation).
+decides the class. A 429 carries `Retry-After` and is a `RateLimitedError` for the whole
+connection (Slack's limits are per method and workspace); the transport narrows it to the
+thread for chat.postMessage, which Slack limits per channel first (`ratelimit.py`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ Mode `retry_attempt`, Events API `X-Slack-Retry-Num`) are dropped by event id he
 messages, by native id in the router's store.
 
 `send` never sleeps on a 429: it raises `RateLimitedError` and the router's per-connection queue
-waits; while a tier is paused, calls in that tier fail fast with the remaining wait.
+waits; while a tier is paused, calls in that tier fail fast with the remaining wait. A 429 on
+chat.postMessage pauses that channel only (the thread's send waits, the others go on), unless a
+second channel meets one meanwhile: that is the workspace's limit (`ratelimit.py`).
 """
 
 from __future__ import annotations
@@ -174,10 +176,19 @@ class SlackConnector(BaseConnector):
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Call a Web API method through slack-sdk; failures leave as talkbridge errors."""
+        channel = params.get("channel")
+        channel = channel if isinstance(channel, str) else None
         wait = self._gate.blocked(method)
         if wait > 0:
             raise RateLimitedError(
                 f"{method}: still rate limited for {wait:.1f} s", retry_after=wait
+            )
+        wait = self._gate.channel_blocked(method, channel)
+        if wait > 0:
+            raise RateLimitedError(
+                f"{method}: still rate limited in {channel} for {wait:.1f} s",
+                retry_after=wait,
+                scope="thread",
             )
         function = getattr(self.web, method.replace(".", "_"))
         try:
@@ -185,7 +196,7 @@ class SlackConnector(BaseConnector):
         except HANDLED as exc:
             error = translate(exc, self._secrets, method=method)
             if isinstance(error, RateLimitedError):
-                self._gate.hit(method, error.retry_after)
+                error.scope = self._gate.hit(method, error.retry_after, channel)
             raise error from None
         except AttributeError:  # slack-sdk reading a body that is not JSON (a proxy's page)
             raise TransientError(f"{method}: the answer was not Slack's JSON") from None

@@ -301,6 +301,29 @@ async def test_a_long_rate_limit_is_handed_to_the_router(
     with pytest.raises(RateLimitedError) as caught:
         await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
     assert caught.value.retry_after == 45.0 and caught.value.scope == "thread"
+    await running.connector.send(OutboundMessage(thread_id=THREAD, text="now"))  # another route
+    assert [b["content"] for b in peer.sent(TOKEN)] == ["now"]
+
+
+async def test_a_long_global_429_pauses_every_channel_and_asks_discord_no_more(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    """Discord's global limit is the bot's, across routes: each further request would earn a
+    429 of its own (and count toward Cloudflare's ban of the IP address)."""
+    running = await start()
+    route = "/channels/{channel_id}/messages"
+    peer.rate_limit("POST", route, channel_id=GENERAL, retry_after=45.0, is_global=True)
+    with pytest.raises(RateLimitedError) as caught:
+        await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
+    assert caught.value.scope == "connection" and 44.0 < caught.value.retry_after <= 45.0
+    for thread in (THREAD, GENERAL):
+        with pytest.raises(RateLimitedError) as again:  # at once: Discord is not asked
+            await running.connector.send(OutboundMessage(thread_id=thread, text="later"))
+        assert again.value.scope == "connection" and 0 < again.value.retry_after <= 45.0
+    with pytest.raises(RateLimitedError, match="global rate limit"):
+        await running.connector.typing(THREAD)
+    assert [c.status for c in peer.calls_of("POST", route, answered=None)] == [429]
+    assert peer.calls_of("POST", "/channels/{channel_id}/typing", answered=None) == []
 
 
 async def test_a_429_from_a_proxy_waits_what_its_retry_after_says(

@@ -69,6 +69,22 @@ def test_a_429_pauses_only_its_tier_until_retry_after_has_passed() -> None:
     assert gate.blocked("conversations.history") == 0
 
 
+def test_posting_is_paused_per_channel_until_a_second_channel_is_limited_meanwhile() -> None:
+    now = [100.0]
+    gate = TierGate(clock=lambda: now[0])
+    assert gate.hit("chat.postMessage", 1, "C1") == "thread"
+    assert gate.channel_blocked("chat.postMessage", "C1") == 1
+    assert gate.channel_blocked("chat.postMessage", "C2") == 0
+    assert gate.blocked("chat.postMessage") == 0  # the workspace goes on posting
+    assert gate.channel_blocked("conversations.history", "C1") == 0  # limited per tier only
+    assert gate.hit("chat.postMessage", 1, "C1") == "thread"  # the same channel again
+    now[0] += 1
+    assert gate.hit("chat.postMessage", 2, "C2") == "thread"  # C1's pause was over
+    assert gate.hit("chat.postMessage", 3, "C3") == "connection"  # two at once: the workspace
+    assert gate.blocked("chat.postMessage") == 3
+    assert gate.hit("chat.postMessage", 4) == "connection"  # no channel known: the tier
+
+
 @pytest.mark.parametrize("entry", ["bob smith", "u0ada0001", "ada"])
 def test_a_trusted_entry_no_slack_id_can_match_is_refused(entry: str) -> None:
     data = {"connections": [{**BASE, "id": "s", "trusted": ["U0ADA0001", "W*", entry]}]}

@@ -218,6 +218,26 @@ async def test_a_429_delays_only_that_workspace(
     assert [p["text"] for p in peer.posted(GLOBEX.bot_token)] == ["to globex"]
 
 
+async def test_a_429_on_posting_to_one_channel_does_not_stall_the_others(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """chat.postMessage's limit is about one message a second per channel (Slack's rate-limit
+    docs, "Special Tier"): a 429 in one conversation says nothing about the others."""
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"], require_mention=False))
+    peer.fail_next("chat.postMessage", status=429, retry_after=3, token=ACME.bot_token)
+    await peer.send_event(message_event("U0ADA0001", "in the dm"), app_token=ACME.app_token)
+    await peer.wait_for(
+        lambda: bool(peer.calls_of("chat.postMessage", ok=False, token=ACME.bot_token))
+    )
+    general = message_event("U0ADA0001", "in general", channel="C0GENERAL1")
+    await peer.send_event(general, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    [first] = peer.posted(ACME.bot_token)
+    assert first["channel"] == "C0GENERAL1"  # the DM still waits out its Retry-After
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2, timeout=15)
+    assert [p["text"] for p in peer.posted(ACME.bot_token)] == ["in general", "in the dm"]
+
+
 async def test_bad_credentials_mark_the_connection_down_with_a_clear_reason(
     peer: SlackPeer, bridge: Callable[..., Any]
 ) -> None:

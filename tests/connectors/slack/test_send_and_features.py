@@ -152,19 +152,43 @@ async def test_an_api_base_without_the_api_path_is_named_in_the_error(
     await connector.close()
 
 
-async def test_a_429_pauses_that_method_tier_only_and_never_sleeps(
+async def test_a_429_on_posting_pauses_that_channel_only_and_never_sleeps(
     peer: SlackPeer, make_connector: Callable[..., Any]
 ) -> None:
+    """chat.postMessage is limited per channel first (about one message a second, Slack's
+    rate-limit docs, "Special Tier"), per workspace besides."""
     connector = make_connector()
     peer.fail_next("chat.postMessage", status=429, retry_after=30)
     with pytest.raises(RateLimitedError) as caught:
         await connector.send(OutboundMessage(thread_id=DM, text="x"))
-    assert caught.value.scope == "connection" and caught.value.retry_after == 30
-    with pytest.raises(RateLimitedError) as again:  # fails fast: the peer is not asked
-        await connector.send(OutboundMessage(thread_id=DM, text="y"))
-    assert 0 < again.value.retry_after <= 30
+    assert caught.value.scope == "thread" and caught.value.retry_after == 30
+    for thread in (DM, "D0DM00001:1700000000.000100"):  # the channel, or a thread in it
+        with pytest.raises(RateLimitedError) as again:  # fails fast: the peer is not asked
+            await connector.send(OutboundMessage(thread_id=thread, text="y"))
+        assert again.value.scope == "thread" and 0 < again.value.retry_after <= 30
     assert len(peer.calls_of("chat.postMessage", ok=None)) == 1
+    await connector.send(OutboundMessage(thread_id="C0GENERAL1", text="z"))  # another channel
+    assert [p["text"] for p in peer.posted()] == ["z"]
     assert (await connector.user("U0ADA0001")) is not None  # another tier carries on
+    await connector.close()
+
+
+async def test_a_429_on_posting_in_a_second_channel_meanwhile_pauses_the_workspace(
+    peer: SlackPeer, make_connector: Callable[..., Any]
+) -> None:
+    """Two channels limited at once: that is the workspace-wide limit, which every further
+    channel would meet with a 429 of its own."""
+    connector = make_connector()
+    peer.fail_next("chat.postMessage", 2, status=429, retry_after=30)
+    with pytest.raises(RateLimitedError) as first:
+        await connector.send(OutboundMessage(thread_id=DM, text="x"))
+    with pytest.raises(RateLimitedError) as second:
+        await connector.send(OutboundMessage(thread_id="C0GENERAL1", text="y"))
+    assert (first.value.scope, second.value.scope) == ("thread", "connection")
+    with pytest.raises(RateLimitedError) as third:  # fails fast: the peer is not asked
+        await connector.send(OutboundMessage(thread_id="C0RANDOM01", text="z"))
+    assert third.value.scope == "connection" and 0 < third.value.retry_after <= 30
+    assert len(peer.calls_of("chat.postMessage", ok=None)) == 2
     await connector.close()
 
 
