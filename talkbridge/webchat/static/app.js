@@ -991,19 +991,28 @@ function messageNode(role, content, meta, extraClass = "") {
 }
 
 // A note from the bridge about the conversation, not a message of anyone in it: small and muted.
-// `not_answered` follows a message of the user's that no one will answer (a hook of the bridge
-// dropped it); it says which when another message came between them.
+// Each follows a message of the user's that no one will answer here, and says which when
+// another message came between them: `not_answered` (a hook of the bridge dropped it),
+// `forwarded` (a hook passed it on, never saying where).
+const NOTES = {
+  not_answered: { label: "Not answered", title: "No reply will come to this message." },
+  forwarded: {
+    label: "Passed on",
+    title: "The bridge passed this message on instead of answering it here.",
+  },
+};
 function noteNode(t, m) {
   const article = document.createElement("article");
-  const about = m.code === "not_answered" && m.reply_to ? shownBefore(t, m.seq, m.reply_to) : null;
+  const known = Object.hasOwn(NOTES, m.code) ? NOTES[m.code] : null;
+  const about = known && m.reply_to ? shownBefore(t, m.seq, m.reply_to) : null;
   article.className = `msg msg-note${about !== null ? " msg-note-user" : ""}`;
   if (m.code) article.dataset.code = m.code;
   const note = document.createElement("p");
   note.className = "note";
   note.dir = "auto";
-  if (m.code === "not_answered") {
-    note.textContent = about ? `Not answered: “${about}”` : "Not answered";
-    note.title = "No reply will come to this message.";
+  if (known) {
+    note.textContent = about ? `${known.label}: “${about}”` : known.label;
+    note.title = known.title;
   } else note.textContent = m.text;
   article.append(note);
   return article;
