@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from talkbridge import replies
 from talkbridge.agents.base import Agent, TextDelta, TurnContext
@@ -446,7 +446,7 @@ class Bridge:
                 route.drop_reason,
                 route.routed_by,
             )
-            await self._say_not_answered(route.message)
+            await self._note(route.message, "not_answered")
             return
         untrusted = route.trust != "trusted"
         if route.forward is not None:
@@ -504,19 +504,26 @@ class Bridge:
             if stream is not None:
                 await stream.end()
 
-    async def _say_not_answered(self, message: NormalizedMessage) -> None:
-        """Where the sender waits in view for the answer (the webchat), tell them none will come:
-        without a word, a dropped message just sat there. Never why: that is for the log."""
+    async def _note(
+        self, message: NormalizedMessage, kind: Literal["not_answered", "forwarded"]
+    ) -> None:
+        """Where the sender waits in view for the answer (the webchat), tell them none will come
+        here: it is not answered (dropped), or it was passed on (forwarded). Without a word, such
+        a message just sat there. Never why, nor where to: that is for the log."""
         notices = self.router.feature(message.connection_id, "notices")
         if notices is None:
             return
         try:
-            await notices.not_answered(message.thread_id, message.id)
-        except Exception as exc:  # the message is dropped all the same: say so in the log
+            if kind == "forwarded":
+                await notices.forwarded(message.thread_id, message.id)
+            else:
+                await notices.not_answered(message.thread_id, message.id)
+        except Exception as exc:  # the message is handled all the same: say so in the log
             log.warning(
-                "%s/%s: could not tell the sender it is not answered: %s",
+                "%s/%s: could not tell the sender it is %s: %s",
                 message.connection_id,
                 message.id,
+                "passed on" if kind == "forwarded" else "not answered",
                 self.secrets.redact(str(exc)),
             )
 
@@ -797,6 +804,7 @@ class Bridge:
             )
         except SendFailedError as exc:
             log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
+            await self._note(message, "not_answered")  # passed on it was not: nobody answers
         except UnknownConnectionError:
             known = ", ".join(self.registry.ids())
             await self._apologize(
@@ -805,6 +813,8 @@ class Bridge:
                 f"{forward.connection_id!r}, which is not configured (connections: {known})",
                 screen=route.trust != "trusted",
             )
+        else:
+            await self._note(message, "forwarded")
 
     async def _apologize(
         self, message: NormalizedMessage, problem: str, *, screen: bool = False

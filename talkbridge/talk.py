@@ -156,12 +156,15 @@ class Streaming(Protocol):
 
 @runtime_checkable
 class Notices(Protocol):
-    """Tell the sender, where they wait in view for an answer (webchat), that a message of
-    theirs will not be answered: a channel-message hook dropped it (or blocked it, failing
-    closed). Never why: the hook's reason is for the operator's log. Returns the ids of what it
-    recorded in the thread (kept once per message: asking again records nothing new)."""
+    """Tell the sender, where they wait in view for an answer (webchat), what became of a
+    message of theirs that no agent answers here: `not_answered`, a channel-message hook
+    dropped it (or blocked it, failing closed; or its forward failed); `forwarded`, a hook passed
+    it on to another connection. Never why, nor where to: the hook's reason and the target are
+    for the operator's log. Each returns the ids of what it recorded in the thread (kept once
+    per message: asking again records nothing new)."""
 
     async def not_answered(self, thread_id: str, message_id: str) -> Sequence[str]: ...
+    async def forwarded(self, thread_id: str, message_id: str) -> Sequence[str]: ...
 
 
 Feature = (

@@ -39,6 +39,8 @@ from talkbridge.webchat.protocol import (
     CLOSE_FORBIDDEN,
     CLOSE_TOO_MANY_SESSIONS,
     CLOSE_UNAUTHORIZED,
+    FORWARDED,
+    FORWARDED_TEXT,
     NOT_ANSWERED,
     NOT_ANSWERED_TEXT,
     NOTE_SENDER,
@@ -732,12 +734,22 @@ class WebchatConnector(BaseConnector):
 
     async def not_answered(self, thread_id: str, message_id: str) -> Sequence[str]:
         """Notices: a note after the user's message `message_id` that it will not be answered
-        (a hook dropped it), stored in the thread so a reload and every tab show it. Kept
-        once: the same message handled again (after a restart) records and sends nothing."""
+        (a hook dropped it)."""
+        return await self._note(thread_id, message_id, NOT_ANSWERED, NOT_ANSWERED_TEXT)
+
+    async def forwarded(self, thread_id: str, message_id: str) -> Sequence[str]:
+        """Notices: a note after the user's message `message_id` that a hook passed it on to
+        another connection (never which), instead of having it answered here."""
+        return await self._note(thread_id, message_id, FORWARDED, FORWARDED_TEXT)
+
+    async def _note(self, thread_id: str, message_id: str, code: str, text: str) -> Sequence[str]:
+        """A note about `message_id`, stored in the thread so a reload and every tab show it.
+        Kept once per message and code: the same message handled again (after a restart)
+        records and sends nothing."""
         parts = split_thread(thread_id)
         if parts is None:
             return ()
-        note_id = f"{message_id}:{NOT_ANSWERED}"
+        note_id = f"{message_id}:{code}"
         try:
             _, entry = await self.context.store.append_history_once(
                 CONNECTION_ID,
@@ -745,8 +757,8 @@ class WebchatConnector(BaseConnector):
                 _thread_key(thread_id),
                 "system",
                 NOTE_SENDER,
-                NOT_ANSWERED_TEXT,
-                data={"code": NOT_ANSWERED, "reply_to": message_id},
+                text,
+                data={"code": code, "reply_to": message_id},
             )
         except StoreError as exc:
             raise TransientError(f"the note could not be kept: {exc}") from exc

@@ -55,6 +55,10 @@ NOT_ANSWERED = "not_answered"
 """The `code` of the note (a `system` message) after a user's message that no one will answer:
 a channel-message hook dropped it. Stable: clients match on it, not on the text."""
 NOT_ANSWERED_TEXT = "Not answered"
+FORWARDED = "forwarded"
+"""The `code` of the note after a user's message that a channel-message hook passed on to
+another connection (`Forward`) instead of having it answered here. Never names where it went."""
+FORWARDED_TEXT = "Passed on"
 NOTE_SENDER = "talkbridge"
 """Who a note is from, in the store's history (and in the `history` feature's messages)."""
 

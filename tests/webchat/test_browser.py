@@ -12,11 +12,13 @@ from urllib.parse import quote
 import pytest
 
 from talkbridge.bridge import Bridge
-from talkbridge.config import BridgeConfig, parse_config
+from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
 from talkbridge.errors import StoreError
+from talkbridge.hooks import Forward, HookRegistry
 from talkbridge.init_template import write_starter
-from talkbridge.message import OutboundMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage
 from tests.support.agents import GatedAgent
+from tests.support.talk_connector import TalkConnector
 from tests.webchat.conftest import (
     MS,
     TIMEOUT,
@@ -1012,5 +1014,43 @@ async def test_a_note_after_other_messages_quotes_the_message_it_is_about(
         )
         await page.reload()
         await expect(page.locator(".msg-note")).to_have_text(["Not answered: “buy spam”"])
+    finally:
+        await bridge.stop()
+
+
+async def test_a_message_a_hook_forwards_shows_passed_on_under_it_and_after_a_reload(
+    context: Any, tmp_path: Path
+) -> None:
+    """A hook passing a message on to another connection left it waiting for a reply that
+    would never come here, without a word. "Passed on" shows under it, naming nowhere."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="escalate-to-oncall")
+    async def escalate(msg: NormalizedMessage) -> Forward | None:
+        return Forward("oncall-desk", thread_id="room-7") if "urgent" in msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "webchat": {"port": 0}}
+    )
+    bridge = Bridge(config, hooks=hooks)
+    desk = TalkConnector("oncall-desk")
+    bridge.registry.add(desk, ConnectionConfig(id="oncall-desk", channel="telegram"))
+    await bridge.start()
+    try:
+        page = await context.new_page()
+        await page.goto(await bridge.webchat_url())
+        await say(page, "urgent: the printer is on fire")
+        note = page.locator(".msg-note")
+        await expect(note).to_have_text(["Passed on"])
+        await expect(note).to_have_attribute("data-code", "forwarded")
+        await expect(note).to_have_class("msg msg-note msg-note-user")  # under the message
+        assert desk.texts()[0].endswith("urgent: the printer is on fire")
+        await say(page, "thanks")
+        await expect(page.locator(".msg-assistant .bubble")).to_have_text(["thanks"])
+        await page.reload()
+        await expect(page.locator(".msg-note")).to_have_text(["Passed on"])
+        await expect(page.locator(".msg .bubble")).to_have_count(3)
+        content = await page.content()
+        assert "oncall" not in content and "room-7" not in content
     finally:
         await bridge.stop()

@@ -303,3 +303,88 @@ async def test_a_new_conversation_past_the_limit_is_told_in_words_and_the_page_g
     )
     await say(page, "still here")
     await expect(page.locator(".msg-assistant .bubble").last).to_have_text("echo: still here")
+
+
+async def test_a_draft_stays_with_its_conversation_across_reloads_and_switches(
+    webchat: Webchat, context: Any
+) -> None:
+    """What was typed and not sent was gone after a reload (or a crashed tab), and a switch to
+    another conversation and back lost it too. It is kept per conversation in the page's own
+    storage, never sent, and leaves the box and the storage once sent, sent once."""
+    page = await context.new_page()
+    sent: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda frame: sent.append(frame)))
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    box = page.get_by_role("textbox", name="Message")
+    conversations = page.locator(".conversation-list .conversation")
+    await say(page, "first topic")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: first topic"])
+    await box.fill("half a thought")
+    await page.reload()
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(box).to_have_value("half a thought")
+    await page.get_by_role("button", name="New conversation", exact=True).click()
+    await expect(conversations).to_have_count(2)
+    await expect(box).to_have_value("")  # the new conversation's own (empty) box
+    await box.fill("about something else")
+    await conversations.filter(has_text="first topic").click()
+    await expect(box).to_have_value("half a thought")
+    await conversations.filter(has_text="New conversation").click()
+    await expect(box).to_have_value("about something else")
+    assert not [f for f in sent if "half a thought" in f or "something else" in f]  # local only
+    await conversations.filter(has_text="first topic").click()
+    await box.press("Enter")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(
+        ["echo: first topic", "echo: half a thought"]
+    )
+    await expect(box).to_have_value("")
+    await page.reload()
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(page.locator(".msg .bubble")).to_have_count(4)
+    await expect(box).to_have_value("")  # sent: not a draft any more
+    assert [t.text for t in webchat.echo.turns] == ["first topic", "half a thought"]
+    drafts = await page.evaluate(
+        "Object.keys(localStorage).filter(k => k.startsWith('talkbridge.draft.'))"
+    )
+    session = await page.evaluate("localStorage['talkbridge.session']")
+    (kept,) = drafts  # the other conversation's, under its session and thread
+    assert kept.startswith(f"talkbridge.draft.{session}.")
+    assert kept != f"talkbridge.draft.{webchat.echo.turns[0].thread_id}"
+    await conversations.filter(has_text="New conversation").click()
+    await expect(box).to_have_value("about something else")
+
+
+async def test_a_draft_sent_before_the_bridge_acknowledged_it_comes_back_once_not_twice(
+    webchat: Webchat, context: Any
+) -> None:
+    """Sent, then the page reloaded before the bridge took it: it waits in the outbox and goes
+    out from there. Were it still a draft too, the box would offer it again, to send twice.
+    A second tab of the conversation shows the draft as it is typed, and empties with it."""
+    page = await context.new_page()
+    swallow = {"sends": True}
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(
+            lambda m: None if swallow["sends"] and '"type":"send"' in m else server.send(m)
+        )
+        server.on_message(ws.send)
+
+    await page.route_web_socket("**/ws", relay)
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    other = await open_chat(context, webchat)
+    box = page.get_by_role("textbox", name="Message")
+    await box.fill("not taken yet")
+    await expect(other.get_by_role("textbox", name="Message")).to_have_value("not taken yet")
+    await box.press("Enter")
+    await expect(page.locator(".msg.pending .bubble")).to_have_text(["not taken yet"])
+    await expect(other.get_by_role("textbox", name="Message")).to_have_value("")
+    swallow["sends"] = False
+    await page.reload()
+    await expect(page.locator(".msg .bubble")).to_have_text(
+        ["not taken yet", "echo: not taken yet"]
+    )
+    await expect(box).to_have_value("")
+    assert [t.text for t in webchat.echo.turns] == ["not taken yet"]

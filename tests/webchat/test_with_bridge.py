@@ -18,11 +18,14 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.bridge import Bridge
-from talkbridge.config import BridgeConfig, parse_config
+from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
+from talkbridge.errors import PermanentError
+from talkbridge.hooks import Forward, HookRegistry
 from talkbridge.init_template import write_starter
 from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
 from tests.support.agents import Storyteller
+from tests.support.talk_connector import TalkConnector
 from tests.webchat.conftest import TIMEOUT
 
 TOKEN = "bridge-token-0123456789abcdef"
@@ -453,3 +456,77 @@ async def test_a_message_a_hook_drops_gets_a_not_answered_note_and_never_the_rea
     ]
     assert "spam" not in json.dumps([*frames, history]).replace("buy spam", "")  # no reason
     assert seen == [[]]  # neither the dropped message nor its note reached the agent
+
+
+async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_target_nor_hook(
+    tmp_path: Path,
+) -> None:
+    """A hook that forwards a webchat message to another connection left the page waiting for
+    a reply that never came, without a word. A `forwarded` note follows it now (stored, once),
+    naming neither the connection it went to nor the hook; a forward that fails gets the
+    `not_answered` note instead, as nothing was passed on."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="escalate-to-oncall")
+    async def escalate(msg: NormalizedMessage) -> Forward | None:
+        return Forward("oncall-desk", thread_id="room-7") if "escalate" in msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config, hooks=hooks)
+    desk = TalkConnector("oncall-desk")
+    bridge.registry.add(desk, ConnectionConfig(id="oncall-desk", channel="telegram"))
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready):
+            thread = ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "escalate"}
+            await ws.send(json.dumps(send))
+            frames = await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 2)
+            assert frames[-1] == {
+                "type": "message",
+                "thread_id": thread,
+                "seq": 2,
+                "id": f"{thread}:c1:forwarded",
+                "role": "system",
+                "text": "Passed on",
+                "code": "forwarded",
+                "reply_to": f"{thread}:c1",
+                "ts": frames[-1]["ts"],
+            }
+            (passed,) = desk.sent  # passed on before the note said so
+            assert passed.message.thread_id == "room-7"
+            assert passed.message.text.endswith(" (webchat): escalate")
+            # Handled again (a restart before it was marked done): no second note, none sent.
+            notices = bridge.router.feature("webchat", "notices")
+            assert notices is not None
+            assert await notices.forwarded(thread, f"{thread}:c1") == (f"{thread}:c1:forwarded",)
+            # The forward fails for good: nothing was passed on, and nobody answers.
+            desk.script.append(PermanentError("chat not found"))
+            await ws.send(json.dumps({**send, "client_id": "c2", "text": "escalate again"}))
+            frames += await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 4)
+            assert (frames[-1]["code"], frames[-1]["reply_to"]) == ("not_answered", f"{thread}:c2")
+            await ws.send(json.dumps({**send, "client_id": "c3", "text": "hello"}))
+            frames += await _until(ws, _answer)
+            await ws.send(json.dumps({"type": "ping", "ref": "p"}))
+            assert await _recv(ws) == {"type": "pong", "ref": "p"}  # nothing else came
+        async with _page(bridge, ready["session_id"]) as (ws, _):  # a reload
+            await ws.send(json.dumps({"type": "history", "thread_id": thread}))
+            history = await _recv(ws)
+    finally:
+        await bridge.stop()
+    shown = [(m["role"], m["text"], m.get("code")) for m in history["messages"]]
+    assert shown == [
+        ("user", "escalate", None),
+        ("system", "Passed on", "forwarded"),
+        ("user", "escalate again", None),
+        ("system", "Not answered", "not_answered"),
+        ("user", "hello", None),
+        ("assistant", "hello", None),
+    ]
+    words = json.dumps([*frames, history])
+    assert "oncall" not in words and "room-7" not in words and "escalate-to" not in words

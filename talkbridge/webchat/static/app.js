@@ -11,7 +11,11 @@
 //   lives; another tab takes it over once that tab is gone (its Web Lock is released);
 // - what can no longer be sent as it was (refused, or its session or conversation is gone) is
 //   never dropped: it stays on screen as "Not sent" (kept in localStorage too), to send again
-//   in the conversation shown, copy, or dismiss.
+//   in the conversation shown, copy, or dismiss;
+// - what is typed in the message box and not sent yet is a draft, kept per conversation in
+//   localStorage (never sent anywhere): a reload, a crashed tab or a switch to another
+//   conversation and back finds it in the box again. It leaves storage the moment it goes into
+//   the outbox, which holds it from then on: a reload never shows it twice, nor sends it twice.
 
 import { renderMarkdown, renderPlain, settledLength } from "./markdown.js";
 import { insertSeqs, lowerBound, placeChildren } from "./order.js";
@@ -22,6 +26,7 @@ const KEY = {
   active: "talkbridge.active",
   outbox: "talkbridge.outbox",
   unsent: "talkbridge.unsent",
+  draft: "talkbridge.draft.", // + the thread id (which starts with the session id)
 };
 const TYPING_MS = 8000;
 const ANNOUNCE_MAX = 200; // characters of a reply a screen reader reads out unasked
@@ -111,6 +116,7 @@ const state = {
   refusal: null, // why the server refused our token, when it did
   lastAuthError: null, // why it refused this socket before it was ready (a new session)
   typingTimer: null,
+  boxThread: null, // the conversation whose draft the message box holds
 };
 
 function loadOutbox() {
@@ -156,6 +162,31 @@ function forgetUnsent(clientId) {
   storageSet(KEY.unsent, kept.length ? JSON.stringify(kept) : null);
   state.failed = kept;
 }
+// The draft of each conversation: what its message box holds, unsent. Written as it is typed (a
+// crashed tab loses nothing), and only here: nothing of it goes to the server until it is sent.
+function saveDraft() {
+  if (state.boxThread) storageSet(KEY.draft + state.boxThread, ui.input.value || null);
+}
+
+/** Put the draft of `threadId` in the message box (the one shown stays saved under its own
+ * conversation). What the box holds for no conversation, or for one gone from the server (a
+ * wiped store, a new session), goes on into `threadId`'s box when that has no draft. */
+function showDraft(threadId) {
+  if (state.boxThread === threadId) return;
+  const typed = ui.input.value;
+  const gone =
+    !state.boxThread || !state.conversations.some((c) => c.thread_id === state.boxThread);
+  if (gone && state.boxThread) storageSet(KEY.draft + state.boxThread, null);
+  const draft = threadId ? storageGet(KEY.draft + threadId) : null;
+  let text = draft ?? "";
+  if (gone && typed && typed !== text) text = text ? `${text}\n${typed}` : typed;
+  state.boxThread = threadId;
+  ui.input.value = text;
+  saveDraft();
+  autosize();
+  checkLength();
+}
+
 // Every tab of the browser shares the stored outbox: each change is read-modify-write of the
 // stored list, never a copy of this tab's own, so a tab that reconnects later does not wipe
 // what another tab (perhaps closed since) is still waiting to send.
@@ -174,6 +205,17 @@ function dropFromOutbox(unwanted) {
 // Another tab added or sent something: take its outbox over. What it typed is its own to send
 // (`transmit` leaves it to that tab, and takes it over if that tab goes before it could).
 window.addEventListener("storage", (event) => {
+  if (state.boxThread && event.key === KEY.draft + state.boxThread) {
+    // Typed (or sent) in another tab of the same conversation: a storage event never comes to
+    // the tab that wrote, so this box is not the one being typed in. Mirrored, so a message
+    // sent from that tab does not stay in this box, to be sent twice.
+    if (ui.input.value !== (event.newValue ?? "")) {
+      ui.input.value = event.newValue ?? "";
+      autosize();
+      checkLength();
+    }
+    return;
+  }
   if (event.key === KEY.unsent) {
     state.failed = loadUnsent();
     renderThread();
@@ -788,7 +830,9 @@ function submit() {
     return;
   }
   if (queue(text)) {
+    // In the outbox now (stored, and sent from there after a reload): no longer a draft.
     ui.input.value = "";
+    saveDraft();
     autosize();
     checkLength();
   }
@@ -823,6 +867,7 @@ async function copyText(item) {
   } catch {
     // No clipboard (plain http from another host): into the message box, where it can be copied.
     ui.input.value = ui.input.value ? `${ui.input.value}\n${item.text}` : item.text;
+    saveDraft();
     autosize();
     ui.input.focus();
     notify("The message is back in the message box.");
@@ -851,6 +896,7 @@ function startConversation() {
 function switchTo(threadId) {
   state.active = threadId;
   storageSet(KEY.active, threadId);
+  showDraft(threadId);
   const t = thread(threadId);
   t.unread = 0;
   hideTyping();
@@ -945,19 +991,28 @@ function messageNode(role, content, meta, extraClass = "") {
 }
 
 // A note from the bridge about the conversation, not a message of anyone in it: small and muted.
-// `not_answered` follows a message of the user's that no one will answer (a hook of the bridge
-// dropped it); it says which when another message came between them.
+// Each follows a message of the user's that no one will answer here, and says which when
+// another message came between them: `not_answered` (a hook of the bridge dropped it),
+// `forwarded` (a hook passed it on, never saying where).
+const NOTES = {
+  not_answered: { label: "Not answered", title: "No reply will come to this message." },
+  forwarded: {
+    label: "Passed on",
+    title: "The bridge passed this message on instead of answering it here.",
+  },
+};
 function noteNode(t, m) {
   const article = document.createElement("article");
-  const about = m.code === "not_answered" && m.reply_to ? shownBefore(t, m.seq, m.reply_to) : null;
+  const known = Object.hasOwn(NOTES, m.code) ? NOTES[m.code] : null;
+  const about = known && m.reply_to ? shownBefore(t, m.seq, m.reply_to) : null;
   article.className = `msg msg-note${about !== null ? " msg-note-user" : ""}`;
   if (m.code) article.dataset.code = m.code;
   const note = document.createElement("p");
   note.className = "note";
   note.dir = "auto";
-  if (m.code === "not_answered") {
-    note.textContent = about ? `Not answered: “${about}”` : "Not answered";
-    note.title = "No reply will come to this message.";
+  if (known) {
+    note.textContent = about ? `${known.label}: “${about}”` : known.label;
+    note.title = known.title;
   } else note.textContent = m.text;
   article.append(note);
   return article;
@@ -1461,6 +1516,7 @@ ui.input.addEventListener("keydown", (event) => {
   }
 });
 ui.input.addEventListener("input", () => {
+  saveDraft();
   autosize();
   checkLength();
 });
@@ -1501,5 +1557,9 @@ window.addEventListener("online", () => {
   }
 });
 
+// What was typed here before a reload (or a crash), there at once, before the socket opens.
+state.boxThread = state.active;
+ui.input.value = (state.active && storageGet(KEY.draft + state.active)) || "";
+autosize();
 renderComposerState();
 connect();
