@@ -145,6 +145,8 @@ class Bridge:
         self.durable = DurableHooks(self.store, app_id, redact=self.secrets.redact)
         self.typing = TypingIndicators(self.secrets.redact)
         self._sweeper: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Task[None] | None = None
+        """`start_connections`: the connections built while the bridge serves."""
         self.abandoned_turns = 0
         """Set by `stop`: turns that ignored their cancellation and were left running."""
         self.swept = asyncio.Event()
@@ -157,7 +159,11 @@ class Bridge:
         """This node's id in distributed mode; None when embedded."""
         return self.cluster.node_id if self.cluster is not None else None
 
-    async def start(self) -> None:
+    async def start(self, *, connect: bool = True) -> None:
+        """Open the store and start serving. `connect=False` (`talkbridge run`): the configured
+        connections are checked and registered (`starting` in /healthz; their messages and
+        sends wait for them) but their SDKs, which take seconds to import, are not loaded
+        yet: `start_connections` builds and starts them while the webchat serves."""
         self._stopping = False
         await self.store.open()
         if isinstance(self.store, SqliteStore):  # before anything reads what the bridge serves
@@ -169,7 +175,12 @@ class Bridge:
         if self.cluster is not None:
             await self.cluster.start()
         self.add_configured_agents()
-        self.registry.build(self.config, self.context)
+        if connect:
+            self.registry.build(self.config, self.context)
+        else:
+            self.registry.expect(self.config)
+            for cid in self.registry.pending():
+                self.router.attaching(cid)
         if self._with_webchat:
             await self._add_webchat()
             if self.cluster is not None:
@@ -199,6 +210,17 @@ class Bridge:
         )
         self._started = True
 
+    def start_connections(self) -> asyncio.Task[None]:
+        """After `start(connect=False)`: import the connections' SDKs (in a thread) and build
+        and start each connection in the background, as soon as its SDK is in. `stop` cancels
+        what is left of it. The task ends once each has been started (or found unable to)."""
+        if self._connecting is None:
+            self._connecting = asyncio.create_task(
+                self.registry.build_pending(self.context, failed=self.router.not_attaching),
+                name="starting connections",
+            )
+        return self._connecting
+
     async def stop(self, *, drain_timeout: float = 10.0, cancel_grace: float = 5.0) -> None:
         """Stop taking traffic, let in-flight turns and sends finish, then close everything.
 
@@ -212,6 +234,9 @@ class Bridge:
             return
         self._started = False
         self._stopping = True
+        if self._connecting is not None:
+            await cancel_and_wait(self._connecting)
+            self._connecting = None
         if self._sweeper is not None:
             await cancel_and_wait(self._sweeper)
             self._sweeper = None

@@ -144,8 +144,8 @@ def _load(path: str | None, only: tuple[str, ...] | None = None) -> tuple[Bridge
 async def _run(args: argparse.Namespace) -> int:
     config, secrets = _load(args.config)  # no SDK is imported to check it: a bad key is quick
     config = _with_overrides(config, args)
-    # Said before the slow part: importing the connectors' SDKs (aiogram alone takes seconds)
-    # and opening the store. Silence until the URL looked like a hang.
+    # Said before the slow part: opening the store, and the imports of the bridge's own
+    # modules. Silence until the URL looked like a hang.
     _console.err("talkbridge: starting…")
 
     from talkbridge.bridge import Bridge
@@ -181,7 +181,9 @@ async def _run(args: argparse.Namespace) -> int:
             )
             await bridge.stop()
             return EXIT_INTERRUPTED
-        await bridge.start()  # goes on with the store open; a SQLite one serves one bridge
+        # Goes on with the store open (a SQLite one serves one bridge). The connections' SDKs
+        # take seconds to import (aiogram alone): they are loaded once the URL is out.
+        await bridge.start(connect=False)
     except OSError as exc:
         return await _give_up(bridge, f"cannot start: {exc}")
     except TalkbridgeError:
@@ -209,6 +211,7 @@ async def _run(args: argparse.Namespace) -> int:
     _say_running(bridge, config)
     print(url + _token_hint(url, config.webchat), flush=True)  # the one secret printed on purpose
     _console.out("Press Ctrl-C to stop.")
+    bridge.start_connections()  # each is `starting` in /healthz until it is up
     await stop.wait()
     later = "by another node or at the next start" if bridge.node_id else "at the next start"
     again = "a second SIGTERM" if stopped_by[:1] == [signal.SIGTERM] else "Ctrl-C again"

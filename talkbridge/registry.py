@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from talkbridge.backoff import STABLE_AFTER, Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
-from talkbridge.connectors import load_factory
+from talkbridge.connectors import load_factory, require_sdk
 from talkbridge.connectors.base import (
     CheckWaiting,
     Closable,
@@ -141,6 +141,8 @@ class ConnectionRegistry:
         self._connectors: dict[str, Talk] = {}
         self._configs: dict[str, ConnectionConfig] = {}
         self._health: dict[str, ConnectionHealth] = {}
+        self._pending: dict[str, ConnectionConfig] = {}
+        """Connections of the config registered by `expect`, not built yet (`build_pending`)."""
         self._first_failure_reported: set[str] = set()
         """Connections whose first failed attempt their caller reports (`add`)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -180,7 +182,8 @@ class ConnectionRegistry:
             self._configs[cid] = config
             for value in config.secret_values():
                 self._secrets.add(value)
-        self._health[cid] = ConnectionHealth(cid, connector.channel)
+        if self._pending.pop(cid, None) is None:  # an expected one stays `starting`
+            self._health[cid] = ConnectionHealth(cid, connector.channel)
         if self._on_attach is not None:
             self._on_attach(connector)
 
@@ -200,6 +203,55 @@ class ConnectionRegistry:
         if missing:
             raise ConfigError("\n".join(missing))
 
+    def expect(self, config: BridgeConfig) -> None:
+        """What `build` checks, without importing any SDK (milliseconds, not seconds): each
+        enabled connection is registered as `starting` (its id known to hooks and shown in
+        /healthz); `build_pending` builds and starts them later. A `ConfigError` names every
+        connection whose SDK is not installed, as `build` does."""
+        missing: list[str] = []
+        for index, conn in enumerate(config.connections):
+            if not conn.enabled:
+                continue
+            try:
+                require_sdk(conn.channel)
+            except ConfigError as exc:
+                missing.append(f"connections[{index}] ({conn.id}): {exc}")
+        if missing:
+            raise ConfigError("\n".join(missing))
+        for conn in config.connections:
+            if conn.enabled:
+                if conn.id in self._health:
+                    raise ValueError(f"connection {conn.id!r} is already registered")
+                self._pending[conn.id] = self._configs[conn.id] = conn
+                for value in conn.secret_values():
+                    self._secrets.add(value)
+                self._health[conn.id] = ConnectionHealth(conn.id, conn.channel)
+                self._set_state(conn.id, ConnectionState.STARTING, None)
+
+    def pending(self) -> list[str]:
+        """The connections `expect` registered that are not built yet."""
+        return list(self._pending)
+
+    async def build_pending(
+        self, context: ConnectorContext, *, failed: Callable[[str, str], None]
+    ) -> None:
+        """Build and start each connection `expect` registered, in the config's order, each as
+        soon as its SDK is imported (in a thread: the event loop, and so the webchat, goes on
+        serving meanwhile). One that cannot be built is `down` with the reason, said in the
+        log and to `failed(id, reason)`; the others go on."""
+        for cid, conn in list(self._pending.items()):
+            try:
+                factory = await asyncio.to_thread(load_factory, conn.channel)
+                connector = factory(conn, context)
+            except Exception as exc:
+                reason = self.redact(describe_error(exc))
+                log.error("%s: cannot start: %s", cid, reason)
+                self._set_state(cid, ConnectionState.DOWN, reason)
+                failed(cid, reason)
+                continue
+            self.add(connector, conn)
+            await self.start()
+
     # -- lookups --------------------------------------------------------------------------------
 
     def get(self, connection_id: str) -> Talk:
@@ -212,10 +264,12 @@ class ConnectionRegistry:
         return self._configs.get(connection_id)
 
     def ids(self) -> list[str]:
-        return list(self._connectors)
+        """Every registered connection, those not built yet (`expect`) too."""
+        return list(self._health)
 
     def health(self, connection_id: str) -> ConnectionHealth:
-        self.get(connection_id)
+        if connection_id not in self._health:
+            self.get(connection_id)  # raises, naming the known ones
         return self._health[connection_id]
 
     def states(self) -> dict[str, dict[str, Any]]:
@@ -253,6 +307,8 @@ class ConnectionRegistry:
                 except Exception as exc:
                     log.warning("%s: close failed: %s", cid, self.redact(describe_error(exc)))
             self._set_state(cid, ConnectionState.STOPPED, self._health[cid].last_error)
+        for cid in self._pending:  # stopped before they were built
+            self._set_state(cid, ConnectionState.STOPPED, None)
 
     def owned(self) -> list[str]:
         """Distributed mode: the leased connections this node runs now."""

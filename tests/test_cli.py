@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
+import aiohttp
 import pytest
 import websockets
 from aiohttp import web
@@ -30,6 +31,7 @@ from tests.conftest import require
 from tests.peers.http import free_port, serve
 from tests.peers.openai import ChatCompletionsPeer
 from tests.peers.redis import private_redis, redis_url
+from tests.peers.telegram import TelegramBotAPIPeer, private_text
 from tests.support.cli import finish, talkbridge
 from tests.support.talk_connector import TalkConnector, make_message
 
@@ -1475,3 +1477,60 @@ async def test_check_warns_when_redis_keeps_nothing_on_disk(tmp_path: Path) -> N
         assert code == 0, err
         assert "redis keeps only snapshots (save '3600 1') (appendonly no)" in out
         assert "loses what came since the last snapshot" in out
+
+
+async def test_run_serves_the_webchat_while_a_connection_is_still_starting(
+    tmp_path: Path,
+) -> None:
+    """The connections' SDKs were imported before the webchat started (aiogram alone takes
+    seconds): with a few connections the URL came 6-11 s after "starting…". The URL comes
+    before any SDK is imported now; the Telegram connection, whose getMe is held, shows as
+    `starting` meanwhile, the webchat answers, and the connection works once let go."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    async with TelegramBotAPIPeer() as peer:
+        getme = peer.hold("getMe")
+        bot_token = next(iter(peer.bots))
+        (tmp_path / "talkbridge.yaml").write_text(
+            f"store: sqlite:///{tmp_path}/talkbridge.db\n"
+            "connections:\n"
+            f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
+            f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
+        )
+        process = await talkbridge(
+            "run", "--port", "0", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}, merged=True
+        )
+        assert process.stdout is not None
+        before_url: set[str] = set()  # the SDKs imported before the URL (stderr and stdout
+        while True:  # share the pipe: what was written first is read first)
+            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+            assert line, "talkbridge run exited before printing the URL"
+            module = _imported(line)
+            if module and module.split(".")[0] in SDKS:
+                before_url.add(module.split(".")[0])
+            if line.startswith("http://"):
+                url = line.strip()
+                break
+        assert not before_url, f"imported before the URL was printed: {sorted(before_url)}"
+        rest = asyncio.ensure_future(process.stdout.read())  # a full pipe would block it
+        await peer.wait_for(lambda: bool(peer.calls_of("getme", answered=None)), timeout=60)
+
+        http = url.split("?token=")[0]
+        assert await _connection_state(http, "bot") == "starting"  # getMe is held
+        assert await _ask(url, "hi while the bot starts") == "hi while the bot starts"
+        assert await _connection_state(http, "bot") == "starting"
+
+        getme.set()
+        peer.push_update(private_text(42, "hello bot"))
+        await peer.wait_for(lambda: bool(peer.sent_messages), timeout=30)
+        assert peer.sent_messages[0]["text"] == "hello bot"
+        assert await _connection_state(http, "bot") == "up"
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 60) == 0, (await rest).decode()[-3000:]
+        await rest
+
+
+async def _connection_state(http: str, connection_id: str) -> str:
+    """The connection's state as the webchat's /healthz shows it."""
+    async with aiohttp.ClientSession() as session, session.get(f"{http}healthz") as resp:
+        body = await resp.json()
+    return str(body["connections"][connection_id]["state"])

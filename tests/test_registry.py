@@ -123,7 +123,19 @@ def test_sdk_is_imported_only_when_its_channel_is_configured() -> None:
     assert out.stdout.strip() == "False"
 
 
-def test_every_connection_whose_sdk_is_missing_is_named_not_just_the_first() -> None:
+@pytest.mark.parametrize(
+    "validate",
+    [
+        "validate_startup(Bridge(config, with_webchat=False))",  # `check`, and `build`
+        # `run`: found before anything starts, without importing the SDKs
+        "Bridge(config, with_webchat=False).registry.expect(config)\n"
+        "    assert 'discord' not in sys.modules, 'an SDK was imported'",
+    ],
+    ids=["build", "expect"],
+)
+def test_every_connection_whose_sdk_is_missing_is_named_not_just_the_first(
+    validate: str,
+) -> None:
     probe = (
         "import sys\n"
         "sys.modules['aiogram'] = None; sys.modules['slack_sdk'] = None  # as if not installed\n"
@@ -133,9 +145,10 @@ def test_every_connection_whose_sdk_is_missing_is_named_not_just_the_first() -> 
         "from talkbridge.preflight import validate_startup\n"
         "config, _ = parse_config({'store': 'sqlite:///:memory:', 'connections': [\n"
         "    {'id': 'tg', 'channel': 'telegram', 'token': '1:x'},\n"
-        "    {'id': 'sl', 'channel': 'slack', 'bot_token': 'xoxb-1', 'app_token': 'xapp-1'}]})\n"
+        "    {'id': 'sl', 'channel': 'slack', 'bot_token': 'xoxb-1', 'app_token': 'xapp-1'},\n"
+        "    {'id': 'dc', 'channel': 'discord', 'token': 'x'}]})\n"
         "try:\n"
-        "    validate_startup(Bridge(config, with_webchat=False))\n"
+        f"    {validate}\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
     )

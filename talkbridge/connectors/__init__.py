@@ -9,6 +9,7 @@ entry-point group (value: `config_path|factory_path`).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +30,8 @@ class ChannelSpec:
     factory: str
     extra: str | None = None
     """The pip extra that brings the SDK, named in the error when it is missing."""
+    sdk: tuple[str, ...] = ()
+    """The SDK's top-level modules: `require_sdk` finds them without importing them."""
 
 
 _CHANNELS: dict[str, ChannelSpec] = {}
@@ -45,6 +48,7 @@ register_channel(
         "talkbridge.connectors.telegram.config:TelegramConfig",
         "talkbridge.connectors.telegram.transport:create",
         extra="telegram",
+        sdk=("aiogram", "aiohttp", "markdown_it"),
     )
 )
 
@@ -55,6 +59,7 @@ register_channel(
         "talkbridge.connectors.slack.config:SlackConfig",
         "talkbridge.connectors.slack.transport:create",
         extra="slack",
+        sdk=("slack_sdk", "aiohttp", "markdown_it"),
     )
 )
 register_channel(
@@ -63,6 +68,7 @@ register_channel(
         "talkbridge.connectors.discord.config:DiscordConfig",
         "talkbridge.connectors.discord.transport:create",
         extra="discord",
+        sdk=("discord", "aiohttp", "markdown_it"),
     )
 )
 register_channel(
@@ -71,6 +77,7 @@ register_channel(
         "talkbridge.connectors.email.config:EmailConfig",
         "talkbridge.connectors.email.transport:create",
         extra="email",
+        sdk=("aioimaplib", "aiosmtplib", "publicsuffixlist", "markdown_it"),
     )
 )
 
@@ -101,16 +108,32 @@ def channel_spec(channel: str) -> ChannelSpec:
 
 def load_factory(channel: str) -> ConnectorFactory:
     """Import the connector (and so its SDK) for `channel`."""
-    from talkbridge.errors import ConfigError
-
     spec = channel_spec(channel)
     module_name, _, attr = spec.factory.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f" (install it with: pip install 'talkbridge[{spec.extra}]')" if spec.extra else ""
-        raise ConfigError(
-            f"the {channel} connector cannot be loaded: {exc.name or exc} is missing{hint}"
-        ) from exc
+        raise _missing(spec, exc.name or str(exc)) from exc
     factory: ConnectorFactory = getattr(module, attr)
     return factory
+
+
+def require_sdk(channel: str) -> None:
+    """The `ConfigError` `load_factory` would raise for an SDK that is not installed, found in
+    milliseconds without importing it (`talkbridge run` imports the SDKs after the webchat
+    starts). A channel that names no `sdk` (a plug-in's) is only found out by the import."""
+    spec = channel_spec(channel)
+    for name in spec.sdk:
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise _missing(spec, name)
+
+
+def _missing(spec: ChannelSpec, name: str) -> Exception:
+    from talkbridge.errors import ConfigError
+
+    hint = f" (install it with: pip install 'talkbridge[{spec.extra}]')" if spec.extra else ""
+    return ConfigError(f"the {spec.channel} connector cannot be loaded: {name} is missing{hint}")

@@ -27,6 +27,7 @@ from talkbridge.errors import (
     ConnectionNotStartedError,
     FeatureUnavailableError,
     LeaseLostError,
+    SendFailedError,
     UnknownConnectionError,
 )
 from talkbridge.hooks.calls import defined_at, describe_hook_error, handler_name, log_failure
@@ -109,6 +110,9 @@ class TalkRouter:
         self._arrival: list[ArrivalListener] = []
         self._expected: set[str] = set()
         """Connections of the config not attached yet (`expect`)."""
+        self._attaching: dict[str, asyncio.Future[None]] = {}
+        """Connections being built after the start (`attaching`): done once attached, or
+        failed with the reason they will not be."""
         self._recovered: set[tuple[str, str]] = set()
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
@@ -162,6 +166,32 @@ class TalkRouter:
 
         on_inbound = functools.partial(self._accept, keeps_history=keeps_history)
         self._subscriptions[cid] = connector.subscribe(on_inbound)
+        attached = self._attaching.get(cid)
+        if attached is not None and not attached.done():
+            attached.set_result(None)
+
+    def attaching(self, connection_id: str) -> None:
+        """The connection is being built while the bridge serves (`talkbridge run` starts the
+        webchat first): until it is attached, its sends (a hook's Forward to it) and its
+        messages left from an earlier run wait for it, rather than fail."""
+        if connection_id not in self._connectors:
+            future = asyncio.get_running_loop().create_future()
+            future.add_done_callback(_retrieved)
+            self._attaching[connection_id] = future
+
+    def not_attaching(self, connection_id: str, reason: str) -> None:
+        """The connection `attaching` named will not be attached (`reason`): its waiting sends
+        fail with it, as a down connection's do; its waiting messages stay in the store."""
+        attached = self._attaching.get(connection_id)
+        if attached is not None and not attached.done():
+            attached.set_exception(ConnectionStartFailedError(reason))
+
+    async def _until_attached(self, connection_id: str) -> None:
+        """Return once the connection is attached; raise `ConnectionStartFailedError` when it
+        will not be. At once for a connection not being built (as before)."""
+        attached = self._attaching.get(connection_id)
+        if attached is not None:
+            await asyncio.shield(attached)
 
     def _send_trouble(self, connection_id: str, what: str | None) -> None:
         if self.on_send_trouble is not None:
@@ -357,6 +387,12 @@ class TalkRouter:
         message, accepted, ack = item
         if accepted is not None and not await self._was_accepted(message, accepted):
             return
+        try:  # one left from an earlier run of a connection still starting waits for it
+            await self._until_attached(message.connection_id)
+        except ConnectionStartFailedError:  # kept in the store: the next start answers it
+            if ack is not None:
+                ack.abandon()
+            return
         if ack is not None:
             await self._answer_from_bus(message, ack)
             return
@@ -472,7 +508,13 @@ class TalkRouter:
         """Send through the connection's queue; see `OutboundQueue.send` for `check_sent`.
 
         Buttons to a connection without the `interactions` feature raise
-        `FeatureUnavailableError`: the choices would silently be missing from the message."""
+        `FeatureUnavailableError`: the choices would silently be missing from the message.
+        To a connection still starting (`attaching`) it waits until it is attached; one that
+        fails to start fails the send (`SendFailedError`), as a down connection does."""
+        try:
+            await self._until_attached(connection_id)
+        except ConnectionStartFailedError as exc:
+            raise SendFailedError(connection_id, message.thread_id, exc.reason) from None
         queue = self.outbound(connection_id)
         if message.buttons and self.feature(connection_id, "interactions") is None:
             raise FeatureUnavailableError(
@@ -525,6 +567,8 @@ class TalkRouter:
         them)."""
         for cid in list(self._subscriptions):
             self.detach(cid)
+        for cid in list(self._attaching):
+            self.not_attaching(cid, "the bridge stopped before the connection started")
         self._seen.close()
         abandoned = await self._inbound.cancel(grace)
         for queue in self._outbound.values():
@@ -533,6 +577,18 @@ class TalkRouter:
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
+
+
+class ConnectionStartFailedError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A failure nobody waited for is no "exception never retrieved" warning."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _uncancel_interruption(ack: Ack) -> bool:

@@ -18,7 +18,7 @@ What it does like Telegram:
 - 401 for unknown or revoked tokens; 403 for a chat whose user blocked the bot (`block`); 400
   with `migrate_to_chat_id` for a group that became a supergroup (`migrate_chat`); scripted
   failures for the next N calls of a method (`fail_next`): an error status with `retry_after`,
-  or a dropped connection.
+  or a dropped connection; or calls kept waiting until the test lets them go (`hold`).
 
 Every call is recorded (`calls`, `calls_of`, `sent_messages`); `wait_for` awaits a condition
 on them without sleeping.
@@ -119,6 +119,7 @@ class TelegramBotAPIPeer(Waitable):
         self.reactions: dict[tuple[int | str, int], list[Any]] = {}
         # per method: (only for this token, or None for any; the failure, or None to let one pass)
         self._failures: dict[str, list[tuple[str | None, _Failure | None]]] = {}
+        self._gates: dict[str, asyncio.Event] = {}
         self._revoked: set[str] = set()
         self.migrated: dict[int, int] = {}
         """Groups upgraded to supergroups: old chat id -> new one (`migrate_chat`)."""
@@ -146,6 +147,8 @@ class TelegramBotAPIPeer(Waitable):
     async def stop(self) -> None:
         self._stopping = True
         self._notify()  # release pending long polls
+        for gate in self._gates.values():  # and held calls
+            gate.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -238,6 +241,12 @@ class TelegramBotAPIPeer(Waitable):
         failure = _Failure(status, text, retry_after, drop, migrate_to, html, body)
         queue.extend((token, failure) for _ in range(times))
 
+    def hold(self, method: str) -> asyncio.Event:
+        """Keep every call of `method` waiting (recorded, not answered) until the returned
+        event is set."""
+        gate = self._gates[method.lower()] = asyncio.Event()
+        return gate
+
     def add_file(self, content: bytes, *, file_path: str | None = None) -> str:
         """Make a file downloadable; returns its file_id."""
         number = next(self._file_ids)
@@ -327,6 +336,9 @@ class TelegramBotAPIPeer(Waitable):
         self.calls.append(call)
         self._notify()  # waiters see a long poll begin, not only end
         try:
+            gate = self._gates.get(method)
+            if gate is not None:
+                await gate.wait()
             if token not in self.bots or token in self._revoked:
                 return self._error(call, 401, "Unauthorized")
             failure = self._scripted(method, token)

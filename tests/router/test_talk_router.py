@@ -676,3 +676,70 @@ async def test_a_redelivery_while_deliveries_wait_for_room_is_handled_once(
     await router.join()
     assert handled == ["a", "b"]
     await router.close()
+
+
+async def test_a_send_to_a_connection_still_starting_waits_for_it_or_fails_with_why(
+    router: TalkRouter,
+) -> None:
+    """`talkbridge run` builds the connections while the webchat serves: a hook's Forward to
+    one not built yet waits for it, and fails (as to a down connection) if it cannot start."""
+    router.attaching("ops")
+    router.attaching("mail")
+    to_ops = asyncio.create_task(router.send("ops", OutboundMessage(thread_id="t", text="fwd")))
+    to_mail = asyncio.create_task(router.send("mail", OutboundMessage(thread_id="t", text="x")))
+    await asyncio.sleep(0)  # one turn of the loop (no time): both sends reach their wait
+    assert not to_ops.done() and not to_mail.done()
+    ops = TalkConnector("ops")
+    router.attach(ops)
+    await to_ops
+    assert [s.message.text for s in ops.sent] == ["fwd"]
+    router.not_attaching("mail", "aiosmtplib is missing")
+    with pytest.raises(SendFailedError, match="aiosmtplib is missing"):
+        await to_mail
+
+
+async def test_a_message_left_on_a_connection_still_starting_is_handled_once_it_is(
+    tmp_path: Path,
+) -> None:
+    """Recovered at the start, before its connection is built: its handling (which answers
+    through that connection) waits for it, and the message is not lost."""
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    router = TalkRouter(store, FAST)
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    gate = asyncio.Event()
+
+    async def stuck(m: NormalizedMessage) -> None:
+        await gate.wait()  # the process "dies" while handling
+
+    router.subscribe_all(stuck)
+    await conn.inject(make_message("left over", connection_id="alpha", message_id="n1"))
+    await router.close()
+    await store.close()
+
+    store = SqliteStore(tmp_path / "db.sqlite")
+    await store.open()
+    router = TalkRouter(store, FAST)
+    router.attaching("alpha")
+    beta = TalkConnector("beta")
+    router.attach(beta)
+    seen: list[tuple[str, list[str]]] = []
+    beta_seen = asyncio.Event()
+
+    async def handler(m: NormalizedMessage) -> None:
+        seen.append((m.text, router.connection_ids()))
+        if m.connection_id == "beta":
+            beta_seen.set()
+
+    router.subscribe_all(handler)
+    assert await router.recover() == 1
+    # A message handled after the left-over one began (tasks run in the order they were
+    # made): by then, that one is as far as it goes before its connection is there.
+    await beta.inject(make_message("later", connection_id="beta", message_id="b1"))
+    await beta_seen.wait()
+    router.attach(TalkConnector("alpha"))
+    await router.join()
+    assert seen == [("later", ["beta"]), ("left over", ["alpha", "beta"])]
+    await router.close()
+    await store.close()

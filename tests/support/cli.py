@@ -10,9 +10,13 @@ from pathlib import Path
 
 
 async def talkbridge(
-    *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None
+    *args: str,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    merged: bool = False,
 ) -> asyncio.subprocess.Process:
-    """Start `talkbridge *args` with piped output; `env` is added to this process's environment."""
+    """Start `talkbridge *args` with piped output; `env` is added to this process's environment.
+    `merged`: stderr goes into stdout's pipe, so the two read in the order they were written."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -20,7 +24,7 @@ async def talkbridge(
         *args,
         cwd=cwd,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT if merged else asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
 
