@@ -166,7 +166,7 @@ class TalkRouter:
 
         on_inbound = functools.partial(self._accept, keeps_history=keeps_history)
         self._subscriptions[cid] = connector.subscribe(on_inbound)
-        attached = self._attaching.get(cid)
+        attached = self._attaching.pop(cid, None)  # its waiters hold the future
         if attached is not None and not attached.done():
             attached.set_result(None)
 
@@ -387,12 +387,13 @@ class TalkRouter:
         message, accepted, ack = item
         if accepted is not None and not await self._was_accepted(message, accepted):
             return
-        try:  # one left from an earlier run of a connection still starting waits for it
-            await self._until_attached(message.connection_id)
-        except ConnectionStartFailedError:  # kept in the store: the next start answers it
-            if ack is not None:
-                ack.abandon()
-            return
+        if self._attaching:  # one left from an earlier run of a connection still starting
+            try:  # waits for it
+                await self._until_attached(message.connection_id)
+            except ConnectionStartFailedError:  # kept in the store: the next start answers it
+                if ack is not None:
+                    ack.abandon()
+                return
         if ack is not None:
             await self._answer_from_bus(message, ack)
             return
@@ -511,10 +512,11 @@ class TalkRouter:
         `FeatureUnavailableError`: the choices would silently be missing from the message.
         To a connection still starting (`attaching`) it waits until it is attached; one that
         fails to start fails the send (`SendFailedError`), as a down connection does."""
-        try:
-            await self._until_attached(connection_id)
-        except ConnectionStartFailedError as exc:
-            raise SendFailedError(connection_id, message.thread_id, exc.reason) from None
+        if self._attaching:
+            try:
+                await self._until_attached(connection_id)
+            except ConnectionStartFailedError as exc:
+                raise SendFailedError(connection_id, message.thread_id, exc.reason) from None
         queue = self.outbound(connection_id)
         if message.buttons and self.feature(connection_id, "interactions") is None:
             raise FeatureUnavailableError(
