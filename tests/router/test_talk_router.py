@@ -134,7 +134,9 @@ async def test_same_native_id_on_two_connections_is_two_messages(router: TalkRou
     assert sorted(seen) == ["a", "b"]
 
 
-async def test_accepted_but_unfinished_messages_are_recovered(tmp_path: Path) -> None:
+async def left_unfinished(tmp_path: Path, text: str) -> None:
+    """A store in `tmp_path` holding a message of connection alpha accepted but never
+    finished: the process "died" while handling it (`close` cancels the handler)."""
     store = SqliteStore(tmp_path / "db.sqlite")
     await store.open()
     router = TalkRouter(store, FAST)
@@ -143,12 +145,16 @@ async def test_accepted_but_unfinished_messages_are_recovered(tmp_path: Path) ->
     gate = asyncio.Event()
 
     async def stuck(m: NormalizedMessage) -> None:
-        await gate.wait()  # the process "dies" while handling
+        await gate.wait()
 
     router.subscribe_all(stuck)
-    await conn.inject(make_message("lost?", connection_id="alpha", message_id="n1"))
-    await router.close()  # cancels the handler mid-flight: never completed
+    await conn.inject(make_message(text, connection_id="alpha", message_id="n1"))
+    await router.close()
     await store.close()
+
+
+async def test_accepted_but_unfinished_messages_are_recovered(tmp_path: Path) -> None:
+    await left_unfinished(tmp_path, "lost?")
 
     store = SqliteStore(tmp_path / "db.sqlite")
     await store.open()
@@ -703,20 +709,7 @@ async def test_a_message_left_on_a_connection_still_starting_is_handled_once_it_
 ) -> None:
     """Recovered at the start, before its connection is built: its handling (which answers
     through that connection) waits for it, and the message is not lost."""
-    store = SqliteStore(tmp_path / "db.sqlite")
-    await store.open()
-    router = TalkRouter(store, FAST)
-    conn = TalkConnector("alpha")
-    router.attach(conn)
-    gate = asyncio.Event()
-
-    async def stuck(m: NormalizedMessage) -> None:
-        await gate.wait()  # the process "dies" while handling
-
-    router.subscribe_all(stuck)
-    await conn.inject(make_message("left over", connection_id="alpha", message_id="n1"))
-    await router.close()
-    await store.close()
+    await left_unfinished(tmp_path, "left over")
 
     store = SqliteStore(tmp_path / "db.sqlite")
     await store.open()

@@ -317,3 +317,22 @@ ANNOUNCED = """() => {
 }"""
 """Before the page's script: every text added to a live region (what a screen reader reads
 out unasked) goes to `window.__announced`."""
+
+
+async def page_swallowing_sends(context: Any, webchat: Webchat) -> tuple[Any, dict[str, bool]]:
+    """An open page whose `send` frames go nowhere while `swallow["sends"]` holds (as if the
+    bridge never got them); everything else passes."""
+    page = await context.new_page()
+    swallow = {"sends": True}
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        ws.on_message(
+            lambda m: None if swallow["sends"] and '"type":"send"' in m else server.send(m)
+        )
+        server.on_message(ws.send)
+
+    await page.route_web_socket("**/ws", relay)
+    await page.goto(page_url(webchat))
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    return page, swallow

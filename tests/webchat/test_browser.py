@@ -28,6 +28,7 @@ from tests.webchat.conftest import (
     Webchat,
     expect,
     open_chat,
+    page_swallowing_sends,
     page_url,
     say,
     say_on_a_phone,
@@ -169,19 +170,7 @@ async def test_a_message_left_pending_by_a_reload_is_sent_by_the_reloaded_page(
     webchat: Webchat, context: Any
 ) -> None:
     """The reloaded page is a new tab: it takes over what the page before it left unsent."""
-    page = await context.new_page()
-    swallow = {"sends": True}
-
-    def relay(ws: Any) -> None:
-        server = ws.connect_to_server()
-        ws.on_message(
-            lambda m: None if swallow["sends"] and '"type":"send"' in m else server.send(m)
-        )
-        server.on_message(ws.send)
-
-    await page.route_web_socket("**/ws", relay)
-    await page.goto(page_url(webchat))
-    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    page, swallow = await page_swallowing_sends(context, webchat)
     await say(page, "left pending")
     await expect(page.locator(".msg.pending .meta")).to_have_text("Sending…")
     swallow["sends"] = False

@@ -19,6 +19,7 @@ from tests.webchat.conftest import (
     Webchat,
     expect,
     open_chat,
+    page_swallowing_sends,
     page_url,
     say,
 )
@@ -361,19 +362,7 @@ async def test_a_draft_sent_before_the_bridge_acknowledged_it_comes_back_once_no
     """Sent, then the page reloaded before the bridge took it: it waits in the outbox and goes
     out from there. Were it still a draft too, the box would offer it again, to send twice.
     A second tab of the conversation shows the draft as it is typed, and empties with it."""
-    page = await context.new_page()
-    swallow = {"sends": True}
-
-    def relay(ws: Any) -> None:
-        server = ws.connect_to_server()
-        ws.on_message(
-            lambda m: None if swallow["sends"] and '"type":"send"' in m else server.send(m)
-        )
-        server.on_message(ws.send)
-
-    await page.route_web_socket("**/ws", relay)
-    await page.goto(page_url(webchat))
-    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    page, swallow = await page_swallowing_sends(context, webchat)
     other = await open_chat(context, webchat)
     box = page.get_by_role("textbox", name="Message")
     await box.fill("not taken yet")

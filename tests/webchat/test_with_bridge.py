@@ -383,6 +383,16 @@ async def test_healthz_counts_the_events_a_slow_watcher_had_dropped(tmp_path: Pa
         await bridge.stop()
 
 
+async def _history_after_a_reload(
+    bridge: Bridge, session_id: str, thread: str
+) -> list[dict[str, Any]]:
+    """The thread's messages as a reloaded page gets them."""
+    async with _page(bridge, session_id) as (ws, _):
+        await ws.send(json.dumps({"type": "history", "thread_id": thread}))
+        history = await _recv(ws)
+    return list(history["messages"])
+
+
 async def test_a_message_a_hook_drops_gets_a_not_answered_note_and_never_the_reason(
     tmp_path: Path,
 ) -> None:
@@ -442,12 +452,10 @@ async def test_a_message_a_hook_drops_gets_a_not_answered_note_and_never_the_rea
             )
             await ws.send(json.dumps({"type": "ping", "ref": "p"}))
             assert await _recv(ws) == {"type": "pong", "ref": "p"}
-        async with _page(bridge, ready["session_id"]) as (ws, _):  # a reload
-            await ws.send(json.dumps({"type": "history", "thread_id": thread}))
-            history = await _recv(ws)
+        history = await _history_after_a_reload(bridge, ready["session_id"], thread)
     finally:
         await bridge.stop()
-    shown = [(m["role"], m["text"], m.get("code")) for m in history["messages"]]
+    shown = [(m["role"], m["text"], m.get("code")) for m in history]
     assert shown == [
         ("user", "buy spam", None),
         ("system", "Not answered", "not_answered"),
@@ -514,12 +522,10 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
             frames += await _until(ws, _answer)
             await ws.send(json.dumps({"type": "ping", "ref": "p"}))
             assert await _recv(ws) == {"type": "pong", "ref": "p"}  # nothing else came
-        async with _page(bridge, ready["session_id"]) as (ws, _):  # a reload
-            await ws.send(json.dumps({"type": "history", "thread_id": thread}))
-            history = await _recv(ws)
+        history = await _history_after_a_reload(bridge, ready["session_id"], thread)
     finally:
         await bridge.stop()
-    shown = [(m["role"], m["text"], m.get("code")) for m in history["messages"]]
+    shown = [(m["role"], m["text"], m.get("code")) for m in history]
     assert shown == [
         ("user", "escalate", None),
         ("system", "Passed on", "forwarded"),
