@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from talkbridge.backoff import STABLE_AFTER, Backoff
 from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
@@ -47,6 +47,7 @@ from talkbridge.talk import Talk
 if TYPE_CHECKING:
     from talkbridge.cluster import Cluster, Lease
 
+_T = TypeVar("_T")
 log = logging.getLogger("talkbridge.registry")
 
 
@@ -190,43 +191,22 @@ class ConnectionRegistry:
     def build(self, config: BridgeConfig, context: ConnectorContext) -> None:
         """Create a connector for every enabled connection; imports only the SDKs in use.
         Every connection whose connector cannot be loaded is named, not just the first."""
-        missing: list[str] = []
-        for index, conn in enumerate(config.connections):
-            if not conn.enabled:
-                continue
-            try:
-                factory = load_factory(conn.channel)
-            except ConfigError as exc:
-                missing.append(f"connections[{index}] ({conn.id}): {exc}")
-                continue
+        for conn, factory in _each_enabled(config, load_factory):
             self.add(factory(conn, context), conn)
-        if missing:
-            raise ConfigError("\n".join(missing))
 
     def expect(self, config: BridgeConfig) -> None:
         """What `build` checks, without importing any SDK (milliseconds, not seconds): each
         enabled connection is registered as `starting` (its id known to hooks and shown in
         /healthz); `build_pending` builds and starts them later. A `ConfigError` names every
         connection whose SDK is not installed, as `build` does."""
-        missing: list[str] = []
-        for index, conn in enumerate(config.connections):
-            if not conn.enabled:
-                continue
-            try:
-                require_sdk(conn.channel)
-            except ConfigError as exc:
-                missing.append(f"connections[{index}] ({conn.id}): {exc}")
-        if missing:
-            raise ConfigError("\n".join(missing))
-        for conn in config.connections:
-            if conn.enabled:
-                if conn.id in self._health:
-                    raise ValueError(f"connection {conn.id!r} is already registered")
-                self._pending[conn.id] = self._configs[conn.id] = conn
-                for value in conn.secret_values():
-                    self._secrets.add(value)
-                self._health[conn.id] = ConnectionHealth(conn.id, conn.channel)
-                self._set_state(conn.id, ConnectionState.STARTING, None)
+        for conn, _ in _each_enabled(config, require_sdk):
+            if conn.id in self._health:
+                raise ValueError(f"connection {conn.id!r} is already registered")
+            self._pending[conn.id] = self._configs[conn.id] = conn
+            for value in conn.secret_values():
+                self._secrets.add(value)
+            self._health[conn.id] = ConnectionHealth(conn.id, conn.channel)
+            self._set_state(conn.id, ConnectionState.STARTING, None)
 
     def pending(self) -> list[str]:
         """The connections `expect` registered that are not built yet."""
@@ -486,3 +466,22 @@ class ConnectionRegistry:
             return CheckReport(cid, connector.channel, False, self.redact(detail))
         except Exception as exc:
             return CheckReport(cid, connector.channel, False, self.redact(describe_error(exc)))
+
+
+def _each_enabled(
+    config: BridgeConfig, step: Callable[[str], _T]
+) -> list[tuple[ConnectionConfig, _T]]:
+    """`step(channel)` for every enabled connection, in the config's order; one `ConfigError`
+    names every connection it refused, not just the first."""
+    done: list[tuple[ConnectionConfig, _T]] = []
+    refused: list[str] = []
+    for index, conn in enumerate(config.connections):
+        if not conn.enabled:
+            continue
+        try:
+            done.append((conn, step(conn.channel)))
+        except ConfigError as exc:
+            refused.append(f"connections[{index}] ({conn.id}): {exc}")
+    if refused:
+        raise ConfigError("\n".join(refused))
+    return done
