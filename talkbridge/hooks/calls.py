@@ -98,7 +98,15 @@ def message_ref(msg: Any) -> str:
 
 
 def defined_at(fn: Any) -> str:
-    """` (FILE line N)` where `fn` is defined, when it is Python code."""
+    """` (FILE line N)` where `fn` (a function, a method, a class) is defined, when it is
+    Python code."""
+    if inspect.isclass(fn):
+        try:
+            _, line = inspect.findsource(fn)
+            filename = inspect.getsourcefile(fn)
+        except (OSError, TypeError):
+            return ""
+        return f" ({shown_path(filename)} line {line + 1})" if filename else ""
     code = _code_of(fn)
     if code is None:
         return ""
