@@ -551,6 +551,13 @@ class HookChain(Generic[E]):
     def names(self) -> list[str]:
         return [name for _scope, name in self._by_key]
 
+    def code_of(self, name: str) -> str:
+        """`handler (FILE line N)` of the hook named `name`, for a log line; "" for none."""
+        for (_scope, reg_name), reg in self._by_key.items():
+            if reg_name == name:
+                return hook_code(reg.fn)
+        return ""
+
     def __len__(self) -> int:
         return self._total
 

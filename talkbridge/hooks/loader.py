@@ -138,14 +138,18 @@ def load_hooks(paths: list[Path], deps: HookDeps, registry: HookRegistry) -> lis
         deps.hooks = registry
     loaded: list[LoadedHook] = []
     try:
-        for path in paths:
-            for folder in _hook_folders(Path(path)):
-                loaded.append(_load_folder(folder, deps, registry, loaded))
+        for folder in hook_folders(paths):
+            loaded.append(_load_folder(folder, deps, registry, loaded))
     except BaseException:
         for item in reversed(loaded):
             registry.unregister(item.name, missing_ok=True)
         raise
     return loaded
+
+
+def hook_folders(paths: list[Path]) -> list[Path]:
+    """The hook folders the listed ones stand for: each, or its subfolders with a `hook.py`."""
+    return [folder for path in paths for folder in _hook_folders(Path(path))]
 
 
 def _hook_folders(path: Path) -> list[Path]:
