@@ -129,3 +129,21 @@ def check_call(fn: Any, args: tuple[str, ...], what: str) -> None:
             f"{prefix}{name}{signature}{defined_at(fn)} cannot be called as "
             f"{name}({', '.join(args)}): {exc}"
         ) from None
+
+
+def is_async(fn: Any) -> bool:
+    """An `async def` function or method, or an instance with an `async def __call__`."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an instance with async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def check_async(fn: Any, what: str, should: str) -> None:
+    """A plain `def` where the caller awaits the result loaded, then failed every turn
+    ("object NoneType can't be used in 'await' expression"): refused, naming its file and line."""
+    if is_async(fn):
+        return
+    name = getattr(fn, "__name__", type(fn).__name__)
+    raise TypeError(
+        f"{what}: {name}{defined_at(fn)} is a plain function (def): it must be {should}, "
+        "as what it returns is awaited"
+    )

@@ -21,7 +21,13 @@ from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
 from talkbridge.cancellation import cancelling
-from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure, message_ref
+from talkbridge.hooks.calls import (
+    check_async,
+    describe_hook_error,
+    hook_code,
+    log_failure,
+    message_ref,
+)
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
 from talkbridge.hooks.steps import run_hook, say_held
 
@@ -127,6 +133,8 @@ def compose(
     In production the `Error` of a fail-closed middleware names it but not the exception's text.
     """
     for mw in middlewares:
+        what = f"turn middleware {middleware_name(mw)!r}"
+        check_async(mw.handle, what, "async def handle(self, ctx, next)")  # its result is awaited
         if getattr(mw, "on_error", "fail-open") not in ON_ERROR_VALUES:
             raise ValueError(
                 f"turn middleware {middleware_name(mw)!r}: on_error must be 'fail-open' or "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from talkbridge.cancellation import cancel_and_wait
-from talkbridge.hooks.calls import check_call, defined_at
+from talkbridge.hooks.calls import check_async, check_call, defined_at, is_async
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
 from talkbridge.hooks.engine import HookFilter
@@ -167,24 +167,6 @@ def _callable_of(kind: str, obj: Any, name: str) -> Callable[..., Any]:
     )
 
 
-def _is_async(fn: Any) -> bool:
-    """An `async def` function or method, or an instance with an `async def __call__`."""
-    call = getattr(fn, "__call__", None)  # noqa: B004 - an instance with async __call__
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
-def _check_async(fn: Any, what: str, should: str) -> None:
-    """A plain `def` where the caller awaits the result loaded, then failed every turn
-    ("object NoneType can't be used in 'await' expression"): refused, naming its file and line."""
-    if _is_async(fn):
-        return
-    name = getattr(fn, "__name__", type(fn).__name__)
-    raise TypeError(
-        f"{what}: {name}{defined_at(fn)} is a plain function (def): it must be {should}, "
-        "as what it returns is awaited"
-    )
-
-
 def _warn_of_other_kinds(kind: str, hook: Any, name: str) -> None:
     """An object registered as one kind that has another kind's method (`on_turn_finished` on a
     channel-message hook): that method is never called, which would pass unnoticed."""
@@ -292,7 +274,7 @@ class HookRegistry:
         handle = getattr(hook, "handle", None)
         if callable(handle):
             check_call(handle, ("ctx", "next"), what)
-            _check_async(handle, what, "async def handle(self, ctx, next)")
+            check_async(handle, what, "async def handle(self, ctx, next)")
             self.middleware.add(
                 ConfiguredMiddleware(
                     hook,
@@ -303,7 +285,7 @@ class HookRegistry:
             )
         elif inspect.isroutine(hook):
             check_call(hook, ("ctx", "next"), what)
-            _check_async(hook, what, f"async def {getattr(hook, '__name__', 'mw')}(ctx, next)")
+            check_async(hook, what, f"async def {getattr(hook, '__name__', 'mw')}(ctx, next)")
             self.middleware.add(FunctionMiddleware(hook, name=name, **options))
         else:
             raise TypeError(
@@ -341,7 +323,7 @@ class HookRegistry:
 
     def _add_durable(self, hook: Any, name: str, options: dict[str, Any]) -> None:
         handler = _callable_of("durable", hook, name)
-        if not _is_async(handler):
+        if not is_async(handler):
             raise TypeError(
                 f"durable hook {name!r} must be an async function (event) -> None, or have an "
                 "async on_event(event)"
