@@ -16,7 +16,7 @@ import json
 import logging
 import secrets as pysecrets
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -192,6 +192,8 @@ class Bridge:
             load_hook_folders(
                 self.config.hook_folders(), self.hook_deps(), self.hooks, self.registry.ids()
             )
+            for problem in self.unknown_hook_targets(self.registry.ids()):
+                log.warning("%s", problem)
         self.hooks.freeze()
         for cid in self.registry.ids():  # imperative hooks, from folders and from code alike
             self.hooks.register_connection(cid)
@@ -312,6 +314,17 @@ class Bridge:
             )
             self.runner.add_agent(agent, name)
         check_agent_roles(self)
+
+    def unknown_hook_targets(self, connection_ids: Collection[str]) -> list[str]:
+        """The agents and connections the hook folders' code names as literals
+        (`RouteToAgent("billing")`) that the bridge lacks: one line each (`talkbridge.hooks.
+        targets`). Call once the agents are added and the hooks loaded."""
+        from talkbridge.hooks.loader import hook_folders
+        from talkbridge.hooks.targets import unknown_targets
+
+        disabled = [conn.id for conn in self.config.connections if not conn.enabled]
+        folders = hook_folders(self.config.hook_folders())
+        return unknown_targets(folders, self.runner.agent_names, connection_ids, disabled)
 
     def hook_deps(self) -> HookDeps:
         """What the hooks of the config's folders are given."""
@@ -487,8 +500,8 @@ class Bridge:
             known = ", ".join(sorted(self.runner.agent_names))
             await self._apologize(
                 route.message,
-                f"hook {route.routed_by!r} routed the message to agent {agent!r}, which is not "
-                f"defined (agents: {known})",
+                f"{self._hook_named(route.routed_by)} routed the message to agent {agent!r}, "
+                f"which is not defined (agents: {known})",
                 screen=untrusted,
             )
             return
@@ -831,15 +844,24 @@ class Bridge:
             log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
             await self._note(message, "not_answered")  # passed on it was not: nobody answers
         except UnknownConnectionError:
-            known = ", ".join(self.registry.ids())
+            target = forward.connection_id
+            disabled = any(c.id == target and not c.enabled for c in self.config.connections)
+            why = "disabled (enabled: false)" if disabled else "not configured"
+            known = ", ".join(sorted(self.registry.ids()))
             await self._apologize(
                 message,
-                f"hook {route.routed_by!r} forwarded the message to connection "
-                f"{forward.connection_id!r}, which is not configured (connections: {known})",
+                f"{self._hook_named(route.routed_by)} forwarded the message to connection "
+                f"{target!r}, which is {why} (connections: {known})",
                 screen=route.trust != "trusted",
             )
         else:
             await self._note(message, "forwarded")
+
+    def _hook_named(self, name: str | None) -> str:
+        """`channel-message hook 'router': Router.on_message (FILE line N)`: the hook behind a
+        decision, and its code, for the operator to find it."""
+        code = self.hooks.channel_message.chain.code_of(name) if name else ""
+        return f"channel-message hook {name!r}" + (f": {code}" if code else "")
 
     async def _apologize(
         self, message: NormalizedMessage, problem: str, *, screen: bool = False
@@ -847,7 +869,7 @@ class Bridge:
         """A hook's decision that cannot be carried out: the operator's log says which hook and
         why, and the sender is not left waiting in silence (the detail only in development,
         as for a failed turn)."""
-        log.error("%s/%s: %s", message.connection_id, message.id, problem)
+        log.error("%s/%s: %s; answered with an apology", message.connection_id, message.id, problem)
         development = self.config.environment == "development"
         reply = OutboundMessage(
             thread_id=message.thread_id,

@@ -354,8 +354,10 @@ async def _check(args: argparse.Namespace) -> int:
     store = open_store(config.store, prefix=config.store_prefix, short_lived=True)
     bridge = Bridge(config, secrets, store=store, with_webchat=False)
     try:
-        validate_startup(bridge)
+        warnings = validate_startup(bridge)
         _console.out(f"config: ok ({len(config.connections)} connection(s))")
+        for warning in warnings:  # what `run` would log at start: `check` is quiet but errors
+            _console.out(f"warn  {warning}")
         store_ok = await _check_store(store, config.store, args.timeout)
         connections_ok = await _check_connections(bridge, args.timeout)
         agents_ok = await _check_agents(bridge, args.timeout, secrets.redact)

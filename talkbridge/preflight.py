@@ -27,8 +27,9 @@ def check_agent_roles(bridge: Bridge) -> None:
             )
 
 
-def validate_startup(bridge: Bridge) -> None:
-    """Build what `bridge.start()` builds from the config, raising its `ConfigError`s."""
+def validate_startup(bridge: Bridge) -> list[str]:
+    """Build what `bridge.start()` builds from the config, raising its `ConfigError`s; returns
+    what the start would warn of (hook code naming an agent or connection the config lacks)."""
     from talkbridge.hooks.loader import load_hook_folders
 
     config = bridge.config
@@ -37,3 +38,5 @@ def validate_startup(bridge: Bridge) -> None:
     if config.hooks:
         connection_ids = [*bridge.registry.ids(), "webchat"]  # `run` always serves the webchat
         load_hook_folders(config.hook_folders(), bridge.hook_deps(), bridge.hooks, connection_ids)
+        return bridge.unknown_hook_targets(connection_ids)
+    return []

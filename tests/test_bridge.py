@@ -31,6 +31,7 @@ from talkbridge.hooks import (
     TurnFinishedEvent,
     TurnStartedEvent,
 )
+from talkbridge.hooks.calls import shown_path
 from talkbridge.hooks.listeners import REFUSED
 from talkbridge.indicators import TypingIndicators
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult, utcnow
@@ -696,10 +697,13 @@ async def test_a_hook_decision_that_cannot_be_carried_out_gets_an_apology_and_na
     await conns["test"].inject(make_message("forward me", message_id="f1"))
     replies = await conns["test"].wait_sent(2)
     assert [r.message.text for r in replies] == [SORRY, SORRY]  # not left in silence
-    assert (
-        "hook 'misroute' routed the message to agent 'ghost', which is not defined" in caplog.text
-    )
-    assert "hook 'misroute' forwarded the message to connection 'nowhere'" in caplog.text
+    code = f"misroute ({shown_path(__file__)} line {misroute.__code__.co_firstlineno})"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"test/g1: channel-message hook 'misroute': {code} routed the message to agent 'ghost', "
+        "which is not defined (agents: echo, sentinel); answered with an apology",
+        f"test/f1: channel-message hook 'misroute': {code} forwarded the message to connection "
+        "'nowhere', which is not configured (connections: test); answered with an apology",
+    ]
     await bridge.stop()
 
 

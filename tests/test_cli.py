@@ -468,6 +468,52 @@ async def test_check_with_only_the_webchat(tmp_path: Path) -> None:
     assert code == 0 and "config: ok" in out and "no connections to check" in out
 
 
+async def test_check_warns_of_an_agent_or_connection_a_hook_names_that_the_config_lacks(
+    tmp_path: Path,
+) -> None:
+    """`RouteToAgent("billng")` in a hook folder was found only when a message took that path
+    (its sender got an apology): `check` said "config: ok". It warns now, naming the file and
+    line; targets the config has (and names computed at run time) say nothing."""
+    folder = tmp_path / "hooks" / "channel-message" / "desks"
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(
+        "from talkbridge import hooks\n"
+        "from .desks import route\n"
+        "def create_hook(deps):\n"
+        "    async def on_message(msg):\n"
+        "        if msg.text == 'x':\n"
+        "            return hooks.Forward('webchat', thread_id='t')\n"
+        "        return route(msg) or hooks.RouteToAgent(agent='echo')\n"
+        "    return on_message\n"
+    )
+    (folder / "desks.py").write_text(  # a module beside hook.py is read too
+        "from talkbridge.hooks import Forward, RouteToAgent\n"
+        "DESK = 'sentinel'\n"
+        "def route(msg):\n"
+        "    if msg.text == 'a':\n"
+        "        return RouteToAgent(DESK)\n"
+        "    if msg.text == 'b':\n"
+        "        return Forward('tg')\n"
+        "    return RouteToAgent('billng') if msg.text == 'c' else Forward('slack-desk')\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text(
+        "hooks: [hooks/channel-message/desks]\n"
+        "connections: [{id: tg, channel: telegram, token: '1:x', enabled: false}]\n"
+    )
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 0, err
+    where = f"hook folder {folder}: hooks/channel-message/desks/desks.py"
+    apology = "a message routed there is answered with an apology"
+    assert [line for line in out.splitlines() if line.startswith("warn")] == [
+        f"warn  {where} line 7: Forward('tg'): connection 'tg' is disabled (enabled: false); "
+        + apology,
+        f"warn  {where} line 8: RouteToAgent('billng'): no agent is named 'billng' (agents: "
+        f"echo, sentinel); {apology}",
+        f"warn  {where} line 8: Forward('slack-desk'): no connection is named 'slack-desk' "
+        f"(connections: webchat); {apology}",
+    ]
+
+
 async def test_a_login_in_a_url_whose_requests_carry_a_token_header_is_a_config_error(
     tmp_path: Path,
 ) -> None:

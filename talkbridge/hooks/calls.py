@@ -98,7 +98,15 @@ def message_ref(msg: Any) -> str:
 
 
 def defined_at(fn: Any) -> str:
-    """` (FILE line N)` where `fn` is defined, when it is Python code."""
+    """` (FILE line N)` where `fn` (a function, a method, a class) is defined, when it is
+    Python code."""
+    if inspect.isclass(fn):
+        try:
+            _, line = inspect.findsource(fn)
+            filename = inspect.getsourcefile(fn)
+        except (OSError, TypeError):
+            return ""
+        return f" ({shown_path(filename)} line {line + 1})" if filename else ""
     code = _code_of(fn)
     if code is None:
         return ""
@@ -121,3 +129,21 @@ def check_call(fn: Any, args: tuple[str, ...], what: str) -> None:
             f"{prefix}{name}{signature}{defined_at(fn)} cannot be called as "
             f"{name}({', '.join(args)}): {exc}"
         ) from None
+
+
+def is_async(fn: Any) -> bool:
+    """An `async def` function or method, or an instance with an `async def __call__`."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an instance with async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def check_async(fn: Any, what: str, should: str) -> None:
+    """A plain `def` where the caller awaits the result loaded, then failed every turn
+    ("object NoneType can't be used in 'await' expression"): refused, naming its file and line."""
+    if is_async(fn):
+        return
+    name = getattr(fn, "__name__", type(fn).__name__)
+    raise TypeError(
+        f"{what}: {name}{defined_at(fn)} is a plain function (def): it must be {should}, "
+        "as what it returns is awaited"
+    )

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from talkbridge.agents.base import TurnContext
 from talkbridge.errors import TurnAbortedError
 from talkbridge.hooks.calls import check_call, failed_at, hook_code, log_failure
-from talkbridge.hooks.engine import DEFAULT_TIMEOUT, ON_ERROR_VALUES, OnError, _takes_two, settle
+from talkbridge.hooks.engine import DEFAULT_TIMEOUT, ON_ERROR_VALUES, OnError, _takes_two
+from talkbridge.hooks.steps import Held, run_hook, say_held
 
 log = logging.getLogger("talkbridge.hooks")
 
@@ -137,7 +138,7 @@ class ChatHooks:
         current = messages
         for entry in self._chat:
             try:
-                result = await settle(entry.fn(current), entry.timeout)
+                result = await run_hook(entry.fn, (current,), entry.timeout, _held("chat", entry))
             except Exception as exc:
                 self._failed("chat", entry, f"raised {type(exc).__name__}: {exc}", exc)
                 continue
@@ -153,8 +154,8 @@ class ChatHooks:
         """Ask reply hooks in order; the first non-None answer wins."""
         for entry in self._reply:
             try:
-                call = entry.fn(messages, reply) if entry.pass_second else entry.fn(messages)
-                result = await settle(call, entry.timeout)
+                args = (messages, reply) if entry.pass_second else (messages,)
+                result = await run_hook(entry.fn, args, entry.timeout, _held("reply", entry))
             except Exception as exc:
                 self._failed("reply", entry, f"raised {type(exc).__name__}: {exc}", exc)
                 continue
@@ -193,3 +194,12 @@ class ChatHooks:
             return None
         outcome = await self.run_reply(self.turn_messages(ctx), reply)
         return outcome.reply if outcome.replied_by is not None else None
+
+
+def _held(kind: str, entry: _Entry) -> Held:
+    """Tells of a step of `entry` that blocked the loop (it is handed the messages, not one)."""
+
+    def held(seconds: float) -> None:
+        say_held(log, f"{kind} hook {entry.name!r}", None, entry.fn, seconds)
+
+    return held

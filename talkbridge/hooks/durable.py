@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from talkbridge.cancellation import cancelling
 from talkbridge.errors import TalkbridgeError
 from talkbridge.hooks.calls import describe_hook_error
+from talkbridge.hooks.steps import run_hook, say_held
 from talkbridge.message import utcnow
 from talkbridge.outage import Outage
 from talkbridge.store.base import HookDelivery, Store
@@ -462,9 +463,14 @@ class DurableHooks:
             await store.fail_hook_delivery(delivery.id, f"unreadable event: {exc}", retry_at=None)
             return
         deadline = asyncio.timeout(self.attempt_timeout)
+
+        def held(seconds: float) -> None:
+            what = f"durable hook {delivery.handler!r}"
+            say_held(log, what, f"event {delivery.event_id}", handler, seconds)
+
         try:
             async with deadline:
-                await handler(event)
+                await run_hook(handler, (event,), None, held)
         except asyncio.CancelledError as exc:
             if cancelling():
                 # Stopping mid-attempt: not the handler's failure; give the lease back.

@@ -20,24 +20,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
-import time
 import types
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from talkbridge.cancellation import cancelling, drain_tasks
+from talkbridge.hooks import steps
 from talkbridge.hooks.calls import (
     check_call,
     describe_hook_error,
     hook_code,
     log_failure,
     message_ref,
+)
+from talkbridge.hooks.steps import (
+    HookTimeoutError,
+    begin,
+    bounded,
+    end,
+    resume,
+    run_hook,
+    say_held,
 )
 
 E = TypeVar("E")
@@ -46,10 +56,8 @@ OnError = Literal["fail-open", "fail-closed"]
 Direction = Literal["inbound", "outbound"]
 ON_ERROR_VALUES: Final = ("fail-open", "fail-closed")
 DEFAULT_TIMEOUT: Final = 30.0
-BLOCKING_WARNING: Final = 1.0
-"""Seconds a hook may run without awaiting before the log says it held up the event loop."""
 _DONE: Final = object()
-_monotonic: Final = time.monotonic
+_CoroutineType: Final = types.CoroutineType
 
 log = logging.getLogger("talkbridge.hooks")
 
@@ -221,14 +229,6 @@ class ChainOutcome(NamedTuple, Generic[E]):
         return self.decision is None
 
 
-class HookTimeoutError(Exception):
-    """Internal marker: the hook exceeded its own timeout (not a TimeoutError it raised itself)."""
-
-    def __init__(self, timeout: float) -> None:
-        super().__init__(f"timed out after {timeout:g} s")
-        self.timeout = timeout
-
-
 # ---- registrations ----------------------------------------------------------------------------
 
 
@@ -316,63 +316,7 @@ def _takes_two(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2  # none at all: `check_call` says what it is called with
 
 
-# ---- driving a hook's coroutine -----------------------------------------------------------------
-
-_CoroutineType: Final = types.CoroutineType
-
-
-@types.coroutine
-def _resume(coro: Coroutine[Any, Any, Any], first: Any) -> Generator[Any, Any, Any]:
-    """Continue a coroutine the engine already stepped once, passing every yield to the task.
-
-    This is what `await coro` would have done had the first step not been taken by hand: the task
-    running the chain sees the same futures, and cancellation (a timeout) is thrown into the hook.
-    """
-    yielded = first
-    while True:
-        try:
-            sent = yield yielded
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:
-            try:
-                yielded = coro.throw(exc)
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                yielded = coro.send(sent)
-            except StopIteration as stop:
-                return stop.value
-
-
-async def _bounded(awaitable: Awaitable[Any], limit: float | None) -> Any:
-    if limit is None:
-        return await awaitable
-    cm = asyncio.timeout(limit)
-    try:
-        async with cm:
-            return await awaitable
-    except TimeoutError:
-        if cm.expired():
-            raise HookTimeoutError(limit) from None
-        raise
-
-
-async def settle(result: Any, limit: float | None) -> Any:
-    """`result` itself, or what it resolves to when awaitable (within `limit` seconds)."""
-    if inspect.isawaitable(result):
-        return await _bounded(result, limit)
-    return result
-
-
-async def call_hook(reg: Registration, event: Any, second: Any) -> Any:
-    """Call a hook and await its result under its timeout (the slow, always-correct path)."""
-    result = reg.fn(event, second) if reg.pass_second else reg.fn(event)
-    if inspect.isawaitable(result):
-        return await _bounded(result, reg.timeout)
-    return result
+# ---- calling a hook ----------------------------------------------------------------------------
 
 
 class Prefetch:
@@ -607,6 +551,13 @@ class HookChain(Generic[E]):
     def names(self) -> list[str]:
         return [name for _scope, name in self._by_key]
 
+    def code_of(self, name: str) -> str:
+        """`handler (FILE line N)` of the hook named `name`, for a log line; "" for none."""
+        for (_scope, reg_name), reg in self._by_key.items():
+            if reg_name == name:
+                return hook_code(reg.fn)
+        return ""
+
     def __len__(self) -> int:
         return self._total
 
@@ -651,8 +602,10 @@ class HookChain(Generic[E]):
                     attrs = self._describe(event)
                 if not reg.filter.matches(attrs):
                     continue
+            args = (event, ctx) if reg.pass_second else (event,)
+            held = functools.partial(self._held_the_loop, reg, event)
             tasks[reg] = asyncio.create_task(
-                call_hook(reg, event, ctx), name=f"{self.kind} hook {reg.name}"
+                run_hook(reg.fn, args, reg.timeout, held), name=f"{self.kind} hook {reg.name}"
             )
         return Prefetch(event, tasks)
 
@@ -679,27 +632,28 @@ class HookChain(Generic[E]):
                     task = prefetch.take(reg) if prefetch is not None and reg.lock_free else None
                     if task is not None:
                         result = await task
-                    else:
-                        began = _monotonic()
-                        result = reg.fn(current, ctx) if reg.pass_second else reg.fn(current)
-                        if type(result) is _CoroutineType:
-                            try:
-                                first = result.send(None)
-                            except StopIteration as stop:
-                                result, first = stop.value, _DONE
-                            if _monotonic() - began > BLOCKING_WARNING:
-                                self._held_the_loop(reg, current, _monotonic() - began)
-                            if first is not _DONE:
-                                result = await _bounded(_resume(result, first), reg.timeout)
-                        else:
-                            if _monotonic() - began > BLOCKING_WARNING:
-                                self._held_the_loop(reg, current, _monotonic() - began)
-                            if (
-                                result is not None
-                                and type(result) not in self._codes  # a decision: not awaitable
-                                and inspect.isawaitable(result)
-                            ):
-                                result = await _bounded(result, reg.timeout)
+                    else:  # inline, not `run_hook`: most hooks return without suspending
+                        first = _DONE
+                        began = begin()
+                        try:
+                            result = reg.fn(current, ctx) if reg.pass_second else reg.fn(current)
+                            if type(result) is _CoroutineType:
+                                try:
+                                    first = result.send(None)
+                                except StopIteration as stop:
+                                    result, first = stop.value, _DONE
+                        finally:
+                            if (held := end(began)) > steps.BLOCKING_WARNING:
+                                self._held_the_loop(reg, current, held)
+                        if first is not _DONE:
+                            later = functools.partial(self._held_the_loop, reg, current)
+                            result = await bounded(resume(result, first, later), reg.timeout)
+                        elif (
+                            result is not None
+                            and type(result) not in self._codes  # a decision: not awaitable
+                            and inspect.isawaitable(result)
+                        ):
+                            result = await bounded(result, reg.timeout)
                 except HookTimeoutError as exc:
                     failure = HookFailure(reg.name, "timeout", str(exc), reg.on_error, exc)
                 except asyncio.CancelledError as exc:
@@ -788,16 +742,8 @@ class HookChain(Generic[E]):
     def _held_the_loop(self, reg: Registration, event: Any, held: float) -> None:
         """A hook that blocked (`time.sleep`, a blocking HTTP call) stalled every conversation,
         and its timeout could not fire: nothing else would say so."""
-        self._log.warning(
-            "%s hook %r held up every conversation on %s: %s ran %.1f s without awaiting "
-            "(time.sleep, or blocking I/O such as requests or a database driver?); use await "
-            "asyncio.sleep, an async client, or await asyncio.to_thread(...)",
-            self.kind,
-            reg.name,
-            message_ref(event),
-            hook_code(reg.fn),
-            held,
-        )
+        what = f"{self.kind} {'observer' if reg.observer else 'hook'} {reg.name!r}"
+        say_held(self._log, what, message_ref(event), reg.fn, held)
 
     def _unusable(self, reg: Registration, detail: str) -> HookFailure:
         return HookFailure(reg.name, "unusable", detail, reg.on_error)
@@ -829,6 +775,8 @@ class HookChain(Generic[E]):
                     continue
             # Started eagerly: an observer that never suspends costs no task; one that does
             # continues in a background task, so the caller never waits for it.
+            held = functools.partial(self._held_the_loop, reg, event)
+            began = begin()
             try:
                 result = reg.fn(event, outcome) if reg.pass_second else reg.fn(event)
                 if type(result) is _CoroutineType:
@@ -836,7 +784,7 @@ class HookChain(Generic[E]):
                         first = result.send(None)
                     except StopIteration:
                         continue
-                    rest: Awaitable[Any] = _resume(result, first)
+                    rest: Awaitable[Any] = resume(result, first, held)
                 elif result is not None and inspect.isawaitable(result):
                     rest = result
                 else:
@@ -844,6 +792,9 @@ class HookChain(Generic[E]):
             except Exception as exc:
                 self._log_observer(reg, event, exc)
                 continue
+            finally:
+                if (took := end(began)) > steps.BLOCKING_WARNING:
+                    held(took)
             task = asyncio.create_task(
                 self._observe(reg, event, rest), name=f"{self.kind} observer {reg.name}"
             )
@@ -852,7 +803,7 @@ class HookChain(Generic[E]):
 
     async def _observe(self, reg: Registration, event: Any, rest: Awaitable[Any]) -> None:
         try:
-            await _bounded(rest, reg.timeout)
+            await bounded(rest, reg.timeout)
         except Exception as exc:
             self._log_observer(reg, event, exc)
 

@@ -19,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from talkbridge.agents.base import Error, Result, ToolCall, ToolResult, TurnContext
 from talkbridge.cancellation import drain_tasks
 from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure
-from talkbridge.hooks.engine import DEFAULT_TIMEOUT, HookTimeoutError, settle
+from talkbridge.hooks.engine import DEFAULT_TIMEOUT
+from talkbridge.hooks.steps import HookTimeoutError, run_hook, say_held
 from talkbridge.hooks.watcher_line import MAX_BEHIND, WatcherLine
 from talkbridge.message import utcnow
 
@@ -259,11 +260,15 @@ class LifecycleWatchers:
         }
 
     async def _call(self, kind: str, name: str, fn: Watcher, event: Any) -> None:
+        turn = event.turn
+        on = f"turn {turn.turn_id} of {turn.thread.connection_id}/{turn.thread.thread_id}"
+
+        def held(seconds: float) -> None:
+            say_held(log, f"{kind} watcher {name!r}", on, fn, seconds)
+
         try:
-            await settle(fn(event), self._timeout)
+            await run_hook(fn, (event,), self._timeout, held)
         except Exception as exc:
-            turn = event.turn
-            on = f"turn {turn.turn_id} of {turn.thread.connection_id}/{turn.thread.thread_id}"
             message = "%s watcher %r failed on %s: %s %s"
             if isinstance(exc, HookTimeoutError):
                 log.warning(message, kind, name, on, hook_code(fn), exc)

@@ -26,7 +26,8 @@ from talkbridge.hooks.calls import (
     log_failure,
     message_ref,
 )
-from talkbridge.hooks.engine import DEFAULT_TIMEOUT, settle
+from talkbridge.hooks.engine import DEFAULT_TIMEOUT
+from talkbridge.hooks.steps import run_hook, say_held
 from talkbridge.message import Attachment
 
 log = logging.getLogger("talkbridge.hooks")
@@ -175,12 +176,17 @@ class RunListeners:
     # -- dispatch ---------------------------------------------------------------------------------
 
     async def _emit(self, event: str, *args: Any, environment: str | None = None) -> None:
+        ctx = args[0] if args and isinstance(args[0], TurnContext) else None
+        ref = message_ref(ctx.message) if ctx is not None else None
+        on = f" on {ref}" if ref is not None else ""
         for name, fn in list(self._by_event[event].items()):
+
+            def held(seconds: float, name: str = name, fn: Any = fn) -> None:
+                say_held(log, f"run listener {name!r} ({event})", ref, fn, seconds)
+
             try:
-                await settle(fn(*args), self._timeout)
+                await run_hook(fn, args, self._timeout, held)
             except Exception as exc:
-                ctx = args[0] if args and isinstance(args[0], TurnContext) else None
-                on = f" on {message_ref(ctx.message)}" if ctx is not None else ""
                 if event in ABORTING_EVENTS:
                     # Raising is how a listener refuses: a verdict, not a crash (no traceback).
                     message = "run listener %r refused in %s%s: %s%s"

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from talkbridge.config import format_errors, read_yaml
 from talkbridge.errors import ConfigError, HookLoadError
-from talkbridge.hooks.calls import check_call
+from talkbridge.hooks.calls import check_call, shown_path
 from talkbridge.hooks.channel_message import EDIT_EVENT, MESSAGE_EVENT, ChannelMessageHook
 from talkbridge.hooks.engine import HookFilter
 from talkbridge.hooks.registry import (
@@ -138,14 +138,18 @@ def load_hooks(paths: list[Path], deps: HookDeps, registry: HookRegistry) -> lis
         deps.hooks = registry
     loaded: list[LoadedHook] = []
     try:
-        for path in paths:
-            for folder in _hook_folders(Path(path)):
-                loaded.append(_load_folder(folder, deps, registry, loaded))
+        for folder in hook_folders(paths):
+            loaded.append(_load_folder(folder, deps, registry, loaded))
     except BaseException:
         for item in reversed(loaded):
             registry.unregister(item.name, missing_ok=True)
         raise
     return loaded
+
+
+def hook_folders(paths: list[Path]) -> list[Path]:
+    """The hook folders the listed ones stand for: each, or its subfolders with a `hook.py`."""
+    return [folder for path in paths for folder in _hook_folders(Path(path))]
 
 
 def _hook_folders(path: Path) -> list[Path]:
@@ -235,9 +239,15 @@ def _beside(exc: Exception, folder: Path) -> str:
 
 
 def _where(exc: BaseException, file: Path) -> str:
-    """`(hook.py line N)` for the innermost frame of the hook's own file, when there is one."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == file]
-    return f" at {file.name} line {frames[-1].lineno}" if frames else ""
+    """` at FILE line N`: the innermost frame of the hook's own code (`hook.py`, or a module
+    beside it that it imports), when there is one."""
+    folder = file.parent
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if Path(f.filename).parent == folder and Path(f.filename).suffix == ".py"
+    ]
+    return f" at {shown_path(frames[-1].filename)} line {frames[-1].lineno}" if frames else ""
 
 
 def _check_options(folder: Path, kind: str, spec: HookSpec) -> None:

@@ -21,8 +21,15 @@ from typing import Literal, Protocol, runtime_checkable
 
 from talkbridge.agents.base import Error, TurnContext
 from talkbridge.cancellation import cancelling
-from talkbridge.hooks.calls import describe_hook_error, hook_code, log_failure, message_ref
+from talkbridge.hooks.calls import (
+    check_async,
+    describe_hook_error,
+    hook_code,
+    log_failure,
+    message_ref,
+)
 from talkbridge.hooks.engine import ON_ERROR_VALUES, OnError
+from talkbridge.hooks.steps import run_hook, say_held
 
 log = logging.getLogger("talkbridge.hooks")
 
@@ -61,8 +68,8 @@ class _Next:
         if self.called:
             raise RuntimeError(f"turn middleware {self.owner!r} called next() twice")
         self.called = True
-        try:
-            await self.inner(self.ctx)
+        try:  # stepped, so that what runs inside is not counted as the middleware's own time
+            await run_hook(self.inner, (self.ctx,), None, None)
         except BaseException as exc:
             self.inner_error = exc
             raise
@@ -77,8 +84,12 @@ async def _layer(
     ctx: TurnContext,
 ) -> None:
     nxt = _Next(inner, ctx, name)
+
+    def held(seconds: float) -> None:
+        say_held(log, f"turn middleware {name!r}", message_ref(ctx.message), _code_of(mw), seconds)
+
     try:
-        await mw.handle(ctx, nxt)
+        await run_hook(mw.handle, (ctx, nxt), None, held)
         if not nxt.called:  # it answered itself: the runner names it if it left no answer
             ctx.state["stopped_by"] = name
     except (Exception, asyncio.CancelledError) as exc:
@@ -122,6 +133,8 @@ def compose(
     In production the `Error` of a fail-closed middleware names it but not the exception's text.
     """
     for mw in middlewares:
+        what = f"turn middleware {middleware_name(mw)!r}"
+        check_async(mw.handle, what, "async def handle(self, ctx, next)")  # its result is awaited
         if getattr(mw, "on_error", "fail-open") not in ON_ERROR_VALUES:
             raise ValueError(
                 f"turn middleware {middleware_name(mw)!r}: on_error must be 'fail-open' or "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, overload
 
 from talkbridge.cancellation import cancel_and_wait
-from talkbridge.hooks.calls import check_call, defined_at
+from talkbridge.hooks.calls import check_async, check_call, defined_at, is_async
 from talkbridge.hooks.channel_message import ChannelMessageHook, ChannelMessageHooks
 from talkbridge.hooks.chat import ChatHooks
 from talkbridge.hooks.engine import HookFilter
@@ -270,9 +270,11 @@ class HookRegistry:
         self.channel_message.add(fn, name=name, **options)
 
     def _add_turn_middleware(self, hook: Any, name: str, options: dict[str, Any]) -> None:
+        what = f"turn-middleware hook {name!r}"
         handle = getattr(hook, "handle", None)
         if callable(handle):
-            check_call(handle, ("ctx", "next"), f"turn-middleware hook {name!r}")
+            check_call(handle, ("ctx", "next"), what)
+            check_async(handle, what, "async def handle(self, ctx, next)")
             self.middleware.add(
                 ConfiguredMiddleware(
                     hook,
@@ -281,12 +283,13 @@ class HookRegistry:
                     on_error=options.get("on_error", getattr(hook, "on_error", "fail-open")),
                 )
             )
-        elif inspect.iscoroutinefunction(hook):
-            check_call(hook, ("ctx", "next"), f"turn-middleware hook {name!r}")
+        elif inspect.isroutine(hook):
+            check_call(hook, ("ctx", "next"), what)
+            check_async(hook, what, f"async def {getattr(hook, '__name__', 'mw')}(ctx, next)")
             self.middleware.add(FunctionMiddleware(hook, name=name, **options))
         else:
             raise TypeError(
-                f"turn-middleware hook {name!r}: {type(hook).__name__} has no "
+                f"{what}: {type(hook).__name__}{defined_at(type(hook))} has no "
                 "async handle(ctx, next) method and is not an async function (ctx, next)"
             )
 
@@ -320,8 +323,7 @@ class HookRegistry:
 
     def _add_durable(self, hook: Any, name: str, options: dict[str, Any]) -> None:
         handler = _callable_of("durable", hook, name)
-        call = getattr(handler, "__call__", None)  # noqa: B004 - an instance with async __call__
-        if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
+        if not is_async(handler):
             raise TypeError(
                 f"durable hook {name!r} must be an async function (event) -> None, or have an "
                 "async on_event(event)"

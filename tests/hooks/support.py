@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -66,7 +66,7 @@ def make_ctx(prompt: str = "hello", *, agent: str = "echo") -> TurnContext:
 
 
 def _write_hook(folder: Path, code: str) -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)  # a hook.yaml may be there already
     (folder / "hook.py").write_text(code, encoding="utf-8")
 
 
@@ -77,17 +77,21 @@ async def hook_folder_bridge(
     code: str,
     *,
     prepare: Callable[[Any], None] = lambda bridge: None,
+    also: Mapping[Path, str] | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Any, TalkConnector]]:
     """A Bridge that loads the hook folder `folder` (its `hook.py` is `code`) from its config,
-    as a user's does, over a connection "test" trusting alice; `prepare(bridge)` runs before
-    the start. `deps.context["bridge"]` is the Bridge. Stopped at the end."""
+    as a user's does, over a connection "test" trusting alice; `also` maps more hook folders
+    to their `hook.py`, listed after it; `prepare(bridge)` runs before the start.
+    `deps.context["bridge"]` is the Bridge. Stopped at the end."""
     from talkbridge.bridge import Bridge
     from talkbridge.config import BridgeConfig, ConnectionConfig
 
-    _write_hook(folder, code)
+    folders = {folder: code, **(also or {})}
+    for path, text in folders.items():
+        _write_hook(path, text)
     config = BridgeConfig.model_validate(
-        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "hooks": [str(folder)]}
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "hooks": [str(f) for f in folders]}
     )
     bridge = Bridge(config, with_webchat=False, **options)
     conn = TalkConnector("test")

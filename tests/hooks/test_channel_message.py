@@ -237,38 +237,3 @@ async def test_a_failing_hook_folder_is_one_line_naming_its_code_and_the_message
         "returned the message itself instead of a decision (to change it: Modify(msg); "
         f"{hint}); skipped (fail-open)",
     ]
-
-
-@pytest.mark.parametrize("define", ["def", "async def"])
-async def test_a_hook_that_blocks_the_event_loop_is_named_in_the_log(
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
-    monkeypatch: pytest.MonkeyPatch,
-    define: str,
-) -> None:
-    """A hook calling `time.sleep` (or `requests.post`) stalled every conversation, and its
-    timeout could not fire, without a word in the log: now a line names it and says how."""
-    from talkbridge.hooks import engine
-    from tests.support.talk_connector import make_message
-
-    monkeypatch.setattr(engine, "BLOCKING_WARNING", 0.05, raising=False)  # 1 s, sooner
-    folder = tmp_path / "hooks" / "channel-message" / "lookup"
-    code = (
-        "import time\n"
-        "def create_hook(deps):\n"
-        f"    {define} on_message(msg):\n"
-        "        time.sleep(0.1)  # a blocking call: what the test is about\n"
-        "    return on_message\n"
-    )
-    async with hook_folder_bridge(tmp_path, folder, code) as (_bridge, conn):
-        with caplog.at_level(logging.WARNING, logger="talkbridge.hooks"):
-            await conn.inject(make_message("hello", thread_id="c", message_id="m-1"))
-            await conn.wait_sent(1)
-    assert conn.texts() == ["hello"]
-    where = shown_path(str(folder / "hook.py"))
-    [said] = [r.getMessage() for r in caplog.records]
-    assert said.startswith(
-        "channel-message hook 'lookup' held up every conversation on test/m-1: on_message "
-        f"({where} line 3) ran 0."
-    )
-    assert "time.sleep, or blocking I/O" in said and "asyncio.to_thread" in said

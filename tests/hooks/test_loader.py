@@ -286,7 +286,7 @@ def test_import_error_names_the_module_and_line(tmp_path: Path) -> None:
         ("def make(deps):\n    return None\n", "does not define create_hook"),
         (
             "def create_hook(deps):\n    raise KeyError('api_key')\n",
-            "create_hook raised at hook.py line 2",
+            "create_hook raised at {folder}/hook.py line 2: KeyError: 'api_key'",
         ),
         ("def create_hook(deps):\n    return None\n", "returned None"),
         ("async def create_hook(deps):\n    return 1\n", "plain function (not async)"),
@@ -303,7 +303,7 @@ def test_broken_hook_modules(tmp_path: Path, code: str, words: str) -> None:
     registry = HookRegistry()
     with pytest.raises(HookLoadError) as info:
         load_hooks([folder], deps(registry), registry)
-    assert str(folder) in str(info.value) and words in str(info.value)
+    assert str(folder) in str(info.value) and words.format(folder=folder) in str(info.value)
 
 
 def test_wrong_interface_for_middleware(tmp_path: Path) -> None:
@@ -535,3 +535,70 @@ def test_a_method_of_another_kind_is_named_at_load(
         "on_turn_finished() is what agent-turn-started or agent-turn-finished hooks call; to "
         "have it called, register it as that kind too (a hook folder of its own)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        (  # loaded, then failed every turn: "object NoneType can't be used in 'await'"
+            {
+                "hook.py": "class Polite:\n    order = 0\n\n    def handle(self, ctx, next):\n"
+                "        pass\n\ndef create_hook(deps):\n    return Polite()\n"
+            },
+            "turn-middleware hook 'mw': handle ({file} line 4) is a plain function (def): it must "
+            "be async def handle(self, ctx, next), as what it returns is awaited",
+        ),
+        (  # was: "function has no async handle(ctx, next) method ...", with no file or line
+            {
+                "hook.py": "def polite(ctx, next):\n    pass\n\ndef create_hook(deps):\n"
+                "    return polite\n"
+            },
+            "turn-middleware hook 'mw': polite ({file} line 1) is a plain function (def): it "
+            "must be async def polite(ctx, next), as what it returns is awaited",
+        ),
+        (
+            {"hook.py": "class Polite:\n    pass\n\ndef create_hook(deps):\n    return Polite()\n"},
+            "turn-middleware hook 'mw': Polite ({file} line 1) has no async handle(ctx, next) "
+            "method and is not an async function (ctx, next)",
+        ),
+    ],
+    ids=["sync-handle", "sync-function", "no-handle"],
+)
+async def test_talkbridge_check_names_the_file_and_line_of_a_turn_middleware_that_cannot_load(
+    tmp_path: Path, files: dict[str, str], error: str
+) -> None:
+    from tests.support.cli import finish, talkbridge
+
+    folder = tmp_path / "hooks" / "turn-middleware" / "mw"
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    (tmp_path / "talkbridge.yaml").write_text("hooks: [hooks/turn-middleware/mw]\n")
+    code, out, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2 and out == ""
+    assert err == (
+        f"talkbridge: hook folder {folder} (turn-middleware): "
+        + error.format(file="hooks/turn-middleware/mw/hook.py")
+        + "\n"
+    )
+
+
+async def test_talkbridge_check_names_the_line_of_a_helper_module_that_fails_to_import(
+    tmp_path: Path,
+) -> None:
+    """It named the `from .helpers import` line of hook.py, not the line that raised."""
+    from tests.support.cli import finish, talkbridge
+
+    folder = tmp_path / "hooks" / "turn-middleware" / "mw"
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(
+        "from .helpers import polite\n\ndef create_hook(deps):\n    return polite\n"
+    )
+    (folder / "helpers.py").write_text("import os\n\nLIMIT = int(os.environ['NO_SUCH_VAR_X'])\n")
+    (tmp_path / "talkbridge.yaml").write_text("hooks: [hooks/turn-middleware/mw]\n")
+    code, _, err = await finish(await talkbridge("check", cwd=tmp_path))
+    assert code == 2
+    assert err == (
+        f"talkbridge: hook folder {folder}: importing hook.py failed at "
+        "hooks/turn-middleware/mw/helpers.py line 3: KeyError: 'NO_SUCH_VAR_X'\n"
+    )

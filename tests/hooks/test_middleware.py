@@ -175,3 +175,24 @@ async def test_agent_failure_passes_through_fail_open_layers() -> None:
     with pytest.raises(ValueError, match="agent down"):
         await turn(make_ctx())
     assert log == ["outer>"]  # not mistaken for the middleware's own failure and re-run
+
+
+def test_a_middleware_whose_handle_is_not_async_is_refused_when_the_onion_is_built() -> None:
+    """Added in code (not through the registry, which refuses it too), it was built in, and
+    every turn failed on `await None`."""
+
+    class Plain:
+        order = 0
+        name = "plain"
+
+        def handle(self, ctx: TurnContext, next: Next) -> None:
+            pass
+
+    with pytest.raises(TypeError) as err:
+        compose([Plain()], agent([]))  # type: ignore[list-item]
+    line = Plain.handle.__code__.co_firstlineno
+    assert str(err.value) == (
+        f"turn middleware 'plain': handle (tests/hooks/test_middleware.py line {line}) is a "
+        "plain function (def): it must be async def handle(self, ctx, next), as what it "
+        "returns is awaited"
+    )

@@ -536,3 +536,81 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
     ]
     words = json.dumps([*frames, history])
     assert "oncall" not in words and "room-7" not in words and "escalate-to" not in words
+
+
+async def test_a_hook_routing_to_an_agent_or_connection_nobody_configured_is_named_with_its_code(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook folder's `RouteToAgent("billng")` (a typo) or `Forward("support-bot")` (not in
+    this config) was found only when a message took that path, and the log named the hook but
+    not where its code is. The start warns of both now, with their file and line; a message
+    routed there still gets the apology (it is not lost in silence: it stays in the thread,
+    answered), and the log names the hook's code, the unknown target and the known ones."""
+    import logging
+
+    from talkbridge.agents.runner import SORRY
+
+    monkeypatch.chdir(tmp_path)  # paths in the log are shown from here, as under `run`
+    folder = tmp_path / "hooks" / "channel-message" / "desks"
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(
+        "from talkbridge.hooks import Forward, RouteToAgent\n"
+        "\n"
+        "def create_hook(deps):\n"
+        "    async def on_message(msg):\n"
+        "        if 'invoice' in msg.text:\n"
+        "            return RouteToAgent('billng')\n"
+        "        if 'human' in msg.text:\n"
+        "            return Forward(connection_id='support-bot')\n"
+        "        return RouteToAgent('echo') if 'echo' in msg.text else None\n"
+        "    return on_message\n",
+        encoding="utf-8",
+    )
+    config, secrets = parse_config(
+        {
+            "store": "sqlite:///talkbridge.db",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN]},
+            "hooks": ["hooks/channel-message/desks"],
+        },
+        tmp_path,
+    )
+    bridge = Bridge(config, secrets)
+    where = "hooks/channel-message/desks/hook.py"
+    with caplog.at_level(logging.WARNING):
+        await bridge.start()
+        try:
+            assert [r.getMessage() for r in caplog.records if r.name == "talkbridge"] == [
+                f"hook folder {folder}: {where} line 6: RouteToAgent('billng'): no agent is named "
+                "'billng' (agents: echo, sentinel); a message routed there is answered with an "
+                "apology",
+                f"hook folder {folder}: {where} line 8: Forward('support-bot'): no connection is "
+                "named 'support-bot' (connections: webchat); a message routed there is "
+                "answered with an apology",
+            ]
+            caplog.clear()
+            async with _page(bridge) as (ws, ready):
+                thread = ready["conversations"][0]["thread_id"]
+                for client_id, text in (("c1", "my invoice"), ("c2", "a human please")):
+                    send = {"type": "send", "thread_id": thread, "client_id": client_id}
+                    await ws.send(json.dumps({**send, "text": text}))
+                    answer = (await _until(ws, _answer))[-1]
+                    assert answer["text"] == SORRY
+                    assert "billng" not in answer["text"] and "support" not in answer["text"]
+            history = await _history_after_a_reload(bridge, ready["session_id"], thread)
+            assert await bridge.store.pending_inbound() == []  # handled: not run again
+        finally:
+            await bridge.stop()
+    assert [(m["role"], m["text"]) for m in history] == [
+        ("user", "my invoice"),
+        ("assistant", SORRY),
+        ("user", "a human please"),
+        ("assistant", SORRY),
+    ]
+    code = f"on_message ({where} line 4)"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"webchat/{thread}:c1: channel-message hook 'desks': {code} routed the message to agent "
+        "'billng', which is not defined (agents: echo, sentinel); answered with an apology",
+        f"webchat/{thread}:c2: channel-message hook 'desks': {code} forwarded the message to "
+        "connection 'support-bot', which is not configured (connections: webchat); answered "
+        "with an apology",
+    ]
