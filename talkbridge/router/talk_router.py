@@ -202,6 +202,11 @@ class TalkRouter:
         if sub is not None:
             sub.close()
 
+    def keeps_history(self, connection_id: str) -> bool:
+        """Whether the connection's connector records its thread history itself (the
+        webchat); otherwise the router records what is sent, and the bridge what changes."""
+        return connection_id in self._keeps_history
+
     def connection_ids(self) -> list[str]:
         return sorted(self._connectors)
 

@@ -12,7 +12,7 @@ import pytest
 from talkbridge.registry import ConnectionState
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B, connection
 from tests.peers.discord import GENERAL, GUILD_ID, MODERATORS_ROLE, THREAD, DiscordPeer
-from tests.support.agents import GatedAgent
+from tests.support.agents import GatedAgent, HistoryReader
 from tests.support.bridge import StartBridge, bridges
 
 ROUTE = "/channels/{channel_id}/messages"
@@ -137,6 +137,27 @@ async def test_an_edited_message_updates_the_reply(
     await peer.wait_for(lambda: len(peer.calls_of("PATCH", patch)) == 1)
     assert peer.calls_of("PATCH", patch)[0].json["content"] == "hello"
     assert len(peer.sent(TOKEN)) == 1  # no second reply
+
+
+async def test_an_answer_replaced_after_an_edit_leaves_the_history_agents_read(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    """The reply cannot be edited (Discord refuses the PATCH): the new answer goes as a new
+    reply and the old one is deleted. Later turns read the question as edited and the new
+    answer only; the old answer stayed in their history (and the old words beside the new)."""
+    agent = HistoryReader()
+    alice = peer.person("Alice")
+    await bridge({"id": "community", "trusted": [alice["id"]]}, agents={"echo": agent})
+    original = peer.message(alice, "helo", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    peer.fail_next("PATCH", ONE_MESSAGE, status=403)
+    peer.dispatch(TOKEN, "MESSAGE_UPDATE", _edited(original, "hello", "00:00"))
+    await peer.wait_for(lambda: len(peer.calls_of("DELETE", ONE_MESSAGE, answered=204)) == 1)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "next", guild=False))
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 3)
+    assert _ours(peer, original["channel_id"]) == ["answer to hello", "answer to next"]
+    assert agent.seen["next"] == [("user", "hello"), ("assistant", "answer to hello")]
 
 
 def _edited(message: dict[str, Any], content: str, at: str, **extra: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from talkbridge.agents import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.connectors.slack.codec import Deletion
 from talkbridge.connectors.slack.transport import SlackConnector
@@ -24,7 +23,7 @@ from tests.peers.slack import (
     placeholder_deleted_event,
     tombstone_event,
 )
-from tests.support.agents import GatedAgent
+from tests.support.agents import GatedAgent, HistoryReader
 from tests.support.bridge import StartBridge, bridges
 
 ACME = Workspace("xoxb-acme-bot", app_token="xapp-acme-app", team_id="T0ACME001", team="Acme")
@@ -440,20 +439,6 @@ async def test_a_deleted_message_answered_in_its_thread_takes_its_answer_along_o
     assert len(peer.posted(ACME.bot_token)) == 1  # neither event was a turn
 
 
-class HistoryReader:
-    """The default agent: answers "answer to PROMPT", and records the history each turn read
-    (`ctx.history`), as (role, text) pairs, by prompt."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.seen: dict[str, list[tuple[str, str]]] = {}
-
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
-        self.seen[ctx.input.prompt] = [(e.role, e.text) for e in await ctx.history(20)]
-        yield Result(text=f"answer to {ctx.input.prompt}")
-
-
 async def test_a_deleted_message_and_its_answer_leave_the_history_agents_read(
     peer: SlackPeer, bridge: Callable[..., Any]
 ) -> None:
@@ -502,3 +487,27 @@ async def test_a_deleted_thread_starter_leaves_the_history_with_its_answer(
     await peer.send_event(later, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
     assert agent.seen == {"oops": [], "next": []}
+
+
+async def test_an_edited_message_and_its_new_answer_replace_the_old_ones_in_the_history(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """After an edit answered anew (the reply updated in place), later turns read the question
+    as it now reads and the answer as it stands: not the old words, nor the replaced answer
+    (they read both versions of each, as if asked and answered twice). The turn answering the
+    edit itself reads neither the words it re-asks nor their old answer."""
+    agent = HistoryReader()
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]), agents={"echo": agent})
+    await peer.send_event(message_event("U0ADA0001", "hi"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    original = message_event("U0ADA0001", "helo", ts="1700000070.000100")
+    await peer.send_event(original, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
+    edited = edit_event(original, "hello", "1700000071.000000")
+    await peer.send_event(edited, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.update")) == 1)
+    await peer.send_event(message_event("U0ADA0001", "next"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 3)
+    earlier = [("user", "hi"), ("assistant", "answer to hi")]
+    assert agent.seen["hello"] == earlier
+    assert agent.seen["next"] == [*earlier, ("user", "hello"), ("assistant", "answer to hello")]
