@@ -128,6 +128,7 @@ class Bridge:
         self.deletions = Deletions()
         """Messages deleted while (or before) they are answered: their turns are called off."""
         self.context.on_deleted.append(self.deletions.deleted)
+        self.context.deleting = self.router.delete
         self._with_webchat = with_webchat
         self.webchat: Any = None
         self.webchat_token: str | None = None
@@ -810,17 +811,15 @@ class Bridge:
             )
 
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
-        """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""
+        """Delete our earlier messages `ids` answering `message` (an edit replaced them):
+        queued and retried as sends are; one that cannot be deleted is logged."""
         cid = message.connection_id
-        deleter = self.router.feature(cid, "delete")
-        if deleter is None or not ids:
+        if self.router.feature(cid, "delete") is None or not ids:
             return
-        for reply_id in ids:
-            try:
-                await deleter.delete(message.thread_id, reply_id)
-            except ConnectorError as exc:  # gone already, or too old to delete: leave it
-                log.info("could not delete reply %s on %s: %s", reply_id, cid, exc)
         assert message.edit_of is not None
+        why = f"our answer to {message.edit_of}, replaced after its edit"
+        for reply_id in ids:
+            await self.router.delete(cid, message.thread_id, reply_id, why=why)
         await replies.forget_later_parts(self.store, cid, message.edit_of)
 
     async def _forward(self, route: Route) -> None:

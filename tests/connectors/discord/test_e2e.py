@@ -243,3 +243,20 @@ async def test_a_message_deleted_while_its_answer_is_being_posted_takes_it_along
     assert len(peer.calls_of("DELETE", ONE_MESSAGE, answered=204)) == 1
     assert _ours(peer, oops["channel_id"]) == []  # posted, then taken along
     assert _ours(peer, str(int(bob["id"]) + 7)) == ["answer to other"]
+
+
+async def test_the_answer_to_a_deleted_message_goes_even_when_deleting_it_fails_for_a_while(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    """Discord answers the delete of our reply with a 503 (which discord.py does not retry
+    itself): it is retried, as a send is; the answer stayed up for good. (A dropped connection
+    discord.py retries itself.)"""
+    alice = peer.person("Alice")
+    await bridge({"id": "community", "trusted": [alice["id"]]})
+    oops = peer.message(alice, "oops", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", oops)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    peer.fail_next("DELETE", ONE_MESSAGE, status=503)
+    peer.dispatch(TOKEN, "MESSAGE_DELETE", {"id": oops["id"], "channel_id": oops["channel_id"]})
+    await peer.wait_for(lambda: _ours(peer, oops["channel_id"]) == [])
+    assert len(peer.calls_of("DELETE", ONE_MESSAGE, answered=None)) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -511,3 +512,45 @@ async def test_an_edited_message_and_its_new_answer_replace_the_old_ones_in_the_
     earlier = [("user", "hi"), ("assistant", "answer to hi")]
     assert agent.seen["hello"] == earlier
     assert agent.seen["next"] == [*earlier, ("user", "hello"), ("assistant", "answer to hello")]
+
+
+@pytest.mark.parametrize("failure", [{"status": 500}, {"status": 503}, {"status": 429}])
+async def test_the_answer_to_a_deleted_message_goes_even_when_deleting_it_fails_for_a_while(
+    peer: SlackPeer, bridge: Callable[..., Any], failure: dict[str, Any]
+) -> None:
+    """Slack answers the delete of our reply with a server error or a 429: it is retried,
+    as a send is; the answer stayed up for good."""
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    question = message_event("U0ADA0001", "oops", ts="1700000080.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    peer.fail_next("chat.delete", **failure)
+    gone = deleted_event("D0DM00001", "1700000080.000100")
+    await peer.send_event(gone, app_token=ACME.app_token)
+    await peer.wait_for(lambda: peer.messages["D0DM00001"] == [])
+    assert [c.status for c in peer.calls_of("chat.delete", ok=None)] == [failure["status"], 200]
+
+
+async def test_an_answer_that_cannot_be_deleted_is_said_in_the_log_naming_it(
+    peer: SlackPeer, bridge: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slack refuses the delete for good: the log says so, naming the connection and our
+    message left up (it said nothing above info, and named only the deleted question)."""
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    question = message_event("U0ADA0001", "oops", ts="1700000090.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    [reply] = peer.messages["D0DM00001"]
+    peer.fail_next("chat.delete", status=200, error="cant_delete_message")
+    gone = deleted_event("D0DM00001", "1700000090.000100")
+    await peer.send_event(gone, app_token=ACME.app_token)
+
+    def given_up() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    await peer.wait_for(lambda: bool(given_up()))
+    [line] = given_up()
+    assert line.startswith(f"acme: giving up deleting message D0DM00001:{reply['ts']} ")
+    assert "cant_delete_message" in line and "D0DM00001:1700000090.000100" in line
+    assert peer.messages["D0DM00001"] == [reply]
+    assert len(peer.calls_of("chat.delete", ok=None)) == 1  # refused for good: not retried
