@@ -17,7 +17,8 @@ naming the connection and the message.
 
 In distributed mode several nodes may send with one idempotency key (a turn run again by a
 shard's new holder while the old one still sends): `claims` makes each keyed platform call
-under a claim in Redis, so only one of them goes out.
+under a claim in Redis, so only one of them goes out. A delete is made under one too, so two
+nodes taking back the same reply delete it once.
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ class OutboundQueue:
     async def _delete(self, job: _Deletion) -> None:
         job.under_way = True  # cancelled from here on (shutdown), `cancel` logs it
         try:
-            await self._retried(functools.partial(self._gone, job))
+            await self._retried(functools.partial(self._delete_once, job))
         except _GiveUp as exc:
             self._jobs.discard(job)
             self._not_deleted(job, _stopped_deleting(True) if exc.stopped else exc.reason)
@@ -307,6 +308,21 @@ class OutboundQueue:
         self._jobs.discard(job)
         if not job.future.done():
             job.future.set_result(None)
+
+    async def _delete_once(self, job: _Deletion) -> None:
+        """In distributed mode, under a claim (`claims`, as a keyed send): nodes that both
+        take back the same reply (the connection's owner hearing the deletion, the node
+        recording the reply as it comes) delete it once."""
+        if self.claims is None:
+            await self._gone(job)
+            return
+
+        async def call() -> SendResult:
+            await self._gone(job)
+            return SendResult(message_ids=(job.message_id,))
+
+        key = f"delete:{job.message_id}"
+        await self.claims.claimed_send(self.connection_id, key, call)
 
     async def _gone(self, job: _Deletion) -> None:
         """Delete the message; one already gone (deleted by hand, or by another try whose
