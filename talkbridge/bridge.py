@@ -128,6 +128,7 @@ class Bridge:
         self.deletions = Deletions()
         """Messages deleted while (or before) they are answered: their turns are called off."""
         self.context.on_deleted.append(self.deletions.deleted)
+        self.context.deleting = self.router.delete
         self._with_webchat = with_webchat
         self.webchat: Any = None
         self.webchat_token: str | None = None
@@ -787,6 +788,7 @@ class Bridge:
             )
         else:
             await self._delete_replies(message, later)  # the old answer's later parts
+            await self._answer_replaced(message, earlier_reply, outcome)
             await self._turn_completed(message, outcome)
             return
         reply = OutboundMessage(
@@ -794,6 +796,7 @@ class Bridge:
             text=outcome.text,
             reply_to=message.edit_of,
             idempotency_key=_reply_key(message),
+            meta={"agent": outcome.session.agent_name},  # the history's sender of the reply
         )
         try:
             result = await self.router.send(cid, reply)
@@ -801,21 +804,35 @@ class Bridge:
             log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
         await self._delete_replies(message, [earlier_reply, *later])  # replaced: it goes
+        await self._answer_replaced(message, earlier_reply)
         await self._remember_reply(message, message.edit_of, result.message_ids)
         await self._turn_completed(message, outcome)
 
+    async def _answer_replaced(
+        self, message: NormalizedMessage, reply_id: str, now: TurnOutcome | None = None
+    ) -> None:
+        """Our reply `reply_id` was replaced by the answer to the edit `message`: its old words
+        leave the thread's history (later turns read the answer as it stands, not both); an
+        answer edited in place (`now`) is recorded again, under its id, as it now reads."""
+        if self.router.keeps_history(message.connection_id):
+            return  # the connector keeps its own
+        key = message.thread_key
+        await self.store.forget_history(key, [reply_id])
+        if now is not None:
+            await self.store.append_history(
+                key, "assistant", reply_id, now.session.agent_name, now.text
+            )
+
     async def _delete_replies(self, message: NormalizedMessage, ids: list[str]) -> None:
-        """Delete our earlier messages `ids` answering `message` (an edit replaced them)."""
+        """Delete our earlier messages `ids` answering `message` (an edit replaced them):
+        queued and retried as sends are; one that cannot be deleted is logged."""
         cid = message.connection_id
-        deleter = self.router.feature(cid, "delete")
-        if deleter is None or not ids:
+        if self.router.feature(cid, "delete") is None or not ids:
             return
-        for reply_id in ids:
-            try:
-                await deleter.delete(message.thread_id, reply_id)
-            except ConnectorError as exc:  # gone already, or too old to delete: leave it
-                log.info("could not delete reply %s on %s: %s", reply_id, cid, exc)
         assert message.edit_of is not None
+        why = f"our answer to {message.edit_of}, replaced after its edit"
+        for reply_id in ids:
+            await self.router.delete(cid, message.thread_id, reply_id, why=why)
         await replies.forget_later_parts(self.store, cid, message.edit_of)
 
     async def _forward(self, route: Route) -> None:

@@ -9,6 +9,7 @@ The onion is composed once per agent (middleware chains are frozen at start), no
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 import weakref
@@ -320,7 +321,9 @@ async def earlier_entries(
     `message` came are kept: they were sent before its turn began. A message that is not in
     the history (never recorded) leaves the latest entries, as they are. Messages deleted on
     their platform, and our replies taken back with them (`HistoryEntry.deleted`), are not
-    given: the user asked the bot to forget them."""
+    given: the user asked the bot to forget them. An edited message is given once, as it now
+    reads, in its place (`_as_now`); the turn answering an edit is given neither the message
+    it edits nor the answer it replaces."""
     if limit <= 0:
         return []
     key = message.thread_key
@@ -332,15 +335,46 @@ async def earlier_entries(
         more = len(older) == _PAGE
         entries = older + entries
         at = _position(entries, message.id)
+    replaced: tuple[str, ...] = ()
+    if message.edit_of is not None:  # re-asked: the old words and their answer are gone
+        answer = await store.lookup_id(message.connection_id, message.edit_of)
+        replaced = (message.edit_of,) if answer is None else (message.edit_of, answer)
     if at is None:
-        return [e for e in entries if not e.deleted][-limit:]
+        return _as_now([e for e in entries if not e.deleted], replaced)[-limit:]
     kept = [e for e in entries[:at] if not e.deleted]
     kept += [e for e in entries[at + 1 :] if e.role != "user" and not e.deleted]
     missing = limit - len(kept)
     if missing > 0 and more:  # later messages took the room of earlier ones in the read
         earlier = await store.history(key, limit=missing, before_seq=entries[0].seq)
         kept = [*(e for e in earlier if not e.deleted), *kept]
-    return kept[-limit:]
+    return _as_now(kept, replaced)[-limit:]
+
+
+def _as_now(entries: list[HistoryEntry], replaced: tuple[str, ...]) -> list[HistoryEntry]:
+    """`entries` with each edited message once, as its latest edit among them says, in the
+    original's place (an agent reading the old words, then the new ones, took them for two
+    questions); without the entries of `replaced` (a message re-asked by an edit, with its
+    edits, and the answer to it)."""
+    latest: dict[str, HistoryEntry] = {}
+    for entry in entries:
+        if entry.role == "user" and isinstance(original := entry.data.get("edit_of"), str):
+            latest[original] = entry
+    if not latest and not replaced:
+        return entries  # most threads: nothing edited
+    originals = {e.message_id for e in entries if e.role == "user" and e.message_id in latest}
+    now: list[HistoryEntry] = []
+    for entry in entries:
+        original = entry.data.get("edit_of") if entry.role == "user" else None
+        if entry.message_id in replaced or original in replaced:
+            continue
+        if isinstance(original, str):  # an edit: shown in the original's place, else once
+            if original not in originals and latest[original] is entry:
+                now.append(entry)
+        elif entry.message_id in originals:
+            now.append(dataclasses.replace(entry, text=latest[entry.message_id].text))
+        else:
+            now.append(entry)
+    return now
 
 
 def _position(entries: list[HistoryEntry], message_id: str) -> int | None:

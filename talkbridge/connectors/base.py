@@ -61,6 +61,14 @@ class Closable(Protocol):
     async def close(self) -> None: ...
 
 
+class Deleting(Protocol):
+    """`TalkRouter.delete`: one of our messages deleted through the connection's send queue."""
+
+    async def __call__(
+        self, connection_id: str, thread_id: str, message_id: str, *, why: str
+    ) -> object: ...
+
+
 class ConnectorContext:
     """What the core hands a connector when it is built."""
 
@@ -84,6 +92,11 @@ class ConnectorContext:
         """Told (connection id, native id) the moment a connector hears that an inbound
         message was deleted (`BaseConnector.withdraw_reply`): the bridge stops a turn still
         answering it. Called synchronously; must not raise."""
+        self.deleting: Deleting | None = None
+        """Set by the bridge (`TalkRouter.delete`): how a connector deletes one of its own
+        messages (a reply taken back with the message it answered), queued and retried as
+        sends are, so a platform failing for a while does not leave the reply up. None (a
+        connector without a router): deleted at once, a failure logged."""
 
     def deleted(self, connection_id: str, message_id: str) -> None:
         for listener in list(self.on_deleted):
@@ -217,16 +230,20 @@ class BaseConnector:
         await replies.mark_taken_back(
             store, self.connection_id, message_id, keep_for=self.context.dedupe_for
         )
+        why = f"our reply to {message_id}, which was deleted"
         for part in [reply, *later]:  # a reply split over several messages goes whole
+            if self.context.deleting is not None:  # queued: retried without holding us up
+                await self.context.deleting(self.connection_id, thread_id, part, why=why)
+                continue
             try:
                 await deleter.delete(thread_id, part)  # type: ignore[union-attr]
             except ConnectorError as exc:
-                self.context.logger.info(
-                    "%s: could not delete the reply to deleted %s: %s",
+                self.context.logger.error(
+                    "%s: could not delete message %s (%s): %s",
                     self.connection_id,
-                    message_id,
+                    part,
+                    why,
                     exc,
                 )
-                return False
         await replies.forget_later_parts(store, self.connection_id, message_id)
         return True

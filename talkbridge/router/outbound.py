@@ -10,9 +10,15 @@ connection's health says so: credentials refused on a send (a token revoked whil
 connection's socket stays open), and a send failing again and again (the platform or the mail
 server down); a send that works clears it.
 
+Deleting one of our messages (the reply to a message its sender deleted, one an edit
+replaced) goes through the same queue and retries (`delete`): a platform answering 5xx or 429
+to a delete no longer leaves the answer up for good, and one that finally fails is logged
+naming the connection and the message.
+
 In distributed mode several nodes may send with one idempotency key (a turn run again by a
 shard's new holder while the old one still sends): `claims` makes each keyed platform call
-under a claim in Redis, so only one of them goes out.
+under a claim in Redis, so only one of them goes out. A delete is made under one too, so two
+nodes taking back the same reply delete it once.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NoReturn, Protocol
+from typing import NoReturn, Protocol, TypeVar
 
 from talkbridge.backoff import Backoff
 from talkbridge.errors import (
     ConnectorError,
+    NotFoundError,
     RateLimitedError,
     SendFailedError,
     UnauthorizedError,
@@ -45,6 +52,7 @@ TroubleListener = Callable[[str, str | None], None]
 """`(connection_id, what)`: sends are in trouble (`sends are …: reason`); None: they work."""
 
 MAX_RATE_LIMIT_WAITS = 20
+_R = TypeVar("_R")
 
 
 class SendClaims(Protocol):
@@ -67,6 +75,29 @@ class _Job:
     )
     under_way: bool = False
     """Cut off while being sent (at shutdown): it may have reached the platform."""
+
+
+@dataclass(slots=True, eq=False)
+class _Deletion:
+    """One of our messages to delete; `call` deletes it, `why` says what it was (for the log)."""
+
+    thread_id: str
+    message_id: str
+    call: Callable[[], Awaitable[None]]
+    why: str
+    future: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    under_way: bool = False
+
+
+class _GiveUp(Exception):
+    """`_retried` gave up: `reason` says why; `stopped` when the bridge stopped meanwhile."""
+
+    def __init__(self, reason: str, *, stopped: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.stopped = stopped
 
 
 STOPPED = "the bridge stopped before it was sent"
@@ -127,12 +158,13 @@ class OutboundQueue:
         self._gate = _Gate()
         self._on_trouble = on_trouble
         self._troubled = False
-        self._executor: KeyedSerialExecutor[str, _Job] = KeyedSerialExecutor(
+        self._executor: KeyedSerialExecutor[str, _Job | _Deletion] = KeyedSerialExecutor(
             self._deliver, max_active=concurrency, name=f"send:{connection_id}"
         )
         self._keyless = itertools.count()
-        self._jobs: set[_Job] = set()
-        """Queued sends not done yet: `cancel` fails each on record, none is dropped."""
+        self._jobs: set[_Job | _Deletion] = set()
+        """Queued sends and deletions not done yet: `cancel` fails each on record (a deletion
+        in the log), none is dropped."""
         self._closed = False
         self.sent = 0
         self.failed = 0
@@ -162,6 +194,25 @@ class OutboundQueue:
         await self._executor.submit(thread_id, job)
         return await job.future
 
+    async def delete(
+        self, thread_id: str, message_id: str, call: Callable[[], Awaitable[None]], *, why: str
+    ) -> asyncio.Future[None]:
+        """Queue the deletion of our message `message_id` (`call` deletes it; `why` says what
+        it is, for the log), behind the sends queued for its thread, and retried as they are
+        (rate limits, passing failures, backoff). Returns once queued, so that a connector
+        taking back a reply never holds up its inbound events for the retries: the future is
+        done once the message is deleted (or was gone already), or fails with
+        `SendFailedError` once given up, which the log says, naming the connection and the
+        message, whether anyone awaits the future or not."""
+        job = _Deletion(thread_id, message_id, call, why)
+        job.future.add_done_callback(_retrieved)
+        if self._closed:
+            self._not_deleted(job, f"{_stopped_deleting(False)}: it is not running")
+            return job.future
+        self._jobs.add(job)
+        await self._executor.submit(thread_id, job)
+        return job.future
+
     async def join(self) -> None:
         await self._executor.join()
 
@@ -173,6 +224,9 @@ class OutboundQueue:
         await self._executor.cancel()
         jobs, self._jobs = self._jobs, set()
         for job in jobs:
+            if isinstance(job, _Deletion):
+                self._not_deleted(job, _stopped_deleting(job.under_way))
+                continue
             reason = "the bridge stopped while it was being sent" if job.under_way else STOPPED
             await self._give_up(job, reason)
 
@@ -193,7 +247,10 @@ class OutboundQueue:
         except Exception as exc:  # the store may be closing too: the log is the record
             log.error("%s: could not record the failed send: %s", self.connection_id, exc)
 
-    async def _deliver(self, thread_id: str, job: _Job) -> None:
+    async def _deliver(self, thread_id: str, job: _Job | _Deletion) -> None:
+        if isinstance(job, _Deletion):
+            await self._delete(job)
+            return
         job.under_way = True  # cancelled from here on (shutdown), `cancel` fails it on record
         try:
             result = await self._attempt(job.message, job.check_sent)
@@ -230,21 +287,94 @@ class OutboundQueue:
             earlier = await self._store.sent_result(self.connection_id, key)
             if earlier:
                 return SendResult(message_ids=tuple(earlier))
+        try:
+            result, recorded = await self._retried(functools.partial(self._call, message))
+        except _GiveUp as exc:
+            if exc.stopped:  # a send retried in its caller's task while the bridge stopped
+                await self._stopped(message)
+            await self._fail(message, exc.reason)
+        if key is not None and not recorded:  # (retried, unlike a claim's own record)
+            await self._store.record_sent(self.connection_id, key, result.message_ids)
+        return result
+
+    async def _delete(self, job: _Deletion) -> None:
+        job.under_way = True  # cancelled from here on (shutdown), `cancel` logs it
+        try:
+            await self._retried(functools.partial(self._delete_once, job))
+        except _GiveUp as exc:
+            self._jobs.discard(job)
+            self._not_deleted(job, _stopped_deleting(True) if exc.stopped else exc.reason)
+            return
+        self._jobs.discard(job)
+        if not job.future.done():
+            job.future.set_result(None)
+
+    async def _delete_once(self, job: _Deletion) -> None:
+        """In distributed mode, under a claim (`claims`, as a keyed send): nodes that both
+        take back the same reply (the connection's owner hearing the deletion, the node
+        recording the reply as it comes) delete it once."""
+        if self.claims is None:
+            await self._gone(job)
+            return
+
+        async def call() -> SendResult:
+            await self._gone(job)
+            return SendResult(message_ids=(job.message_id,))
+
+        key = f"delete:{job.message_id}"
+        await self.claims.claimed_send(self.connection_id, key, call)
+
+    async def _gone(self, job: _Deletion) -> None:
+        """Delete the message; one already gone (deleted by hand, or by another try whose
+        answer was lost) is what was wanted."""
+        try:
+            await job.call()
+        except NotFoundError as exc:
+            log.info(
+                "%s: message %s (%s) was gone already: %s",
+                self.connection_id,
+                job.message_id,
+                job.why,
+                self._redact(str(exc)),
+            )
+
+    def _not_deleted(self, job: _Deletion, reason: str) -> None:
+        log.error(
+            "%s: giving up deleting message %s in %s (%s): %s; it stays up",
+            self.connection_id,
+            job.message_id,
+            job.thread_id,
+            job.why,
+            reason,
+        )
+        if not job.future.done():
+            job.future.set_exception(
+                SendFailedError(
+                    self.connection_id,
+                    job.thread_id,
+                    f"message {job.message_id} was not deleted: {reason}",
+                )
+            )
+
+    async def _retried(self, call: Callable[[], Awaitable[_R]]) -> _R:
+        """`call` (a send, or a delete) through the connection's rate-limit gate, retried on
+        rate limits and passing failures with backoff; `_GiveUp` once it should not be tried
+        again (a failure that would fail again, retried enough, the bridge stopping)."""
         backoff: Backoff | None = None  # made on the first failure: most sends never need one
         failures = 0
         first_failure = 0.0
         waits = 0
         while True:
-            if self._closed:  # a send retried in its caller's task while the bridge stopped
-                await self._stopped(message)
+            if self._closed:
+                raise _GiveUp(STOPPED, stopped=True)
             if self._gate.closed:
                 await self._gate.wait()
             try:
-                result, recorded = await self._call(message)
+                result = await call()
             except RateLimitedError as exc:
                 waits += 1
                 if waits > MAX_RATE_LIMIT_WAITS:
-                    await self._fail(message, f"still rate limited after {waits - 1} waits")
+                    raise _GiveUp(f"still rate limited after {waits - 1} waits") from None
                 if exc.scope == "connection":
                     self._gate.close_for(exc.retry_after)
                     log.warning(
@@ -269,7 +399,7 @@ class OutboundQueue:
                 )
                 if not exc.retryable or retried_enough:
                     tries = f" after {failures} attempts" if failures > 1 else ""
-                    await self._fail(message, f"{reason}{tries}")
+                    raise _GiveUp(f"{reason}{tries}") from None
                 log.info("%s: send failed (%s), retrying", self.connection_id, reason)
                 backoff = backoff or self._new_backoff()
                 await asyncio.sleep(backoff.next())
@@ -280,11 +410,9 @@ class OutboundQueue:
                 Exception
             ) as exc:  # an untranslated error is a connector bug: never retry blindly
                 reason = self._redact(f"{type(exc).__name__}: {exc}")
-                await self._fail(message, f"unexpected connector error: {reason}")
+                raise _GiveUp(f"unexpected connector error: {reason}") from None
             if self._troubled:
                 self._trouble(None)
-            if key is not None and not recorded:  # (retried, unlike a claim's own record)
-                await self._store.record_sent(self.connection_id, key, result.message_ids)
             return result
 
     async def _call(self, message: OutboundMessage) -> tuple[SendResult, bool]:
@@ -302,7 +430,7 @@ class OutboundQueue:
         if self._on_trouble is not None:
             self._on_trouble(self.connection_id, what)
 
-    async def _fail(self, message: OutboundMessage, reason: str) -> None:
+    async def _fail(self, message: OutboundMessage, reason: str) -> NoReturn:
         await self._record_failure(message, reason)
         raise SendFailedError(self.connection_id, message.thread_id, reason)
 
@@ -319,3 +447,14 @@ class OutboundQueue:
                 failed_at=utcnow(),
             )
         )
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A deletion given up that nobody awaits is said in the log, not as "exception never
+    retrieved"."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _stopped_deleting(under_way: bool) -> str:
+    return f"the bridge stopped {'while it was being' if under_way else 'before it was'} deleted"

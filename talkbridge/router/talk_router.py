@@ -202,6 +202,11 @@ class TalkRouter:
         if sub is not None:
             sub.close()
 
+    def keeps_history(self, connection_id: str) -> bool:
+        """Whether the connection's connector records its thread history itself (the
+        webchat); otherwise the router records what is sent, and the bridge what changes."""
+        return connection_id in self._keeps_history
+
     def connection_ids(self) -> list[str]:
         return sorted(self._connectors)
 
@@ -545,6 +550,22 @@ class TalkRouter:
                 message.text,
             )
         return result
+
+    async def delete(
+        self, connection_id: str, thread_id: str, message_id: str, *, why: str
+    ) -> asyncio.Future[None]:
+        """Delete our message `message_id` with the connection's `delete` feature, through its
+        send queue: after the sends queued for the thread, retried as a send is, a final
+        failure logged naming the message (`why` says what it is). Returns once queued; the
+        future says how it went (`OutboundQueue.delete`)."""
+        deleter = self.feature(connection_id, "delete")
+        if deleter is None:
+            raise FeatureUnavailableError(
+                f"connection {connection_id!r} ({self._channels[connection_id]}) cannot delete "
+                "messages: it has no 'delete' feature"
+            )
+        call = functools.partial(deleter.delete, thread_id, message_id)
+        return await self.outbound(connection_id).delete(thread_id, message_id, call, why=why)
 
     async def _send_routed(
         self, queue: OutboundQueue, message: OutboundMessage, check_sent: bool

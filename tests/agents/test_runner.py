@@ -149,6 +149,35 @@ async def test_the_history_a_turn_reads_ends_before_its_message_however_far_back
     assert [e.text for e in entries] == ["m299", "m300"]
 
 
+async def test_an_edited_message_is_read_once_as_it_now_reads_in_its_place(
+    sqlite_store: SqliteStore,
+) -> None:
+    """q1 was edited twice: a later turn reads its latest words where it was asked, once. The
+    turn answering an edit reads neither the message it re-asks (nor its edits) nor the answer
+    it replaces."""
+    key = make_msg("x").thread_key
+    for role, mid, text, data in [
+        ("user", "q0", "old question", None),
+        ("user", "q0e1", "old question, edited", {"edit_of": "q0"}),
+        ("user", "q1", "helo", None),
+        ("assistant", "a1", "answer to helo", None),
+        ("user", "q1e1", "hello", {"edit_of": "q1"}),
+        ("user", "q1e2", "hello there", {"edit_of": "q1"}),
+        ("user", "q2", "next", None),
+    ]:
+        await sqlite_store.append_history(key, role, mid, "x", text, data)  # type: ignore[arg-type]
+    entries = await earlier_entries(sqlite_store, make_msg("next", id="q2"), 20)
+    assert [(e.message_id, e.text) for e in entries] == [
+        ("q0", "old question, edited"),
+        ("q1", "hello there"),
+        ("a1", "answer to helo"),
+    ]
+    await sqlite_store.map_id("conn-a", "q1", "a1")  # a1 answers q1
+    editing = make_msg("hello there", id="q1e2", edit_of="q1")
+    entries = await earlier_entries(sqlite_store, editing, 20)
+    assert [(e.message_id, e.text) for e in entries] == [("q0", "old question, edited")]
+
+
 class _Lister:
     """Its `stream` is a plain `def` returning a list: no async iterator."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
     FeatureUnavailableError,
+    NotFoundError,
     PermanentError,
     RateLimitedError,
     SendFailedError,
@@ -356,6 +358,66 @@ async def test_sends_still_queued_when_the_router_closes_fail_on_record_and_neve
     assert conn.texts() == ["one"] and conn.attempts == 2
     failures = await sqlite_store.failed_sends()
     assert sorted(f.text for f in failures) == ["three", "two"]  # "four" was never taken
+
+
+class _Deleter:
+    """The `delete` feature: each call takes the next step of `script` (an error to raise,
+    or an awaitable to wait for) before it deletes."""
+
+    def __init__(self) -> None:
+        self.script: list[Any] = []
+        self.deleted: list[str] = []
+        self.tries = 0
+
+    async def delete(self, thread_id: str, message_id: str) -> None:
+        self.tries += 1
+        if self.script:
+            step = self.script.pop(0)
+            if isinstance(step, BaseException):
+                raise step
+            await step()
+        self.deleted.append(message_id)
+
+
+async def test_deletes_are_retried_as_sends_are_and_a_final_failure_names_the_message(
+    router: TalkRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reply to a deleted message: a delete that fails for a while (5xx, 429) is retried
+    through the connection's queue; one gone already is done; one given up, or cut off by a
+    stop, is an error in the log naming the connection and the message (it stays up)."""
+    conn = TalkConnector("alpha")
+    deleter = _Deleter()
+    conn.features["delete"] = deleter
+    router.attach(conn)
+    deleter.script = [TransientError("503"), RateLimitedError("429", retry_after=0.001)]
+    done = await router.delete("alpha", "t", "r1", why="our reply to q1")
+    await asyncio.wait_for(done, 10)
+    assert deleter.deleted == ["r1"] and deleter.tries == 3
+    deleter.script = [NotFoundError("message_not_found")]
+    await asyncio.wait_for(await router.delete("alpha", "t", "r2", why="our reply to q2"), 10)
+    deleter.script = [TransientError("503")] * FAST.send_attempts
+    failed = await router.delete("alpha", "t", "r3", why="our reply to q3")
+    with pytest.raises(SendFailedError, match="r3 was not deleted: 503 after 5 attempts"):
+        await asyncio.wait_for(failed, 10)
+    begun, never = asyncio.Event(), asyncio.Event()
+
+    async def held_up() -> None:
+        begun.set()
+        await never.wait()
+
+    deleter.script = [held_up]
+    await router.delete("alpha", "t", "r4", why="our reply to q4")
+    await router.delete("alpha", "t", "r5", why="our reply to q5")  # queued behind it
+    await asyncio.wait_for(begun.wait(), 10)
+    await router.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    gave_up = "alpha: giving up deleting message {} in t (our reply to {}): {}; it stays up"
+    assert errors[0] == gave_up.format("r3", "q3", "503 after 5 attempts")
+    assert sorted(errors[1:]) == [
+        gave_up.format("r4", "q4", "the bridge stopped while it was being deleted"),
+        gave_up.format("r5", "q5", "the bridge stopped before it was deleted"),
+    ]
+    assert deleter.deleted == ["r1"]
 
 
 class _UnrecordingStore:

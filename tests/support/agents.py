@@ -48,3 +48,17 @@ class GatedAgent:
             self.cancelled[prompt].set()
             raise
         yield Result(text=f"answer to {prompt}")
+
+
+class HistoryReader:
+    """The default agent: answers "answer to PROMPT", and records the history each turn read
+    (`ctx.history`), as (role, text) pairs, by prompt."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[tuple[str, str]]] = {}
+
+    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
+        self.seen[ctx.input.prompt] = [(e.role, e.text) for e in await ctx.history(20)]
+        yield Result(text=f"answer to {ctx.input.prompt}")

@@ -12,7 +12,7 @@ import pytest
 from talkbridge.registry import ConnectionState
 from tests.connectors.discord.conftest import TOKEN, TOKEN_B, connection
 from tests.peers.discord import GENERAL, GUILD_ID, MODERATORS_ROLE, THREAD, DiscordPeer
-from tests.support.agents import GatedAgent
+from tests.support.agents import GatedAgent, HistoryReader
 from tests.support.bridge import StartBridge, bridges
 
 ROUTE = "/channels/{channel_id}/messages"
@@ -139,6 +139,27 @@ async def test_an_edited_message_updates_the_reply(
     assert len(peer.sent(TOKEN)) == 1  # no second reply
 
 
+async def test_an_answer_replaced_after_an_edit_leaves_the_history_agents_read(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    """The reply cannot be edited (Discord refuses the PATCH): the new answer goes as a new
+    reply and the old one is deleted. Later turns read the question as edited and the new
+    answer only; the old answer stayed in their history (and the old words beside the new)."""
+    agent = HistoryReader()
+    alice = peer.person("Alice")
+    await bridge({"id": "community", "trusted": [alice["id"]]}, agents={"echo": agent})
+    original = peer.message(alice, "helo", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", original)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    peer.fail_next("PATCH", ONE_MESSAGE, status=403)
+    peer.dispatch(TOKEN, "MESSAGE_UPDATE", _edited(original, "hello", "00:00"))
+    await peer.wait_for(lambda: len(peer.calls_of("DELETE", ONE_MESSAGE, answered=204)) == 1)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "next", guild=False))
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 3)
+    assert _ours(peer, original["channel_id"]) == ["answer to hello", "answer to next"]
+    assert agent.seen["next"] == [("user", "hello"), ("assistant", "answer to hello")]
+
+
 def _edited(message: dict[str, Any], content: str, at: str, **extra: Any) -> dict[str, Any]:
     """The MESSAGE_UPDATE payload of `message` edited to `content` at `at` (HH:MM)."""
     return {**message, "content": content, "edited_timestamp": f"2030-01-01T{at}:00+00:00", **extra}
@@ -222,3 +243,20 @@ async def test_a_message_deleted_while_its_answer_is_being_posted_takes_it_along
     assert len(peer.calls_of("DELETE", ONE_MESSAGE, answered=204)) == 1
     assert _ours(peer, oops["channel_id"]) == []  # posted, then taken along
     assert _ours(peer, str(int(bob["id"]) + 7)) == ["answer to other"]
+
+
+async def test_the_answer_to_a_deleted_message_goes_even_when_deleting_it_fails_for_a_while(
+    peer: DiscordPeer, bridge: Callable[..., Any]
+) -> None:
+    """Discord answers the delete of our reply with a 503 (which discord.py does not retry
+    itself): it is retried, as a send is; the answer stayed up for good. (A dropped connection
+    discord.py retries itself.)"""
+    alice = peer.person("Alice")
+    await bridge({"id": "community", "trusted": [alice["id"]]})
+    oops = peer.message(alice, "oops", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", oops)
+    await peer.wait_for(lambda: len(peer.sent(TOKEN)) == 1)
+    peer.fail_next("DELETE", ONE_MESSAGE, status=503)
+    peer.dispatch(TOKEN, "MESSAGE_DELETE", {"id": oops["id"], "channel_id": oops["channel_id"]})
+    await peer.wait_for(lambda: _ours(peer, oops["channel_id"]) == [])
+    assert len(peer.calls_of("DELETE", ONE_MESSAGE, answered=None)) == 2

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from talkbridge.agents import Result, TurnContext
 from talkbridge.bridge import Bridge
 from talkbridge.connectors.slack.codec import Deletion
 from talkbridge.connectors.slack.transport import SlackConnector
@@ -24,7 +24,7 @@ from tests.peers.slack import (
     placeholder_deleted_event,
     tombstone_event,
 )
-from tests.support.agents import GatedAgent
+from tests.support.agents import GatedAgent, HistoryReader
 from tests.support.bridge import StartBridge, bridges
 
 ACME = Workspace("xoxb-acme-bot", app_token="xapp-acme-app", team_id="T0ACME001", team="Acme")
@@ -440,20 +440,6 @@ async def test_a_deleted_message_answered_in_its_thread_takes_its_answer_along_o
     assert len(peer.posted(ACME.bot_token)) == 1  # neither event was a turn
 
 
-class HistoryReader:
-    """The default agent: answers "answer to PROMPT", and records the history each turn read
-    (`ctx.history`), as (role, text) pairs, by prompt."""
-
-    name = "echo"
-
-    def __init__(self) -> None:
-        self.seen: dict[str, list[tuple[str, str]]] = {}
-
-    async def stream(self, ctx: TurnContext) -> AsyncIterator[Any]:
-        self.seen[ctx.input.prompt] = [(e.role, e.text) for e in await ctx.history(20)]
-        yield Result(text=f"answer to {ctx.input.prompt}")
-
-
 async def test_a_deleted_message_and_its_answer_leave_the_history_agents_read(
     peer: SlackPeer, bridge: Callable[..., Any]
 ) -> None:
@@ -502,3 +488,69 @@ async def test_a_deleted_thread_starter_leaves_the_history_with_its_answer(
     await peer.send_event(later, app_token=ACME.app_token)
     await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
     assert agent.seen == {"oops": [], "next": []}
+
+
+async def test_an_edited_message_and_its_new_answer_replace_the_old_ones_in_the_history(
+    peer: SlackPeer, bridge: Callable[..., Any]
+) -> None:
+    """After an edit answered anew (the reply updated in place), later turns read the question
+    as it now reads and the answer as it stands: not the old words, nor the replaced answer
+    (they read both versions of each, as if asked and answered twice). The turn answering the
+    edit itself reads neither the words it re-asks nor their old answer."""
+    agent = HistoryReader()
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]), agents={"echo": agent})
+    await peer.send_event(message_event("U0ADA0001", "hi"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    original = message_event("U0ADA0001", "helo", ts="1700000070.000100")
+    await peer.send_event(original, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 2)
+    edited = edit_event(original, "hello", "1700000071.000000")
+    await peer.send_event(edited, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.calls_of("chat.update")) == 1)
+    await peer.send_event(message_event("U0ADA0001", "next"), app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 3)
+    earlier = [("user", "hi"), ("assistant", "answer to hi")]
+    assert agent.seen["hello"] == earlier
+    assert agent.seen["next"] == [*earlier, ("user", "hello"), ("assistant", "answer to hello")]
+
+
+@pytest.mark.parametrize("failure", [{"status": 500}, {"status": 503}, {"status": 429}])
+async def test_the_answer_to_a_deleted_message_goes_even_when_deleting_it_fails_for_a_while(
+    peer: SlackPeer, bridge: Callable[..., Any], failure: dict[str, Any]
+) -> None:
+    """Slack answers the delete of our reply with a server error or a 429: it is retried,
+    as a send is; the answer stayed up for good."""
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    question = message_event("U0ADA0001", "oops", ts="1700000080.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    peer.fail_next("chat.delete", **failure)
+    gone = deleted_event("D0DM00001", "1700000080.000100")
+    await peer.send_event(gone, app_token=ACME.app_token)
+    await peer.wait_for(lambda: peer.messages["D0DM00001"] == [])
+    assert [c.status for c in peer.calls_of("chat.delete", ok=None)] == [failure["status"], 200]
+
+
+async def test_an_answer_that_cannot_be_deleted_is_said_in_the_log_naming_it(
+    peer: SlackPeer, bridge: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slack refuses the delete for good: the log says so, naming the connection and our
+    message left up (it said nothing above info, and named only the deleted question)."""
+    await bridge(connection("acme", ACME, trusted=["U0ADA0001"]))
+    question = message_event("U0ADA0001", "oops", ts="1700000090.000100")
+    await peer.send_event(question, app_token=ACME.app_token)
+    await peer.wait_for(lambda: len(peer.posted(ACME.bot_token)) == 1)
+    [reply] = peer.messages["D0DM00001"]
+    peer.fail_next("chat.delete", status=200, error="cant_delete_message")
+    gone = deleted_event("D0DM00001", "1700000090.000100")
+    await peer.send_event(gone, app_token=ACME.app_token)
+
+    def given_up() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+    await peer.wait_for(lambda: bool(given_up()))
+    [line] = given_up()
+    assert line.startswith(f"acme: giving up deleting message D0DM00001:{reply['ts']} ")
+    assert "cant_delete_message" in line and "D0DM00001:1700000090.000100" in line
+    assert peer.messages["D0DM00001"] == [reply]
+    assert len(peer.calls_of("chat.delete", ok=None)) == 1  # refused for good: not retried
