@@ -105,9 +105,7 @@ class EmailConnector(BaseConnector):
             self._log,
         )
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
-        self._participants = Participants(
-            context.store, config.id, self._prefix, context.dedupe_for
-        )
+        self._participants = Participants(context.store, config.id, self._prefix)
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -380,10 +378,11 @@ class EmailConnector(BaseConnector):
             cc=mail.context.cc,
             thread_id=thread_id,
         )
-        keep = self.context.dedupe_for
-        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json(), keep_for=keep)
-        await store.set_state(f"{self._prefix}root:{message.id}", thread_id, keep_for=keep)
-        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id, keep_for=keep)
+        # Kept for good, as the thread's history is: a reply after any silence threads by
+        # its headers (only the dedupe ids run out, `retention.dedupe_days`).
+        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
+        await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
+        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
         await self._participants.add(
             thread_id, (message.channel_user_id, *context.reply_to, *context.cc)
         )
@@ -596,17 +595,9 @@ class EmailConnector(BaseConnector):
         return SendResult(message_ids=(message_id,))
 
     async def _thread_kept(self, thread_id: str, message_id: str) -> None:
-        """After a reply in the thread: our reply's Message-ID leads to the thread, and the
-        thread's latest mail (what a send without `reply_to` answers) is kept for another
-        `dedupe_for`, as a mail arriving in it would keep it: a thread the bridge is still
-        writing into stays answerable and joinable, one idle that long is forgotten."""
-        store, keep = self.context.store, self.context.dedupe_for
-        await store.set_state(f"{self._prefix}root:{message_id}", thread_id, keep_for=keep)
-        latest = await store.get_state(f"{self._prefix}thread:{thread_id}")
-        context = await store.get_state(f"{self._prefix}msg:{latest}") if latest else None
-        if latest and context:
-            await store.set_state(f"{self._prefix}msg:{latest}", context, keep_for=keep)
-            await store.set_state(f"{self._prefix}thread:{thread_id}", latest, keep_for=keep)
+        """After a reply in the thread: our reply's Message-ID leads to the thread (for good,
+        as a mail's own does), so an answer to it, however late, continues the thread."""
+        await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
 
     def _start_save(self, message_id: str, raw: bytes) -> None:
         """Save a reply to Sent in the background (unless that is under way already)."""
