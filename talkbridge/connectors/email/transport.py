@@ -63,6 +63,7 @@ from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_ar
 from talkbridge.connectors.email.limits import KeptLimiter
 from talkbridge.connectors.email.threads import Participants
 from talkbridge.connectors.email.unsaved import Unsaved
+from talkbridge.connectors.email.written import written_from_mailbox
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -410,18 +411,14 @@ class EmailConnector(BaseConnector):
         """The thread a mail joins: of those it references (ours newest first, so a client
         that dropped References still lands in ours; then its chain's root), the first that
         has its sender and the addresses its answer goes to among its participants
-        (`threads`); else a thread of its own."""
-        message, context, store = mail.message, mail.context, self.context.store
-        candidates: list[str] = []
-        for mid in reversed(mail.chain):
-            known = await store.get_state(f"{self._prefix}root:{mid}")
-            if known and known not in candidates:
-                candidates.append(known)
-        if message.thread_id not in candidates:
-            candidates.append(message.thread_id)  # the chain's root (or the mail's own id)
+        (`threads`); else a thread of its own. Mail of the chain the bridge never read is
+        looked for in the Sent folder first (`written`)."""
+        message, context = mail.message, mail.context
         writers = {message.channel_user_id, *context.reply_to}
         if message.sender_verified is False:  # the sender is a claim; the Cc gets the answer
             writers.update(context.cc)
+        await self._learn_from_sent(mail.chain)  # what a person in the mailbox wrote in it
+        candidates = await self._candidates(mail)
         for thread_id in candidates:
             if await self._participants.admits(thread_id, writers):
                 return thread_id
@@ -434,6 +431,52 @@ class EmailConnector(BaseConnector):
             ", ".join(sorted(writers)) + (" is" if len(writers) == 1 else " are"),
         )
         return message.id
+
+    async def _candidates(self, mail: InboundMail) -> list[str]:
+        """The threads the mails of its chain lead to, newest first, then the chain's root."""
+        candidates: list[str] = []
+        for mid in reversed(mail.chain):
+            known = await self.context.store.get_state(f"{self._prefix}root:{mid}")
+            if known and known not in candidates:
+                candidates.append(known)
+        if mail.message.thread_id not in candidates:
+            candidates.append(mail.message.thread_id)  # the chain's root (or the mail's own id)
+        return candidates
+
+    async def _learn_from_sent(self, chain: list[str]) -> None:
+        """The mails of `chain` the bridge does not know, looked for in the Sent folder: one a
+        person wrote from the mailbox (`written`) makes whom it went to participants of the
+        thread it answers, and leads to that thread. None found, or none could be looked for
+        (no Sent folder; the IMAP server failed: logged), changes nothing."""
+        store = self.context.store
+        unknown = [
+            mid
+            for mid in reversed(chain)
+            if await store.get_state(f"{self._prefix}root:{mid}") is None
+        ]
+        if not unknown or self.config.imap.sent_folder is False:
+            return
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open(select=False)
+            folder = await self._sent_folder_in(session)
+            found = (
+                await written_from_mailbox(session, folder, unknown, self.config.address)
+                if folder is not None
+                else []
+            )
+        except ConnectorError as exc:
+            self._log.warning("could not look for mail sent from the mailbox in Sent: %s", exc)
+            return
+        finally:
+            await session.close()
+        for written in found:
+            for mid in reversed(written.chain):
+                thread_id = await store.get_state(f"{self._prefix}root:{mid}")
+                if thread_id:
+                    await store.set_state(f"{self._prefix}root:{written.message_id}", thread_id)
+                    await self._participants.add(thread_id, written.recipients)
+                    break
 
     # ---- check -----------------------------------------------------------------------------
 
