@@ -334,11 +334,22 @@ class InboundMail:
     chain: list[str] = field(default_factory=list)
 
 
+def is_own(address: str, own: str) -> bool:
+    """Whether `address` is the mailbox's own `own`, with a `+tag` too (`help+billing@…`):
+    mail to it lands in the mailbox itself, so no reply goes there."""
+    local, _, domain = address.lower().rpartition("@")
+    own_local, _, own_domain = own.lower().rpartition("@")
+    return domain == own_domain and local.partition("+")[0] == own_local.partition("+")[0]
+
+
 def context_of(msg: Message, message_id: str, *, address: str, thread_id: str) -> MailContext:
-    own = address.lower()
+    """Whom the answer goes to: all (Reply-To or From, and the others on To and Cc), the
+    mailbox's own address (plus-tagged too) never."""
     answer = addresses(msg, "Reply-To") or addresses(msg, "From")
-    answer_to = [a for _, a in answer if a != own]
-    others = [a for _, a in addresses(msg, "To", "Cc") if a != own and a not in answer_to]
+    answer_to = [a for _, a in answer if not is_own(a, address)]
+    others = [
+        a for _, a in addresses(msg, "To", "Cc") if not is_own(a, address) and a not in answer_to
+    ]
     return MailContext(
         message_id=message_id,
         references=tuple(reference_chain(msg)),
@@ -382,7 +393,7 @@ def read_mail(
         named = contact_form_sender(msg, address)
         senders = [(d, a) for d, a in addresses(msg, "Reply-To") if a == named][:1]
     display, sender = senders[0] if senders else ("", "unknown")
-    participants = {a for _, a in addresses(msg, "From", "To", "Cc") if a != own}
+    participants = {a for _, a in addresses(msg, "From", "To", "Cc") if not is_own(a, own)}
     plain, html = _body_parts(msg)
     html_text = part_text(html) if html is not None else None
     full = part_text(plain) if plain is not None else ""

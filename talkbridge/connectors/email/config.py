@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from talkbridge.config import ConnectionConfig
+from talkbridge.connectors.email.codec import is_own
 
 Security = Literal["ssl", "starttls", "none"]
 
@@ -181,9 +182,4 @@ class EmailConfig(ConnectionConfig):
         too). Another mailbox at its domain is no exception: at a public provider
         (help@gmail.com) that is anyone; colleagues are trusted by a pattern (`*@acme.com`)."""
         answered = (a.lower() for a in message.also_answered)
-        return tuple(a for a in answered if not self._is_own(a))
-
-    def _is_own(self, address: str) -> bool:
-        local, _, domain = address.rpartition("@")
-        own_local, _, own_domain = self.address.lower().rpartition("@")
-        return domain == own_domain and local.partition("+")[0] == own_local.partition("+")[0]
+        return tuple(a for a in answered if not is_own(a, self.address))

@@ -405,11 +405,13 @@ class ImapSession:
     async def holds(self, folder: str, message_id: str) -> bool:
         """Whether `folder` (as `special_use` names it) has a mail with this Message-ID; False
         when the folder is not there. Selects it."""
+        return await self.select(folder) and bool(await self.uids_of_message_id(message_id))
+
+    async def select(self, folder: str) -> bool:
+        """Select `folder` (as `special_use` names it); False when it is not there."""
         with imap_errors(self.where, self._password):
             response = await self.guard(self._client().select(folder))
-        if response.result != "OK":
-            return False
-        return bool(await self.uids_of_message_id(message_id))
+        return bool(response.result == "OK")
 
     async def append(self, folder: str, raw: bytes, *, create: bool) -> None:
         """Put `raw` into `folder` (as `special_use` names it), marked `\\Seen`. With `create`,

@@ -9,13 +9,13 @@ into the thread, or that a reply in it was sent to (To and Cc). A mail whose Fro
 server does not vouch for (`sender_verified` False) needs its Cc to be participants as well:
 its sender is a claim, and the answer reaches the Cc. Anyone else's mail starts its own thread.
 
-Participants are kept per thread in the store for `keep_for` after the thread's latest mail
-(bounded to the `LIMIT` latest). When the record is gone (a thread from before it was kept),
-the addresses of the thread's latest mail stand in while that mail's record is kept (as long).
-When both ran out, the thread was idle for `keep_for`: its history (the conversation, kept for
-good) says it is no new thread, so nobody joins it any more; a mail answering it starts a
-thread of its own. Not anyone: a stranger who learnt an idle thread's root Message-ID would
-otherwise be given its conversation.
+Participants are kept per thread in the store for good (bounded to the `LIMIT` latest), as the
+thread's history is: threading follows the mail's headers however long a thread was quiet, and
+only what guards against repeats runs out (`retention.dedupe_days`). A thread without the record
+(from before it was kept) falls back to the addresses of its latest mail. One whose records an
+older version let run out (after `dedupe_days` of quiet) is known by its history alone: nobody
+joins it any more (a stranger who learnt its root Message-ID would otherwise be given its
+conversation), and a mail answering it starts a thread of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import Iterable
-from datetime import timedelta
 
 from talkbridge.connectors.email.codec import MailContext
 from talkbridge.connectors.sending import keep_latest
@@ -38,11 +37,10 @@ LIMIT = 100
 class Participants:
     """The participants of each thread of one mailbox, under `<prefix>participants:<thread>`."""
 
-    def __init__(self, store: Store, connection_id: str, prefix: str, keep_for: timedelta) -> None:
+    def __init__(self, store: Store, connection_id: str, prefix: str) -> None:
         self._store = store
         self._connection_id = connection_id
         self._prefix = prefix
-        self._keep_for = keep_for
         self._lock = asyncio.Lock()
         """One update at a time: a reply sent while a mail is read must not drop the other's."""
 
@@ -62,7 +60,7 @@ class Participants:
         if "@" in thread_id and "<" not in thread_id:  # an app's new conversation with it
             return [thread_id]
         if await self._store.history(thread_key(self._connection_id, thread_id), limit=1):
-            return []  # a thread idle past `keep_for`: known, its participants forgotten
+            return []  # its records ran out under an older version: known, nobody joins
         return None
 
     async def admits(self, thread_id: str, addresses: Iterable[str]) -> bool:
@@ -76,6 +74,4 @@ class Participants:
             kept: OrderedDict[str, None] = OrderedDict.fromkeys(await self.of(thread_id) or ())
             for address in addresses:
                 keep_latest(kept, address.lower(), None, LIMIT)
-            await self._store.set_state(
-                self._key(thread_id), json.dumps(list(kept)), keep_for=self._keep_for
-            )
+            await self._store.set_state(self._key(thread_id), json.dumps(list(kept)))

@@ -13,11 +13,12 @@ stays unread, and the cursor moves past it.
 error and the router's per-connection queue decides. A reply that went out is then saved to
 the Sent folder (`imap.sent_folder`) in the background, over a short IMAP session, once: not
 again when a retry sends it to recipients that deferred it, nor when the folder already holds
-its Message-ID (a copy saved before a crash, or one the SMTP server filed itself); a failure
-there is logged. In the background, so that a stop cutting the save short cannot make a sent
-reply look unsent (and be sent again). The mail is kept in the store from the moment SMTP
-took it until the folder has it (`unsaved`): a crash, a stop or an IMAP failure in between
-leaves it there, and the next start of the connection saves it.
+its Message-ID (a copy saved before a crash, or one the SMTP server filed itself). In the
+background, so that a stop cutting the save short cannot make a sent reply look unsent (and be
+sent again). The mail is kept in the store from the moment SMTP took it until the folder has
+it (`unsaved`): a crash or a stop in between leaves it there, and the next start of the
+connection saves it. A failed save is tried again with backoff, `SAVE_TRIES` times in all
+(across restarts), then given up with an error naming the folder: the mail itself went out.
 
 A per-thread reply limit refuses (and so records) replies beyond `max_replies_per_thread` in
 `reply_window` seconds, and a per-address limit those to one address across threads (a
@@ -27,6 +28,7 @@ responder may answer each reply in a new thread).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Callable
 from dataclasses import replace
@@ -37,6 +39,7 @@ from email.message import EmailMessage
 import aiosmtplib
 from aiosmtplib.typing import Default
 
+from talkbridge.backoff import Backoff
 from talkbridge.connectors.base import BaseConnector, ConnectionStatus, ConnectorContext
 from talkbridge.connectors.boundary import permanent, scrub
 from talkbridge.connectors.email.backlog import backlog_cutoff, received_since, since_search
@@ -60,6 +63,7 @@ from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_ar
 from talkbridge.connectors.email.limits import KeptLimiter
 from talkbridge.connectors.email.threads import Participants
 from talkbridge.connectors.email.unsaved import Unsaved
+from talkbridge.connectors.email.written import written_from_mailbox
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -69,6 +73,14 @@ from talkbridge.errors import (
     UnauthorizedError,
 )
 from talkbridge.message import Attachment, NormalizedMessage, OutboundMessage, SendResult
+
+SAVE_TRIES = 8
+"""Tries to save one reply to Sent, all runs counted, before it is given up (logged)."""
+SAVE_RETRY_BASE = 30.0
+SAVE_RETRY_CAP = 1800.0
+"""Seconds between tries (`Backoff`): the 8 tries span from about half an hour to an hour, so
+a folder refusing the copy is not asked at every reconnect for ever, and an IMAP server down
+for a while still gets it."""
 
 DATA_TIMEOUT = 600.0
 """Seconds the server may take to confirm a mail's data (RFC 5321, 4.5.3.2.6: 10 minutes). It
@@ -105,9 +117,7 @@ class EmailConnector(BaseConnector):
             self._log,
         )
         self._deferred = Deferrals(context.store, self._prefix, context.dedupe_for, self._log)
-        self._participants = Participants(
-            context.store, config.id, self._prefix, context.dedupe_for
-        )
+        self._participants = Participants(context.store, config.id, self._prefix)
         self._secrets = [
             config.imap.password.get_secret_value(),
             config.smtp.password.get_secret_value() if config.smtp.password else None,
@@ -131,8 +141,15 @@ class EmailConnector(BaseConnector):
         self._unsaved = Unsaved(context.store, self._prefix, context.dedupe_for, self._log)
         self._save_lock = asyncio.Lock()
         """One save at a time: two copies of one reply are never both found missing."""
+        self._closing = asyncio.Event()
+        """Set by `close`: a save waiting to try again stops waiting (the next start goes on)."""
+        self.save_tries = SAVE_TRIES
+        self.save_retry_base = SAVE_RETRY_BASE
         self.saved = 0
-        """Replies whose saving to Sent is over (saved, found there already, or failed)."""
+        """Replies whose saving to Sent is over in this run (saved, found there already, given
+        up, or left to the next start by `close`)."""
+        self.save_failures = 0
+        """Tries to save a reply to Sent that failed in this run (observability, tests)."""
         self.provide("inbound_media", self)
 
     # ---- Transport -------------------------------------------------------------------------
@@ -380,10 +397,11 @@ class EmailConnector(BaseConnector):
             cc=mail.context.cc,
             thread_id=thread_id,
         )
-        keep = self.context.dedupe_for
-        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json(), keep_for=keep)
-        await store.set_state(f"{self._prefix}root:{message.id}", thread_id, keep_for=keep)
-        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id, keep_for=keep)
+        # Kept for good, as the thread's history is: a reply after any silence threads by
+        # its headers (only the dedupe ids run out, `retention.dedupe_days`).
+        await store.set_state(f"{self._prefix}msg:{message.id}", context.to_json())
+        await store.set_state(f"{self._prefix}root:{message.id}", thread_id)
+        await store.set_state(f"{self._prefix}thread:{thread_id}", message.id)
         await self._participants.add(
             thread_id, (message.channel_user_id, *context.reply_to, *context.cc)
         )
@@ -393,18 +411,14 @@ class EmailConnector(BaseConnector):
         """The thread a mail joins: of those it references (ours newest first, so a client
         that dropped References still lands in ours; then its chain's root), the first that
         has its sender and the addresses its answer goes to among its participants
-        (`threads`); else a thread of its own."""
-        message, context, store = mail.message, mail.context, self.context.store
-        candidates: list[str] = []
-        for mid in reversed(mail.chain):
-            known = await store.get_state(f"{self._prefix}root:{mid}")
-            if known and known not in candidates:
-                candidates.append(known)
-        if message.thread_id not in candidates:
-            candidates.append(message.thread_id)  # the chain's root (or the mail's own id)
+        (`threads`); else a thread of its own. Mail of the chain the bridge never read is
+        looked for in the Sent folder first (`written`)."""
+        message, context = mail.message, mail.context
         writers = {message.channel_user_id, *context.reply_to}
         if message.sender_verified is False:  # the sender is a claim; the Cc gets the answer
             writers.update(context.cc)
+        await self._learn_from_sent(mail.chain)  # what a person in the mailbox wrote in it
+        candidates = await self._candidates(mail)
         for thread_id in candidates:
             if await self._participants.admits(thread_id, writers):
                 return thread_id
@@ -417,6 +431,52 @@ class EmailConnector(BaseConnector):
             ", ".join(sorted(writers)) + (" is" if len(writers) == 1 else " are"),
         )
         return message.id
+
+    async def _candidates(self, mail: InboundMail) -> list[str]:
+        """The threads the mails of its chain lead to, newest first, then the chain's root."""
+        candidates: list[str] = []
+        for mid in reversed(mail.chain):
+            known = await self.context.store.get_state(f"{self._prefix}root:{mid}")
+            if known and known not in candidates:
+                candidates.append(known)
+        if mail.message.thread_id not in candidates:
+            candidates.append(mail.message.thread_id)  # the chain's root (or the mail's own id)
+        return candidates
+
+    async def _learn_from_sent(self, chain: list[str]) -> None:
+        """The mails of `chain` the bridge does not know, looked for in the Sent folder: one a
+        person wrote from the mailbox (`written`) makes whom it went to participants of the
+        thread it answers, and leads to that thread. None found, or none could be looked for
+        (no Sent folder; the IMAP server failed: logged), changes nothing."""
+        store = self.context.store
+        unknown = [
+            mid
+            for mid in reversed(chain)
+            if await store.get_state(f"{self._prefix}root:{mid}") is None
+        ]
+        if not unknown or self.config.imap.sent_folder is False:
+            return
+        session = ImapSession(self.config.imap, self.config.timeout)
+        try:
+            await session.open(select=False)
+            folder = await self._sent_folder_in(session)
+            found = (
+                await written_from_mailbox(session, folder, unknown, self.config.address)
+                if folder is not None
+                else []
+            )
+        except ConnectorError as exc:
+            self._log.warning("could not look for mail sent from the mailbox in Sent: %s", exc)
+            return
+        finally:
+            await session.close()
+        for written in found:
+            for mid in reversed(written.chain):
+                thread_id = await store.get_state(f"{self._prefix}root:{mid}")
+                if thread_id:
+                    await store.set_state(f"{self._prefix}root:{written.message_id}", thread_id)
+                    await self._participants.add(thread_id, written.recipients)
+                    break
 
     # ---- check -----------------------------------------------------------------------------
 
@@ -512,7 +572,9 @@ class EmailConnector(BaseConnector):
         return result
 
     async def close(self) -> None:
-        """Let the replies being saved to Sent finish (for up to `timeout` seconds)."""
+        """Let the replies being saved to Sent finish (for up to `timeout` seconds); those
+        waiting to try again stop waiting (kept in the store for the next start)."""
+        self._closing.set()
         if self._saving:
             await asyncio.wait(set(self._saving), timeout=self.config.timeout)
 
@@ -596,17 +658,9 @@ class EmailConnector(BaseConnector):
         return SendResult(message_ids=(message_id,))
 
     async def _thread_kept(self, thread_id: str, message_id: str) -> None:
-        """After a reply in the thread: our reply's Message-ID leads to the thread, and the
-        thread's latest mail (what a send without `reply_to` answers) is kept for another
-        `dedupe_for`, as a mail arriving in it would keep it: a thread the bridge is still
-        writing into stays answerable and joinable, one idle that long is forgotten."""
-        store, keep = self.context.store, self.context.dedupe_for
-        await store.set_state(f"{self._prefix}root:{message_id}", thread_id, keep_for=keep)
-        latest = await store.get_state(f"{self._prefix}thread:{thread_id}")
-        context = await store.get_state(f"{self._prefix}msg:{latest}") if latest else None
-        if latest and context:
-            await store.set_state(f"{self._prefix}msg:{latest}", context, keep_for=keep)
-            await store.set_state(f"{self._prefix}thread:{thread_id}", latest, keep_for=keep)
+        """After a reply in the thread: our reply's Message-ID leads to the thread (for good,
+        as a mail's own does), so an answer to it, however late, continues the thread."""
+        await self.context.store.set_state(f"{self._prefix}root:{message_id}", thread_id)
 
     def _start_save(self, message_id: str, raw: bytes) -> None:
         """Save a reply to Sent in the background (unless that is under way already)."""
@@ -644,10 +698,52 @@ class EmailConnector(BaseConnector):
 
     async def _save_sent(self, raw: bytes, message_id: str) -> None:
         """Save a reply that went out to the Sent folder, marked read, unless the folder has
-        its Message-ID already; a failure is logged, and the next start of the connection
-        tries again (`Unsaved`)."""
+        its Message-ID already. A failure is tried again with backoff, up to `save_tries`
+        tries counted across runs (`Unsaved.failed`), then given up: said once, as an error
+        naming the folder and the failure. A `close` meanwhile leaves it to the next start."""
+        backoff = Backoff(base=self.save_retry_base, cap=SAVE_RETRY_CAP)
+        tries = 0
+        while (failure := await self._save_once(raw, message_id)) is not None:
+            self.save_failures += 1
+            self._notify()
+            tries = max(tries + 1, await self._unsaved.failed(message_id, raw))
+            folder = self._sent_name()
+            if tries >= self.save_tries:
+                self._log.error(
+                    "reply %s went out but could not be saved to the Sent folder %s after %d "
+                    "tries; given up, no copy is kept there (imap.sent_folder names the "
+                    "folder): %s",
+                    message_id,
+                    folder,
+                    tries,
+                    failure,
+                )
+                break
+            delay = backoff.next()
+            self._log.warning(
+                "reply %s went out but was not saved to the Sent folder %s (try %d of %d; "
+                "trying again in %.0f s): %s",
+                message_id,
+                folder,
+                tries,
+                self.save_tries,
+                delay,
+                failure,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), delay)
+            if self._closing.is_set():  # kept in the store: the next start tries again
+                self.saved += 1
+                self._notify()
+                return
+        await self._unsaved.done(message_id)
+        self.saved += 1
+        self._notify()
+
+    async def _save_once(self, raw: bytes, message_id: str) -> str | None:
+        """One try at saving the reply; None when it is over (saved, there already, or no
+        folder to save to), else what failed (secrets scrubbed)."""
         session = ImapSession(self.config.imap, self.config.timeout)
-        over = False
         try:
             async with self._save_lock:
                 await session.open(select=False)
@@ -655,21 +751,19 @@ class EmailConnector(BaseConnector):
                 if folder is not None and not await session.holds(folder, message_id):
                     create = self.config.imap.sent_folder != "auto"
                     await session.append(folder, raw, create=create)
-                over = True
+            return None
         except Exception as exc:  # best effort, in a task nobody awaits: said, never raised
-            detail = exc if isinstance(exc, ConnectorError) else scrub(repr(exc), *self._secrets)
-            self._log.warning(
-                "reply %s went out but was not saved to Sent (tried again at the next start "
-                "of the connection): %s",
-                message_id,
-                detail,
-            )
+            return str(exc) if isinstance(exc, ConnectorError) else scrub(repr(exc), *self._secrets)
         finally:
             await session.close()
-        if over:
-            await self._unsaved.done(message_id)
-        self.saved += 1
-        self._notify()
+
+    def _sent_name(self) -> str:
+        """The Sent folder, for the log: as configured, or as `auto` found it."""
+        configured = self.config.imap.sent_folder
+        if configured is not False and configured != "auto":
+            return repr(configured)
+        found = self._sent_folder
+        return found if isinstance(found, str) else "(imap.sent_folder: auto, not found yet)"
 
     async def _sent_folder_in(self, session: ImapSession) -> str | None:
         """The folder replies are saved to, as IMAP commands name it; None: none to save to."""

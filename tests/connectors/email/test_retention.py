@@ -1,18 +1,20 @@
-"""What an email connection keeps per mail (the reply context, the thread a Message-ID leads to,
-the thread's latest mail, its participants) runs out `retention.dedupe_days` after the thread's
-latest mail, so a busy mailbox does not grow the store for ever; a thread still written in stays
-joinable, and one idle past that is not opened to whoever names it."""
+"""What an email connection keeps to thread and answer each mail (the reply context, the
+thread a Message-ID leads to, the thread's latest mail, its participants) follows the mail's
+headers for good, as the conversation's history does: a customer answering a thread after
+weeks of silence is in the same conversation, and a stranger naming it is still not. Only what
+guards against repeats runs out after `retention.dedupe_days`."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from talkbridge.config import RetentionConfig
 from talkbridge.message import OutboundMessage
 from talkbridge.retention import keep_for
+from tests.connectors.email.conftest import mail
 from tests.connectors.email.test_e2e import to
 from tests.connectors.email.test_thread_membership import ROOT, ada_asks, reply, text
 from tests.peers.email import DovecotPeer, SmtpPeer
@@ -20,7 +22,7 @@ from tests.peers.email import DovecotPeer, SmtpPeer
 DAY = 86_400.0
 
 
-async def test_a_threads_records_run_out_after_it_was_idle_for_the_retention_and_not_before(
+async def test_a_reply_after_longer_than_dedupe_days_of_silence_continues_the_thread(
     dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
 ) -> None:
     clock = [time.time()]
@@ -30,58 +32,32 @@ async def test_a_threads_records_run_out_after_it_was_idle_for_the_retention_and
     store.wall_clock = lambda: clock[0]
     keep = keep_for(RetentionConfig())  # dedupe_days: 7
 
-    async def sweep() -> int:
-        now = datetime.fromtimestamp(clock[0], UTC)
-        return (await store.prune(now=now, keep=keep)).expired_state
+    async def sweep() -> None:
+        await store.prune(now=datetime.fromtimestamp(clock[0], UTC), keep=keep)
 
-    # Ada writes again on day 5 and day 10: her thread stays hers, though its first mail's
-    # records ran out on day 7.
-    chain = [ROOT, ours]
-    for day, body in ((5, "still broken"), (10, "and now the scanner")):
-        clock[0] += 5 * DAY
-        await sweep()
-        dovecot.deliver("help", reply(*chain, body=body, message_id=f"<d{day}@example.org>"))
-        count = len(to(smtp, "ada@example.org"))
-        await smtp.wait_for(lambda c=count: len(to(smtp, "ada@example.org")) == c + 1)
-        await instance.router.join()
-        chain += [
-            f"<d{day}@example.org>",
-            str(to(smtp, "ada@example.org")[-1].message["Message-ID"]),
-        ]
-    assert text(smtp, "ada@example.org") == (
-        "my salary is 5000 | still broken | and now the scanner"
+    # 30 days of silence, swept: Ada answers our answer (her client sends In-Reply-To alone).
+    clock[0] += 30 * DAY
+    await sweep()
+    dovecot.deliver(
+        "help", mail(body="still broken", message_id="<d30@example.org>", In_Reply_To=ours)
     )
-    assert await store.get_state(f"email:help:msg:{ROOT}") is None  # day 0's: ran out
+    await smtp.wait_for(lambda: len(to(smtp, "ada@example.org")) == 2)
+    await instance.router.join()
+    assert text(smtp, "ada@example.org") == "my salary is 5000 | still broken"
+    answer = to(smtp, "ada@example.org")[-1].message
+    assert answer["In-Reply-To"] == "<d30@example.org>"
+    history = await store.history(f"help\x1f{ROOT}", limit=10)
+    assert [h.text for h in history if h.role == "user"] == ["my salary is 5000", "still broken"]
 
-    # Idle for 8 days: everything the connection kept of the thread's mail is gone.
-    clock[0] += 8 * DAY
-    assert await sweep() > 0
-    for mid in chain:
-        for kind in ("msg", "root"):
-            assert await store.get_state(f"email:help:{kind}:{mid}") is None, (kind, mid)
-    for kind in ("thread", "participants"):
-        assert await store.get_state(f"email:help:{kind}:{ROOT}") is None, kind
-    assert await store.get_state("email:help:cursor:INBOX") is not None  # (kept for good)
-
-    # Naming the idle thread does not get a stranger in: he starts his own.
+    # Another 30 days: a stranger naming the whole chain still starts a thread of his own.
+    clock[0] += 30 * DAY
+    await sweep()
+    chain = [ROOT, ours, "<d30@example.org>", str(answer["Message-ID"])]
     dovecot.deliver("help", reply(*chain, sender="bob@example.org", body="what did she say?"))
     await smtp.wait_for(lambda: len(to(smtp, "bob@example.org")) == 1)
     assert text(smtp, "bob@example.org") == "what did she say?"
-
-
-async def test_a_thread_the_bridge_keeps_writing_into_stays_answerable(
-    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
-) -> None:
-    """An app's sends to a thread (no `reply_to`) keep its latest mail: the next send, days
-    later, still has a mail to answer."""
-    clock = [time.time()]
-    instance, _ = await ada_asks(bridge, dovecot, smtp)
-    await instance.router.join()
-    instance.store.wall_clock = lambda: clock[0]
-    for n in range(3):
-        clock[0] += 5 * DAY
-        await instance.router.send("help", OutboundMessage(thread_id=ROOT, text=f"update {n}"))
-    assert len(to(smtp, "ada@example.org")) == 4
-    assert text(smtp, "ada@example.org") == "update 2"
-    clock[0] += timedelta(days=8).total_seconds()
-    assert await instance.store.get_state(f"email:help:thread:{ROOT}") is None
+    # And an app's send to the quiet thread still has the thread's latest mail to answer.
+    await instance.router.send("help", OutboundMessage(thread_id=ROOT, text="solved?"))
+    last = smtp.received[-1]
+    assert last.rcpt_tos == ["ada@example.org"]
+    assert last.message["In-Reply-To"] == "<d30@example.org>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -114,12 +115,13 @@ async def test_a_server_refusing_the_copy_does_not_fail_the_reply(
     async with ImapStandIn() as server:  # knows neither LIST nor APPEND
         imap = {"host": "127.0.0.1", "port": server.port, "security": "none"}
         connector = make_connector(imap={**imap, "username": "help", "password": "x"})
+        connector.save_tries = 1
         result = await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
         await connector.wait_for(lambda: connector.saved == 1)
     [received] = smtp.received
     assert received.message["Message-ID"] == result.message_id
-    [warning] = [r.getMessage() for r in caplog.records if "not saved to Sent" in r.getMessage()]
-    assert result.message_id in warning and "LIST" in warning
+    [error] = [r.getMessage() for r in caplog.records if "not be saved to" in r.getMessage()]
+    assert result.message_id in error and "LIST" in error
 
 
 @WITH_SENT
@@ -139,7 +141,8 @@ async def test_a_reply_whose_copy_a_crash_cut_short_is_saved_once_at_the_next_st
     async with ImapCutter(dovecot.port, "APPEND", after=after) as cutter:
         first = make_connector(imap=imap | {"port": cutter.port})
         result = await first.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
-        await first.wait_for(lambda: first.saved == 1)
+        await first.wait_for(lambda: first.save_failures == 1)
+        await first.close()  # what the crash ends: its wait to try again
         assert cutter.cut.is_set()
     assert sent_ids(dovecot) == ([(result.message_id, "S")] if after else [])
     running = await start()  # the restart, on the same store
@@ -186,3 +189,63 @@ async def test_the_sent_folder_is_found_where_the_server_lists_special_use_only_
         verdict = await connector.check()
     assert 'replies saved to "Gesendet" (marked \\Sent)' in verdict, verdict
     assert 'LIST "" "*" RETURN (SPECIAL-USE)' in server.commands
+
+
+def refused_folder(make_connector: Callable[..., EmailConnector]) -> dict[str, Any]:
+    """An `imap` section whose Sent folder Dovecot refuses to create or append to ("Invalid
+    mailbox name: Begins with '~'")."""
+    imap = make_connector().config.imap.model_dump() | {"sent_folder": "~Sent"}
+    imap["password"] = imap["password"].get_secret_value()
+    return imap
+
+
+async def test_a_copy_the_sent_folder_keeps_refusing_is_given_up_after_bounded_tries(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    start: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tried again with backoff, `save_tries` in all, then one error naming the folder and
+    the failure; the next start (each reconnect does the same) does not try it again."""
+    imap = refused_folder(make_connector)
+    connector = make_connector(imap=imap)
+    connector.save_tries, connector.save_retry_base = 3, 0.001
+    result = await connector.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+    await connector.wait_for(lambda: connector.saved == 1)
+    said = [r for r in caplog.records if result.message_id in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "WARNING", "ERROR"]
+    assert connector.save_failures == 3
+    assert "try 1 of 3" in said[0].getMessage() and "try 2 of 3" in said[1].getMessage()
+    given_up = said[-1].getMessage()
+    assert "'~Sent'" in given_up and "after 3 tries" in given_up and "given up" in given_up
+    assert "Invalid mailbox name" in given_up  # Dovecot's own words
+    again = await start(imap=imap)  # the next start on the same store: nothing left to save
+    await again.status.wait_up()
+    await again.stop()
+    assert again.connector.saved == 0 and again.connector.save_failures == 0
+    assert len(smtp.received) == 1
+
+
+async def test_the_tries_to_save_a_copy_are_counted_across_restarts(
+    dovecot: DovecotPeer,
+    smtp: SmtpPeer,
+    make_connector: Callable[..., EmailConnector],
+    start: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stop while a save waits to be tried again ends the wait at once; the next start
+    tries it, and counts the tries before: a bridge restarted again and again still gives up."""
+    imap = refused_folder(make_connector)
+    first = make_connector(imap=imap)
+    first.save_tries, first.save_retry_base = 2, 3600.0  # waits an hour after the first try
+    result = await first.send(OutboundMessage(thread_id="bob@example.net", text="hi"))
+    await first.wait_for(lambda: first.save_failures == 1)
+    await asyncio.wait_for(first.close(), 5)  # (not the hour)
+    assert first.saved == 1
+    again = await start(imap=imap, wait=False)
+    again.connector.save_tries = 2
+    await again.connector.wait_for(lambda: again.connector.saved == 1)
+    assert again.connector.save_failures == 1
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert result.message_id in error and "after 2 tries" in error

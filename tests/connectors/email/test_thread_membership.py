@@ -10,8 +10,10 @@ import pytest
 
 from talkbridge.agents import Result, TurnContext
 from talkbridge.bridge import Bridge
+from talkbridge.connectors.email.config import ImapConfig
+from talkbridge.connectors.email.imap import ImapSession, mailbox_argument
 from talkbridge.message import OutboundMessage
-from tests.connectors.email.conftest import mail
+from tests.connectors.email.conftest import connection, mail
 from tests.connectors.email.test_e2e import to
 from tests.peers.email import DovecotPeer, SmtpPeer
 
@@ -231,3 +233,73 @@ async def test_a_colleague_a_participant_cc_d_joins_only_when_that_mail_was_vouc
     assert threads["cc dave"] == threads["dave to all"] == ROOT
     assert threads["cc erin"] == threads["erin to all"] == "<a3@x>"
     assert threads["dave brings frank"] not in (ROOT, "<a3@x>")
+
+
+async def test_a_reply_goes_to_all_but_never_to_the_mailboxs_own_address(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    """Reply-all, as a support desk expects: the sender and everyone on To and Cc, but not the
+    mailbox itself, however it was written (a `+tag`, capitals)."""
+    await bridge({})
+    dovecot.deliver(
+        "help",
+        mail(
+            to="Billing <help+billing@example.com>, dave@example.org",
+            Cc="Help Desk <HELP@Example.com>, carol@example.org",
+        ),
+    )
+    await smtp.wait_for(lambda: len(smtp.received) == 1)
+    [answer] = smtp.received
+    assert answer.rcpt_tos == ["ada@example.org", "dave@example.org", "carol@example.org"]
+    assert answer.message["To"] == "ada@example.org"
+    assert answer.message["Cc"] == "dave@example.org, carol@example.org"
+
+
+async def written_in_a_mail_client(dovecot: DovecotPeer, smtp: SmtpPeer, raw: bytes) -> None:
+    """What a mail client does with the mail a person sent from the mailbox: APPEND to Sent."""
+    imap = ImapConfig.model_validate(connection(dovecot, smtp)["imap"])
+    session = ImapSession(imap, 10)
+    await session.open(select=False)
+    try:
+        await session.append(mailbox_argument("Sent"), raw, create=False)
+    finally:
+        await session.close()
+
+
+@pytest.mark.parametrize("dovecot", [{"sent": "Sent"}], indirect=True)
+async def test_a_colleague_a_person_in_the_mailbox_cc_d_from_a_mail_client_joins_the_thread(
+    dovecot: DovecotPeer, smtp: SmtpPeer, bridge: Callable[..., Any]
+) -> None:
+    """A person at the desk answers Ada from their mail client, Cc'ing Carol (the mail is in
+    Sent; the bridge never read it). Carol's reply to all continues Ada's thread, and its
+    answer goes to all; someone that mail did not go to still starts a thread of their own."""
+    _, ours = await ada_asks(bridge, dovecot, smtp)
+    desk = "<desk-1@example.com>"
+    await written_in_a_mail_client(
+        dovecot,
+        smtp,
+        reply(
+            ROOT,
+            ours,
+            sender="Help Desk <help@example.com>",
+            to="ada@example.org",
+            Cc="carol@example.org",
+            body="Carol from IT will know",
+            message_id=desk,
+        ),
+    )
+    dovecot.deliver(
+        "help",
+        mail(  # her client sends In-Reply-To alone
+            sender="carol@example.org",
+            Cc="ada@example.org",
+            body="it is the toner",
+            In_Reply_To=desk,
+        ),
+    )
+    await smtp.wait_for(lambda: len(to(smtp, "carol@example.org")) == 1)
+    assert text(smtp, "carol@example.org") == "my salary is 5000 | it is the toner"
+    assert to(smtp, "carol@example.org")[0].rcpt_tos == ["carol@example.org", "ada@example.org"]
+    dovecot.deliver("help", mail(sender="erin@example.org", body="me too?", In_Reply_To=desk))
+    await smtp.wait_for(lambda: len(to(smtp, "erin@example.org")) == 1)
+    assert text(smtp, "erin@example.org") == "me too?"
