@@ -809,6 +809,20 @@ class Bridge:
         forward = route.forward
         assert forward is not None
         message = route.message
+        target = self.registry.config(forward.connection_id)
+        if forward.thread_id is None and target is not None and target.channel == "webchat":
+            # A webchat thread is one session's conversation: "the same thread id" there is
+            # the sender's own conversation (a webchat message), where their words came back
+            # as the assistant's under "Passed on", or no conversation at all.
+            await self._apologize(
+                message,
+                f"hook {route.routed_by!r} forwarded the message to webchat connection "
+                f"{forward.connection_id!r} without a thread_id; a webchat thread is one "
+                "session's conversation, so name it: Forward(connection_id, "
+                "thread_id='<session_id>.<conversation_id>'); nothing was passed on",
+                screen=route.trust != "trusted",
+            )
+            return
         name = message.display_name or message.channel_user_id
         target_thread = forward.thread_id or message.thread_id
         text = f"{name} ({message.connection_id}): {message.text}"

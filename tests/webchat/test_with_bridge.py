@@ -17,6 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from talkbridge.agents.base import Result, TurnContext
+from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
 from talkbridge.errors import PermanentError
@@ -25,7 +26,7 @@ from talkbridge.init_template import write_starter
 from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
 from tests.support.agents import Storyteller
-from tests.support.talk_connector import TalkConnector
+from tests.support.talk_connector import TalkConnector, make_message
 from tests.webchat.conftest import TIMEOUT
 
 TOKEN = "bridge-token-0123456789abcdef"
@@ -536,3 +537,53 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
     ]
     words = json.dumps([*frames, history])
     assert "oncall" not in words and "room-7" not in words and "escalate-to" not in words
+
+
+async def test_a_forward_to_the_webchat_without_a_thread_id_is_refused_naming_what_is_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`Forward("webchat")` without a thread id went to "the thread with the same id" there:
+    for a webchat sender their own conversation, where their words came back as the
+    assistant's under "Passed on" (nothing was passed on); for another channel's message a
+    thread id the webchat does not have. A webchat thread is one session's conversation, so
+    the forward is refused: the log names the hook and the missing `thread_id`, the sender gets
+    the apology of a failed turn, and no session's thread gets the message."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="to-the-console")
+    async def to_console(msg: NormalizedMessage) -> Forward | None:
+        return Forward("webchat") if "pass" in msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config, hooks=hooks)
+    desk = TalkConnector("desk")
+    bridge.registry.add(desk, ConnectionConfig(id="desk", channel="telegram"))
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready), _page(bridge) as (other, _):
+            thread = ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "pass it"}
+            await ws.send(json.dumps(send))
+            frames = await _until(ws, _answer)
+            assert frames[-1]["text"] == SORRY
+            await desk.inject(make_message("pass it too", connection_id="desk", thread_id="42"))
+            (apology,) = await desk.wait_sent(1)
+            assert (apology.message.thread_id, apology.message.text) == ("42", SORRY)
+            await bridge.router.join()
+            for socket in (ws, other):  # nothing else came to either session
+                await socket.send(json.dumps({"type": "ping", "ref": "p"}))
+                assert await _recv(socket) == {"type": "pong", "ref": "p"}
+        history = await _history_after_a_reload(bridge, ready["session_id"], thread)
+    finally:
+        await bridge.stop()
+    assert [(m["role"], m["text"]) for m in history] == [("user", "pass it"), ("assistant", SORRY)]
+    refusal = (
+        "hook 'to-the-console' forwarded the message to webchat connection 'webchat' "
+        "without a thread_id"
+    )
+    assert caplog.text.count(refusal) == 2, caplog.text
