@@ -823,6 +823,18 @@ class Bridge:
                 screen=route.trust != "trusted",
             )
             return
+        if target is None and forward.connection_id not in self.router.connection_ids():
+            known = ", ".join(self.registry.ids())
+            await self._apologize(
+                message,
+                f"hook {route.routed_by!r} forwarded the message to connection "
+                f"{forward.connection_id!r}, which is not configured (connections: {known})",
+                screen=route.trust != "trusted",
+            )
+            return
+        # Said as soon as the hook decided: the send may take a while (a connection still
+        # starting, a 429's Retry-After, retries), and the sender waited for it without a word.
+        await self._note(message, "forwarded")
         name = message.display_name or message.channel_user_id
         target_thread = forward.thread_id or message.thread_id
         text = f"{name} ({message.connection_id}): {message.text}"
@@ -841,19 +853,10 @@ class Bridge:
                     meta=meta,
                 ),
             )
-        except SendFailedError as exc:
-            log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
+        except (SendFailedError, UnknownConnectionError) as exc:
+            reason = exc.reason if isinstance(exc, SendFailedError) else str(exc)
+            log.error("forward of %s/%s failed: %s", message.connection_id, message.id, reason)
             await self._note(message, "not_answered")  # passed on it was not: nobody answers
-        except UnknownConnectionError:
-            known = ", ".join(self.registry.ids())
-            await self._apologize(
-                message,
-                f"hook {route.routed_by!r} forwarded the message to connection "
-                f"{forward.connection_id!r}, which is not configured (connections: {known})",
-                screen=route.trust != "trusted",
-            )
-        else:
-            await self._note(message, "forwarded")
 
     async def _apologize(
         self, message: NormalizedMessage, problem: str, *, screen: bool = False

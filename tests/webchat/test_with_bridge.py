@@ -507,18 +507,19 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
                 "reply_to": f"{thread}:c1",
                 "ts": frames[-1]["ts"],
             }
-            (passed,) = desk.sent  # passed on before the note said so
+            (passed,) = await desk.wait_sent(1)  # the note came as the hook decided
             assert passed.message.thread_id == "room-7"
             assert passed.message.text.endswith(" (webchat): escalate")
             # Handled again (a restart before it was marked done): no second note, none sent.
             notices = bridge.router.feature("webchat", "notices")
             assert notices is not None
             assert await notices.forwarded(thread, f"{thread}:c1") == (f"{thread}:c1:forwarded",)
-            # The forward fails for good: nothing was passed on, and nobody answers.
+            # The forward fails for good: it was not passed on after all, and nobody answers.
             desk.script.append(PermanentError("chat not found"))
             await ws.send(json.dumps({**send, "client_id": "c2", "text": "escalate again"}))
-            frames += await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 4)
-            assert (frames[-1]["code"], frames[-1]["reply_to"]) == ("not_answered", f"{thread}:c2")
+            frames += await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 5)
+            notes = [(f["code"], f["reply_to"]) for f in frames[-2:] if f["type"] == "message"]
+            assert notes == [("forwarded", f"{thread}:c2"), ("not_answered", f"{thread}:c2")]
             await ws.send(json.dumps({**send, "client_id": "c3", "text": "hello"}))
             frames += await _until(ws, _answer)
             await ws.send(json.dumps({"type": "ping", "ref": "p"}))
@@ -531,6 +532,7 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
         ("user", "escalate", None),
         ("system", "Passed on", "forwarded"),
         ("user", "escalate again", None),
+        ("system", "Passed on", "forwarded"),
         ("system", "Not answered", "not_answered"),
         ("user", "hello", None),
         ("assistant", "hello", None),

@@ -1018,17 +1018,20 @@ function noteNode(t, m) {
   return article;
 }
 
-/** Whether the message `id` is shown before `seq`: "" when right before it, else a short quote
- * of it to name it by; null when this page does not hold it. */
+/** Whether the message `id` is shown before `seq`: "" when right before it (or only other notes
+ * about it between: "Passed on", then "Not answered" when that forward failed), else a short
+ * quote of it to name it by; null when this page does not hold it. */
 function shownBefore(t, seq, id) {
   const at = lowerBound(t.order, seq);
+  let between = false;
   for (let i = at - 1; i >= 0; i -= 1) {
     const m = t.messages.get(t.order[i]);
     if (m && m.id === id) {
-      if (i === at - 1) return "";
+      if (!between) return "";
       const text = m.text.replace(/\s+/g, " ").trim();
       return text.length > 40 ? `${text.slice(0, 39)}…` : text;
     }
+    if (!m || m.role !== "system" || m.reply_to !== id) between = true;
   }
   return null;
 }
