@@ -377,3 +377,48 @@ async def test_a_draft_sent_before_the_bridge_acknowledged_it_comes_back_once_no
     )
     await expect(box).to_have_value("")
     assert [t.text for t in webchat.echo.turns] == ["not taken yet"]
+
+
+async def test_drafts_no_box_can_show_again_expire_the_box_s_own_goes_on(
+    webchat: Webchat, context: Any
+) -> None:
+    """Drafts of conversations no longer on the server (a wiped store) or of another session
+    (another token's link) stayed in the page's storage for good, piling up. This session's
+    of a conversation the server does not list go at the next connect; another session's once
+    untouched for 30 days (a tab of it may still be open). The draft in the box goes on into the
+    conversation shown, and every draft of a conversation still listed stays."""
+    page = await open_chat(context, webchat)
+    box = page.get_by_role("textbox", name="Message")
+    await say(page, "first topic")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: first topic"])
+    await page.get_by_role("button", name="New conversation", exact=True).click()
+    await box.fill("typed in the second")
+    session = await page.evaluate("localStorage['talkbridge.session']")
+    first = f"{session}.{webchat.echo.turns[0].thread_id.partition('.')[2]}"
+    day = 24 * 3600 * 1000
+    planted = {
+        f"{session}.0123456789ab": 0,  # this session's, of a conversation the server lost
+        f"{'a' * 32}.0123456789ab": 31 * day,  # another session's, a month untouched
+        f"{'b' * 32}.0123456789ab": 1 * day,  # another session's, typed in yesterday
+        first: 0,  # a listed conversation's, not shown
+    }
+    await page.evaluate(
+        """planted => { for (const [thread, age] of Object.entries(planted)) {
+            localStorage['talkbridge.draft.' + thread] =
+                JSON.stringify({text: 'draft of ' + thread, at: Date.now() - age});
+        } }""",
+        planted,
+    )
+    await page.reload()
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(box).to_have_value("typed in the second")
+    kept = await page.evaluate(
+        """Object.keys(localStorage).filter(k => k.startsWith('talkbridge.draft.'))
+            .map(k => k.slice('talkbridge.draft.'.length))"""
+    )
+    second = next(t for t in kept if t not in planted)
+    assert sorted(kept) == sorted([f"{'b' * 32}.0123456789ab", first, second])
+    assert second.startswith(f"{session}.")
+    conversations = page.locator(".conversation-list .conversation")
+    await conversations.filter(has_text="first topic").click()
+    await expect(box).to_have_value(f"draft of {first}")

@@ -34,6 +34,7 @@ const PING_EVERY_MS = 20000;
 const PONG_WITHIN_MS = 10000; // no answer by then: the connection is dead, though not closed
 const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30000;
+const DRAFT_KEPT_MS = 30 * 24 * 3600 * 1000; // a draft of another session: then it goes
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -164,8 +165,47 @@ function forgetUnsent(clientId) {
 }
 // The draft of each conversation: what its message box holds, unsent. Written as it is typed (a
 // crashed tab loses nothing), and only here: nothing of it goes to the server until it is sent.
+// Stored as `{text, at}`: when it was last typed in, so one nobody can reach again expires.
 function saveDraft() {
-  if (state.boxThread) storageSet(KEY.draft + state.boxThread, ui.input.value || null);
+  const text = ui.input.value;
+  const draft = text ? JSON.stringify({ text, at: Date.now() }) : null;
+  if (state.boxThread) storageSet(KEY.draft + state.boxThread, draft);
+}
+/** The draft a stored value holds: `{text, at}` (`at` 0 when unknown), or null. */
+function parseDraft(raw) {
+  if (!raw) return null;
+  try {
+    const draft = JSON.parse(raw);
+    if (draft && typeof draft.text === "string" && Number.isFinite(draft.at)) return draft;
+  } catch {
+    /* not one of ours: the text as it is */
+  }
+  return { text: raw, at: 0 };
+}
+function loadDraft(threadId) {
+  return parseDraft(storageGet(KEY.draft + threadId))?.text ?? null;
+}
+
+/** Drafts no box will show again leave storage, where they piled up for good: this session's of
+ * a conversation the server no longer lists (a wiped store), at once; another session's (another
+ * token's link, a session replaced), once untouched for `DRAFT_KEPT_MS`, as a tab of that
+ * session may still be open. The box's own stays: `showDraft` carries it on. */
+function expireDrafts(known) {
+  let keys = [];
+  try {
+    keys = Object.keys(localStorage).filter((k) => k.startsWith(KEY.draft));
+  } catch {
+    return; // no storage: nothing kept either
+  }
+  const now = Date.now();
+  for (const key of keys) {
+    const threadId = key.slice(KEY.draft.length);
+    if (threadId === state.boxThread) continue;
+    const stale = threadId.startsWith(`${state.sessionId}.`)
+      ? !known.has(threadId)
+      : now - (parseDraft(storageGet(key))?.at ?? 0) > DRAFT_KEPT_MS;
+    if (stale) storageSet(key, null);
+  }
 }
 
 /** Put the draft of `threadId` in the message box (the one shown stays saved under its own
@@ -177,7 +217,7 @@ function showDraft(threadId) {
   const gone =
     !state.boxThread || !state.conversations.some((c) => c.thread_id === state.boxThread);
   if (gone && state.boxThread) storageSet(KEY.draft + state.boxThread, null);
-  const draft = threadId ? storageGet(KEY.draft + threadId) : null;
+  const draft = threadId ? loadDraft(threadId) : null;
   let text = draft ?? "";
   if (gone && typed && typed !== text) text = text ? `${text}\n${typed}` : typed;
   state.boxThread = threadId;
@@ -209,8 +249,9 @@ window.addEventListener("storage", (event) => {
     // Typed (or sent) in another tab of the same conversation: a storage event never comes to
     // the tab that wrote, so this box is not the one being typed in. Mirrored, so a message
     // sent from that tab does not stay in this box, to be sent twice.
-    if (ui.input.value !== (event.newValue ?? "")) {
-      ui.input.value = event.newValue ?? "";
+    const text = parseDraft(event.newValue)?.text ?? "";
+    if (ui.input.value !== text) {
+      ui.input.value = text;
       autosize();
       checkLength();
     }
@@ -552,6 +593,7 @@ function onReady(frame) {
     }
   }
   if (state.active) switchTo(state.active);
+  expireDrafts(known);
   for (const item of state.outbox) transmit(item);
   renderComposerState();
   if (document.activeElement === document.body) ui.input.focus(); // ready to type
@@ -1562,7 +1604,7 @@ window.addEventListener("online", () => {
 
 // What was typed here before a reload (or a crash), there at once, before the socket opens.
 state.boxThread = state.active;
-ui.input.value = (state.active && storageGet(KEY.draft + state.active)) || "";
+ui.input.value = (state.active && loadDraft(state.active)) || "";
 autosize();
 renderComposerState();
 connect();
