@@ -1115,7 +1115,11 @@ function render(role, text, markup) {
 // messages by seq, `tailStart`, then (when the window reaches the newest message) what has no
 // seq yet (replies streaming, messages waiting to be sent, messages not sent) or the empty note.
 // A reader at the bottom is kept there whenever the log's height changes (a reply growing, the
-// window or the phone's keyboard resizing it).
+// window or the phone's keyboard resizing it). While a selection reaches into the messages (being
+// made, or made), no message leaves the document: the window only grows, and goes back to
+// MAX_SHOWN once the selection is gone. So a selection is never cut by the window moving, but it
+// reaches only the messages in the document: it cannot start in one that has left it, and the
+// browser's find-in-page (Ctrl+F) finds only what the window holds.
 const NEAR_BOTTOM_PX = 120;
 const EARLIER_WITHIN_PX = 200; // scrolled this near the top (or bottom): the next page is drawn
 const PAGE = 100; // messages drawn at a time
@@ -1130,6 +1134,7 @@ const view = {
   pinned: true, // the reader is at the bottom: new messages keep them there
   pending: new Map(), // client_id -> node of a message waiting to be sent
   unsent: new Map(), // client_id -> node of a message not sent
+  wanted: null, // [lo, hi]: the window to go back to once no selection holds it open
 };
 
 function messageNodeOf(t, seq) {
@@ -1147,9 +1152,16 @@ function messageNodeOf(t, seq) {
 }
 
 /** Make the window [lo, hi] of the thread shown: the nodes outside it leave the document, the
- * missing ones inside it are made and put in their places; the others are left alone. */
+ * missing ones inside it are made and put in their places; the others are left alone. While a
+ * selection reaches into the messages, none leaves: the window spans both, until it is gone. */
 function setWindow(lo, hi) {
   const t = view.t;
+  view.wanted = null;
+  if (view.lo !== null && (view.lo < lo || view.hi > hi) && selectionInLog()) {
+    view.wanted = [lo, hi];
+    lo = Math.min(lo, view.lo);
+    hi = Math.max(hi, view.hi);
+  }
   for (const [seq, node] of view.nodes) {
     if (seq < lo || seq > hi) {
       // A link focused in a message that leaves: the keyboard stays in the messages.
@@ -1167,6 +1179,26 @@ function setWindow(lo, hi) {
     if (node) next = node;
     else next = ui.log.insertBefore(messageNodeOf(t, seq), next);
   }
+}
+
+/** Whether text is selected (being selected, or left selected) in the messages. */
+function selectionInLog() {
+  const selection = document.getSelection();
+  if (!selection || selection.isCollapsed || !selection.rangeCount) return false;
+  return selection.getRangeAt(0).intersectsNode(ui.log);
+}
+
+/** The selection that held the window open is gone: it shrinks to the one wanted meanwhile,
+ * the reader kept in place. */
+function onSelectionChange() {
+  if (!view.wanted || !view.t || selectionInLog()) return;
+  const [lo, hi] = view.wanted;
+  keepingPlace(() => {
+    setWindow(lo, hi);
+    renderEarlier(view.t);
+    renderTail(view.t);
+  });
+  if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
 }
 
 /** The index in ascending `order` past its last item not above `seq`. */
@@ -1249,6 +1281,9 @@ function buildView() {
   view.t = state.active ? thread(state.active) : null;
   view.pinned = true;
   view.nodes = new Map();
+  view.lo = null; // another thread's window, if any, is gone with its nodes
+  view.hi = Infinity;
+  view.wanted = null;
   ui.newer.hidden = true;
   if (!view.t) {
     ui.log.replaceChildren(ui.empty);
@@ -1574,6 +1609,7 @@ renderEnterMode();
 ui.newConversation.addEventListener("click", startConversation);
 ui.earlier.addEventListener("click", showEarlier);
 ui.messages.addEventListener("scroll", onScroll, { passive: true });
+document.addEventListener("selectionchange", onSelectionChange);
 const keepPinned = new ResizeObserver(() => {
   if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
 });
