@@ -13,6 +13,7 @@ from talkbridge.message import OutboundMessage
 from talkbridge.webchat import sessions
 from tests.webchat.conftest import (
     ANNOUNCED,
+    FRAMES,
     MS,
     TOKEN_B,
     StartWebchat,
@@ -22,6 +23,7 @@ from tests.webchat.conftest import (
     page_swallowing_sends,
     page_url,
     say,
+    say_on_a_phone,
 )
 
 
@@ -422,3 +424,62 @@ async def test_drafts_no_box_can_show_again_expire_the_box_s_own_goes_on(
     conversations = page.locator(".conversation-list .conversation")
     await conversations.filter(has_text="first topic").click()
     await expect(box).to_have_value(f"draft of {first}")
+
+
+SEND_IN_SIGHT = """() => {
+    const send = document.getElementById('send').getBoundingClientRect();
+    const input = document.getElementById('input');
+    const box = input.getBoundingClientRect();
+    const view = window.visualViewport;
+    const inside = r => r.top >= 0 && r.left >= 0 && r.bottom <= view.height
+        && r.right <= view.width;
+    const hit = document.elementFromPoint(send.left + send.width / 2, send.top + send.height / 2);
+    return {
+        send: inside(send),
+        uncovered: Boolean(hit && hit.closest('#send')),
+        box: box.height >= 24 && box.top >= 0 && box.bottom <= view.height,
+        end: input.scrollTop + input.clientHeight >= input.scrollHeight - 1,
+    };
+}"""
+"""Whether the Send button is wholly in sight and not covered, and the box with it, showing
+its end (without scrolling anything into view first, as a tap would)."""
+
+
+IN_SIGHT = ("send", "uncovered", "box", "end")
+
+
+@pytest.mark.parametrize(
+    "keyboard_up",
+    [{"width": 375, "height": 260}, {"width": 667, "height": 170}],
+    ids=["portrait", "landscape"],
+)
+async def test_on_a_phone_the_send_button_stays_in_sight_when_the_keyboard_shows(
+    webchat: Webchat, browser: Any, keyboard_up: dict[str, int]
+) -> None:
+    """On a phone Enter starts a new line, so Send is the only way to send. A message of many
+    lines grew the box to 200 px, and with the keyboard up (the viewport shrinks to what is
+    left above it) the box and the header took more than the screen: Send went below it, out
+    of reach. The box grows only to a part of the screen left, and scrolls inside itself."""
+    phone = await browser.new_context(
+        viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True
+    )
+    phone.set_default_timeout(MS)
+    try:
+        page = await open_chat(phone, webchat)
+        await say_on_a_phone(page, "a reply to scroll past")
+        await expect(page.locator(".msg-assistant")).to_have_count(1)
+        box = page.get_by_role("textbox", name="Message")
+        await box.tap()
+        for n in range(14):
+            await page.keyboard.type(f"line {n}")
+            await page.keyboard.press("Enter")
+        await page.keyboard.type("the last line")
+        assert await page.evaluate(SEND_IN_SIGHT) == dict.fromkeys(IN_SIGHT, True)
+        await page.set_viewport_size(keyboard_up)  # the on-screen keyboard comes up
+        await page.evaluate(FRAMES)
+        assert await page.evaluate(SEND_IN_SIGHT) == dict.fromkeys(IN_SIGHT, True)
+        await page.get_by_role("button", name="Send message").tap()
+        await expect(page.locator(".msg-user .bubble").last).to_contain_text("the last line")
+        assert webchat.echo.turns[-1].text.count("\n") == 14
+    finally:
+        await phone.close()

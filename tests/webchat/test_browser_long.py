@@ -9,6 +9,7 @@ from typing import Any
 from talkbridge.message import OutboundMessage
 from tests.webchat.conftest import (
     ANNOUNCED,
+    FRAMES,
     TIMEOUT,
     StartWebchat,
     Webchat,
@@ -29,9 +30,6 @@ SHOWN = 100
 """The messages a thread opens with (the page's `PAGE`): the newest, however many it holds."""
 CAP = 300
 """The messages in the document at most (the page's `MAX_SHOWN`), however far the reader goes."""
-
-FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
-"""Resolves once the page has drawn twice: its scroll events of the moment are handled."""
 
 TOP_MESSAGE = """box => {
     const top = box.getBoundingClientRect().top;

@@ -1560,6 +1560,15 @@ function checkLength() {
 function autosize() {
   ui.input.style.height = "auto";
   ui.input.style.height = `${Math.min(ui.input.scrollHeight, 200)}px`;
+  endInSight(); // the height set again scrolled the box back from the line being written
+}
+
+/** A box being typed in at its end (as a message is written) keeps that end in sight. */
+function endInSight() {
+  const box = ui.input;
+  if (document.activeElement === box && box.selectionEnd === box.value.length) {
+    box.scrollTop = box.scrollHeight;
+  }
 }
 
 function openSidebar() {
@@ -1615,6 +1624,8 @@ const keepPinned = new ResizeObserver(() => {
 });
 keepPinned.observe(ui.log);
 keepPinned.observe(ui.messages);
+// The box shrinks with the screen (a phone's keyboard coming up): the line being written stays.
+new ResizeObserver(endInSight).observe(ui.input);
 ui.newer.addEventListener("click", scrollToNewest);
 ui.openSidebar.addEventListener("click", openSidebar);
 ui.closeSidebar.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
