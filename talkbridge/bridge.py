@@ -839,12 +839,42 @@ class Bridge:
         forward = route.forward
         assert forward is not None
         message = route.message
+        screen = route.trust != "trusted"
+        target = self.registry.config(forward.connection_id)
+        if forward.thread_id is None and target is not None and target.channel == "webchat":
+            # A webchat thread is one session's conversation: "the same thread id" there is
+            # the sender's own conversation (a webchat message), where their words came back
+            # as the assistant's under "Passed on", or no conversation at all.
+            await self._apologize(
+                message,
+                f"{self._hook_named(route.routed_by)} forwarded the message to webchat "
+                f"connection {forward.connection_id!r} without a thread_id; a webchat thread is "
+                "one session's conversation, so name it: Forward(connection_id, "
+                "thread_id='<session_id>.<conversation_id>'); nothing was passed on",
+                screen=screen,
+            )
+            return
+        if target is None and forward.connection_id not in self.router.connection_ids():
+            cid = forward.connection_id
+            disabled = any(c.id == cid and not c.enabled for c in self.config.connections)
+            why = "disabled (enabled: false)" if disabled else "not configured"
+            known = ", ".join(sorted(self.registry.ids()))
+            await self._apologize(
+                message,
+                f"{self._hook_named(route.routed_by)} forwarded the message to connection "
+                f"{cid!r}, which is {why} (connections: {known})",
+                screen=screen,
+            )
+            return
+        # Said as soon as the hook decided: the send may take a while (a connection still
+        # starting, a 429's Retry-After, retries), and the sender waited for it without a word.
+        await self._note(message, "forwarded")
         name = message.display_name or message.channel_user_id
         target_thread = forward.thread_id or message.thread_id
         text = f"{name} ({message.connection_id}): {message.text}"
         # A stranger's words become the bridge's own message in the target thread: its history
         # names them as such, so that no agent answering there reads them (`_agent_history`).
-        meta = {"agent": UNTRUSTED_FORWARD} if route.trust != "trusted" else {}
+        meta = {"agent": UNTRUSTED_FORWARD} if screen else {}
         try:
             await self.router.send(
                 forward.connection_id,
@@ -857,22 +887,10 @@ class Bridge:
                     meta=meta,
                 ),
             )
-        except SendFailedError as exc:
-            log.error("forward of %s/%s failed: %s", message.connection_id, message.id, exc.reason)
+        except (SendFailedError, UnknownConnectionError) as exc:
+            reason = exc.reason if isinstance(exc, SendFailedError) else str(exc)
+            log.error("forward of %s/%s failed: %s", message.connection_id, message.id, reason)
             await self._note(message, "not_answered")  # passed on it was not: nobody answers
-        except UnknownConnectionError:
-            target = forward.connection_id
-            disabled = any(c.id == target and not c.enabled for c in self.config.connections)
-            why = "disabled (enabled: false)" if disabled else "not configured"
-            known = ", ".join(sorted(self.registry.ids()))
-            await self._apologize(
-                message,
-                f"{self._hook_named(route.routed_by)} forwarded the message to connection "
-                f"{target!r}, which is {why} (connections: {known})",
-                screen=route.trust != "trusted",
-            )
-        else:
-            await self._note(message, "forwarded")
 
     def _hook_named(self, name: str | None) -> str:
         """`channel-message hook 'router': Router.on_message (FILE line N)`: the hook behind a

@@ -67,7 +67,8 @@ class Drop:
 class Forward:
     connection_id: str
     thread_id: str | None = None
-    """None: the thread with the same id on the target connection (the Bridge decides)."""
+    """None: the thread with the same id on the target connection (the Bridge decides); a
+    webchat target needs one, as its threads are sessions' conversations (refused without)."""
 
 
 @dataclass(frozen=True, slots=True)

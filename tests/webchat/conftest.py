@@ -292,6 +292,10 @@ async def say_on_a_phone(page: Any, text: str) -> None:
     await page.get_by_role("button", name="Send message").tap()
 
 
+FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+"""Resolves once the page has drawn twice: its scroll and resize events of the moment are
+handled."""
+
 ANNOUNCED = """() => {
     window.__announced = [];
     // The live region a change is read out from, or null: none, or one that is off or hidden.

@@ -14,7 +14,7 @@ import pytest
 
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
-from talkbridge.errors import StoreError
+from talkbridge.errors import PermanentError, StoreError
 from talkbridge.hooks import Forward, HookRegistry
 from talkbridge.init_template import write_starter
 from talkbridge.message import NormalizedMessage, OutboundMessage
@@ -1045,5 +1045,45 @@ async def test_a_message_a_hook_forwards_shows_passed_on_under_it_and_after_a_re
         await expect(page.locator(".msg .bubble")).to_have_count(3)
         content = await page.content()
         assert "oncall" not in content and "room-7" not in content
+    finally:
+        await bridge.stop()
+
+
+async def test_passed_on_shows_as_soon_as_the_hook_decided_not_when_the_send_is_done(
+    context: Any, tmp_path: Path
+) -> None:
+    """ "Passed on" waited for the forward's send to finish: a target still starting, or
+    waiting out a 429 and its retries, left the sender without a word all that while. It shows
+    once the hook decided; a forward that then fails for good adds "Not answered" under it."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="escalate-to-oncall")
+    async def escalate(msg: NormalizedMessage) -> Forward | None:
+        return Forward("oncall-desk", thread_id="room-7") if "urgent" in msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "webchat": {"port": 0}}
+    )
+    bridge = Bridge(config, hooks=hooks)
+    desk = TalkConnector("oncall-desk")
+    bridge.registry.add(desk, ConnectionConfig(id="oncall-desk", channel="telegram"))
+    delivering = asyncio.Event()
+    desk.script.append(delivering.wait)  # the desk's platform takes its time
+    await bridge.start()
+    try:
+        page = await context.new_page()
+        await page.goto(await bridge.webchat_url())
+        await say(page, "urgent: the printer is on fire")
+        note = page.locator(".msg-note")
+        await expect(note).to_have_text(["Passed on"])
+        assert desk.attempts == 1 and desk.sent == []  # still on its way
+        delivering.set()
+        await desk.wait_sent(1)
+        # The next one is refused for good after the note said "Passed on": nobody answers.
+        desk.script.append(PermanentError("chat not found"))
+        await say(page, "urgent: and the fax")
+        await expect(note).to_have_text(["Passed on", "Passed on", "Not answered"])
+        await page.reload()
+        await expect(note).to_have_text(["Passed on", "Passed on", "Not answered"])
     finally:
         await bridge.stop()

@@ -13,6 +13,7 @@ from talkbridge.message import OutboundMessage
 from talkbridge.webchat import sessions
 from tests.webchat.conftest import (
     ANNOUNCED,
+    FRAMES,
     MS,
     TOKEN_B,
     StartWebchat,
@@ -22,6 +23,7 @@ from tests.webchat.conftest import (
     page_swallowing_sends,
     page_url,
     say,
+    say_on_a_phone,
 )
 
 
@@ -377,3 +379,107 @@ async def test_a_draft_sent_before_the_bridge_acknowledged_it_comes_back_once_no
     )
     await expect(box).to_have_value("")
     assert [t.text for t in webchat.echo.turns] == ["not taken yet"]
+
+
+async def test_drafts_no_box_can_show_again_expire_the_box_s_own_goes_on(
+    webchat: Webchat, context: Any
+) -> None:
+    """Drafts of conversations no longer on the server (a wiped store) or of another session
+    (another token's link) stayed in the page's storage for good, piling up. This session's
+    of a conversation the server does not list go at the next connect; another session's once
+    untouched for 30 days (a tab of it may still be open). The draft in the box goes on into the
+    conversation shown, and every draft of a conversation still listed stays."""
+    page = await open_chat(context, webchat)
+    box = page.get_by_role("textbox", name="Message")
+    await say(page, "first topic")
+    await expect(page.locator(".msg-assistant .bubble")).to_have_text(["echo: first topic"])
+    await page.get_by_role("button", name="New conversation", exact=True).click()
+    await box.fill("typed in the second")
+    session = await page.evaluate("localStorage['talkbridge.session']")
+    first = f"{session}.{webchat.echo.turns[0].thread_id.partition('.')[2]}"
+    day = 24 * 3600 * 1000
+    planted = {
+        f"{session}.0123456789ab": 0,  # this session's, of a conversation the server lost
+        f"{'a' * 32}.0123456789ab": 31 * day,  # another session's, a month untouched
+        f"{'b' * 32}.0123456789ab": 1 * day,  # another session's, typed in yesterday
+        first: 0,  # a listed conversation's, not shown
+    }
+    await page.evaluate(
+        """planted => { for (const [thread, age] of Object.entries(planted)) {
+            localStorage['talkbridge.draft.' + thread] =
+                JSON.stringify({text: 'draft of ' + thread, at: Date.now() - age});
+        } }""",
+        planted,
+    )
+    await page.reload()
+    await expect(page.locator("#status")).to_have_attribute("data-state", "online")
+    await expect(box).to_have_value("typed in the second")
+    kept = await page.evaluate(
+        """Object.keys(localStorage).filter(k => k.startsWith('talkbridge.draft.'))
+            .map(k => k.slice('talkbridge.draft.'.length))"""
+    )
+    second = next(t for t in kept if t not in planted)
+    assert sorted(kept) == sorted([f"{'b' * 32}.0123456789ab", first, second])
+    assert second.startswith(f"{session}.")
+    conversations = page.locator(".conversation-list .conversation")
+    await conversations.filter(has_text="first topic").click()
+    await expect(box).to_have_value(f"draft of {first}")
+
+
+SEND_IN_SIGHT = """() => {
+    const send = document.getElementById('send').getBoundingClientRect();
+    const input = document.getElementById('input');
+    const box = input.getBoundingClientRect();
+    const view = window.visualViewport;
+    const inside = r => r.top >= 0 && r.left >= 0 && r.bottom <= view.height
+        && r.right <= view.width;
+    const hit = document.elementFromPoint(send.left + send.width / 2, send.top + send.height / 2);
+    return {
+        send: inside(send),
+        uncovered: Boolean(hit && hit.closest('#send')),
+        box: box.height >= 24 && box.top >= 0 && box.bottom <= view.height,
+        end: input.scrollTop + input.clientHeight >= input.scrollHeight - 1,
+    };
+}"""
+"""Whether the Send button is wholly in sight and not covered, and the box with it, showing
+its end (without scrolling anything into view first, as a tap would)."""
+
+
+IN_SIGHT = ("send", "uncovered", "box", "end")
+
+
+@pytest.mark.parametrize(
+    "keyboard_up",
+    [{"width": 375, "height": 260}, {"width": 667, "height": 170}],
+    ids=["portrait", "landscape"],
+)
+async def test_on_a_phone_the_send_button_stays_in_sight_when_the_keyboard_shows(
+    webchat: Webchat, browser: Any, keyboard_up: dict[str, int]
+) -> None:
+    """On a phone Enter starts a new line, so Send is the only way to send. A message of many
+    lines grew the box to 200 px, and with the keyboard up (the viewport shrinks to what is
+    left above it) the box and the header took more than the screen: Send went below it, out
+    of reach. The box grows only to a part of the screen left, and scrolls inside itself."""
+    phone = await browser.new_context(
+        viewport={"width": 375, "height": 667}, is_mobile=True, has_touch=True
+    )
+    phone.set_default_timeout(MS)
+    try:
+        page = await open_chat(phone, webchat)
+        await say_on_a_phone(page, "a reply to scroll past")
+        await expect(page.locator(".msg-assistant")).to_have_count(1)
+        box = page.get_by_role("textbox", name="Message")
+        await box.tap()
+        for n in range(14):
+            await page.keyboard.type(f"line {n}")
+            await page.keyboard.press("Enter")
+        await page.keyboard.type("the last line")
+        assert await page.evaluate(SEND_IN_SIGHT) == dict.fromkeys(IN_SIGHT, True)
+        await page.set_viewport_size(keyboard_up)  # the on-screen keyboard comes up
+        await page.evaluate(FRAMES)
+        assert await page.evaluate(SEND_IN_SIGHT) == dict.fromkeys(IN_SIGHT, True)
+        await page.get_by_role("button", name="Send message").tap()
+        await expect(page.locator(".msg-user .bubble").last).to_contain_text("the last line")
+        assert webchat.echo.turns[-1].text.count("\n") == 14
+    finally:
+        await phone.close()

@@ -9,6 +9,7 @@ from typing import Any
 from talkbridge.message import OutboundMessage
 from tests.webchat.conftest import (
     ANNOUNCED,
+    FRAMES,
     TIMEOUT,
     StartWebchat,
     Webchat,
@@ -29,9 +30,6 @@ SHOWN = 100
 """The messages a thread opens with (the page's `PAGE`): the newest, however many it holds."""
 CAP = 300
 """The messages in the document at most (the page's `MAX_SHOWN`), however far the reader goes."""
-
-FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
-"""Resolves once the page has drawn twice: its scroll events of the moment are handled."""
 
 TOP_MESSAGE = """box => {
     const top = box.getBoundingClientRect().top;
@@ -331,3 +329,67 @@ async def test_a_screen_reader_hears_what_is_new_not_the_history_the_page_draws(
     assert old == [], old[:3]
     assert "The assistant is typing…" in announced  # (shown by unhiding a live region: unsaid)
     assert any("a reply for the ear" in text for text in announced), announced
+
+
+SELECT_FROM_TO = """([from, to]) => {
+    const bubble = seq => document.querySelector(`.msg[data-seq="${seq}"] .bubble`);
+    const range = document.createRange();
+    range.setStart(bubble(from).firstChild, 0);
+    range.setEnd(bubble(to).lastChild, 1);
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    return getSelection().toString();
+}"""
+"""Select from the start of message `from` into message `to`, as a reader dragging does."""
+
+
+async def test_a_selection_in_the_messages_is_kept_while_the_window_moves_then_it_moves_on(
+    start_webchat: StartWebchat, context: Any
+) -> None:
+    """The window of 300 messages moved under a selection: a reply coming took the oldest out
+    from under a select-all, and scrolling up while selecting (or after) took the messages the
+    selection started in out of the document: the selection was cut, or lost. While a
+    selection reaches into the messages, none leave the document (more may come in); once it
+    is gone, the window goes back to 300 around the reader, who is not moved."""
+    chat, page, thread_id = await long_thread(start_webchat, context, 600, history_limit=600)
+    shown = page.locator(".msg")
+    box = page.locator("#messages")
+    await box.hover()
+    while (first := await page.evaluate(FIRST_SHOWN)) != "301":  # the window at its 300
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+    await page.mouse.wheel(0, 100_000)
+    await page.wait_for_function(AT_BOTTOM)
+    await expect(shown).to_have_count(CAP)
+
+    # Everything selected at the bottom: replies come, and the oldest stay in.
+    await page.evaluate("document.activeElement.blur()")  # out of the message box
+    await page.keyboard.press("Control+A")
+    everything = await page.evaluate("getSelection().toString()")
+    assert "\nm301\n" in everything
+    for n in range(3):
+        await chat.connector.send(OutboundMessage(thread_id=thread_id, text=f"new {n}"))
+    await expect(page.locator(".msg-assistant .bubble").last).to_have_text("new 2")
+    assert await page.evaluate(FIRST_SHOWN) == "301"
+    still = await page.evaluate("getSelection().toString()")
+    assert still.startswith(everything.partition("Message\n")[0])  # all that was, and more
+    await page.mouse.click(5, 5)  # a click beside it ends the selection
+    await expect(shown).to_have_count(CAP)
+    assert await page.evaluate(FIRST_SHOWN) == "304"
+    await page.wait_for_function(AT_BOTTOM)  # the reader at the bottom stays there
+
+    # From the newest message up into the one above it: the reader starts selecting there...
+    chosen = await page.evaluate(SELECT_FROM_TO, [602, 603])
+    assert chosen.startswith("new 1")
+    # ... and scrolls up, far past the 300 the window holds.
+    await box.hover()
+    while (first := await page.evaluate(FIRST_SHOWN)) != "104":
+        await page.mouse.wheel(0, -100_000)
+        await page.wait_for_function(f"() => ({FIRST_SHOWN})() !== {first!r}")
+    assert await page.evaluate("getSelection().toString()") == chosen
+    await expect(shown).to_have_count(500)  # none went: the limit, while selecting
+    place = await box.evaluate(TOP_MESSAGE)
+    await page.evaluate("getSelection().removeAllRanges()")
+    await expect(shown).to_have_count(CAP)  # the newest left, far from the reader
+    await expect(page.locator('.msg[data-seq="603"]')).to_have_count(0)
+    assert await box.evaluate(TOP_MESSAGE) == place

@@ -17,6 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from talkbridge.agents.base import Result, TurnContext
+from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
 from talkbridge.errors import PermanentError
@@ -25,7 +26,7 @@ from talkbridge.init_template import write_starter
 from talkbridge.message import NormalizedMessage
 from talkbridge.talk import History
 from tests.support.agents import Storyteller
-from tests.support.talk_connector import TalkConnector
+from tests.support.talk_connector import TalkConnector, make_message
 from tests.webchat.conftest import TIMEOUT
 
 TOKEN = "bridge-token-0123456789abcdef"
@@ -506,18 +507,19 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
                 "reply_to": f"{thread}:c1",
                 "ts": frames[-1]["ts"],
             }
-            (passed,) = desk.sent  # passed on before the note said so
+            (passed,) = await desk.wait_sent(1)  # the note came as the hook decided
             assert passed.message.thread_id == "room-7"
             assert passed.message.text.endswith(" (webchat): escalate")
             # Handled again (a restart before it was marked done): no second note, none sent.
             notices = bridge.router.feature("webchat", "notices")
             assert notices is not None
             assert await notices.forwarded(thread, f"{thread}:c1") == (f"{thread}:c1:forwarded",)
-            # The forward fails for good: nothing was passed on, and nobody answers.
+            # The forward fails for good: it was not passed on after all, and nobody answers.
             desk.script.append(PermanentError("chat not found"))
             await ws.send(json.dumps({**send, "client_id": "c2", "text": "escalate again"}))
-            frames += await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 4)
-            assert (frames[-1]["code"], frames[-1]["reply_to"]) == ("not_answered", f"{thread}:c2")
+            frames += await _until(ws, lambda f: f["type"] == "message" and f["seq"] == 5)
+            notes = [(f["code"], f["reply_to"]) for f in frames[-2:] if f["type"] == "message"]
+            assert notes == [("forwarded", f"{thread}:c2"), ("not_answered", f"{thread}:c2")]
             await ws.send(json.dumps({**send, "client_id": "c3", "text": "hello"}))
             frames += await _until(ws, _answer)
             await ws.send(json.dumps({"type": "ping", "ref": "p"}))
@@ -530,6 +532,7 @@ async def test_a_message_a_hook_forwards_gets_a_passed_on_note_naming_neither_ta
         ("user", "escalate", None),
         ("system", "Passed on", "forwarded"),
         ("user", "escalate again", None),
+        ("system", "Passed on", "forwarded"),
         ("system", "Not answered", "not_answered"),
         ("user", "hello", None),
         ("assistant", "hello", None),
@@ -614,3 +617,56 @@ async def test_a_hook_routing_to_an_agent_or_connection_nobody_configured_is_nam
         "connection 'support-bot', which is not configured (connections: webchat); answered "
         "with an apology",
     ]
+
+
+async def test_a_forward_to_the_webchat_without_a_thread_id_is_refused_naming_what_is_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`Forward("webchat")` without a thread id went to "the thread with the same id" there:
+    for a webchat sender their own conversation, where their words came back as the
+    assistant's under "Passed on" (nothing was passed on); for another channel's message a
+    thread id the webchat does not have. A webchat thread is one session's conversation, so
+    the forward is refused: the log names the hook and the missing `thread_id`, the sender gets
+    the apology of a failed turn, and no session's thread gets the message."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="to-the-console")
+    async def to_console(msg: NormalizedMessage) -> Forward | None:
+        return Forward("webchat") if "pass" in msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config, hooks=hooks)
+    desk = TalkConnector("desk")
+    bridge.registry.add(desk, ConnectionConfig(id="desk", channel="telegram"))
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready), _page(bridge) as (other, _):
+            thread = ready["conversations"][0]["thread_id"]
+            send = {"type": "send", "thread_id": thread, "client_id": "c1", "text": "pass it"}
+            await ws.send(json.dumps(send))
+            frames = await _until(ws, _answer)
+            assert frames[-1]["text"] == SORRY
+            await desk.inject(make_message("pass it too", connection_id="desk", thread_id="42"))
+            (apology,) = await desk.wait_sent(1)
+            assert (apology.message.thread_id, apology.message.text) == ("42", SORRY)
+            await bridge.router.join()
+            for socket in (ws, other):  # nothing else came to either session
+                await socket.send(json.dumps({"type": "ping", "ref": "p"}))
+                assert await _recv(socket) == {"type": "pong", "ref": "p"}
+        history = await _history_after_a_reload(bridge, ready["session_id"], thread)
+    finally:
+        await bridge.stop()
+    assert [(m["role"], m["text"]) for m in history] == [("user", "pass it"), ("assistant", SORRY)]
+    refusals = [
+        r.getMessage()
+        for r in caplog.records
+        if "forwarded the message to webchat connection 'webchat' without a thread_id"
+        in r.getMessage()
+    ]
+    assert len(refusals) == 2, caplog.text
+    assert all("channel-message hook 'to-the-console': to_console (" in r for r in refusals)

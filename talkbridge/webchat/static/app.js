@@ -34,6 +34,7 @@ const PING_EVERY_MS = 20000;
 const PONG_WITHIN_MS = 10000; // no answer by then: the connection is dead, though not closed
 const BACKOFF_BASE_MS = 500;
 const BACKOFF_CAP_MS = 30000;
+const DRAFT_KEPT_MS = 30 * 24 * 3600 * 1000; // a draft of another session: then it goes
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -164,8 +165,47 @@ function forgetUnsent(clientId) {
 }
 // The draft of each conversation: what its message box holds, unsent. Written as it is typed (a
 // crashed tab loses nothing), and only here: nothing of it goes to the server until it is sent.
+// Stored as `{text, at}`: when it was last typed in, so one nobody can reach again expires.
 function saveDraft() {
-  if (state.boxThread) storageSet(KEY.draft + state.boxThread, ui.input.value || null);
+  const text = ui.input.value;
+  const draft = text ? JSON.stringify({ text, at: Date.now() }) : null;
+  if (state.boxThread) storageSet(KEY.draft + state.boxThread, draft);
+}
+/** The draft a stored value holds: `{text, at}` (`at` 0 when unknown), or null. */
+function parseDraft(raw) {
+  if (!raw) return null;
+  try {
+    const draft = JSON.parse(raw);
+    if (draft && typeof draft.text === "string" && Number.isFinite(draft.at)) return draft;
+  } catch {
+    /* not one of ours: the text as it is */
+  }
+  return { text: raw, at: 0 };
+}
+function loadDraft(threadId) {
+  return parseDraft(storageGet(KEY.draft + threadId))?.text ?? null;
+}
+
+/** Drafts no box will show again leave storage, where they piled up for good: this session's of
+ * a conversation the server no longer lists (a wiped store), at once; another session's (another
+ * token's link, a session replaced), once untouched for `DRAFT_KEPT_MS`, as a tab of that
+ * session may still be open. The box's own stays: `showDraft` carries it on. */
+function expireDrafts(known) {
+  let keys = [];
+  try {
+    keys = Object.keys(localStorage).filter((k) => k.startsWith(KEY.draft));
+  } catch {
+    return; // no storage: nothing kept either
+  }
+  const now = Date.now();
+  for (const key of keys) {
+    const threadId = key.slice(KEY.draft.length);
+    if (threadId === state.boxThread) continue;
+    const stale = threadId.startsWith(`${state.sessionId}.`)
+      ? !known.has(threadId)
+      : now - (parseDraft(storageGet(key))?.at ?? 0) > DRAFT_KEPT_MS;
+    if (stale) storageSet(key, null);
+  }
 }
 
 /** Put the draft of `threadId` in the message box (the one shown stays saved under its own
@@ -177,7 +217,7 @@ function showDraft(threadId) {
   const gone =
     !state.boxThread || !state.conversations.some((c) => c.thread_id === state.boxThread);
   if (gone && state.boxThread) storageSet(KEY.draft + state.boxThread, null);
-  const draft = threadId ? storageGet(KEY.draft + threadId) : null;
+  const draft = threadId ? loadDraft(threadId) : null;
   let text = draft ?? "";
   if (gone && typed && typed !== text) text = text ? `${text}\n${typed}` : typed;
   state.boxThread = threadId;
@@ -209,8 +249,9 @@ window.addEventListener("storage", (event) => {
     // Typed (or sent) in another tab of the same conversation: a storage event never comes to
     // the tab that wrote, so this box is not the one being typed in. Mirrored, so a message
     // sent from that tab does not stay in this box, to be sent twice.
-    if (ui.input.value !== (event.newValue ?? "")) {
-      ui.input.value = event.newValue ?? "";
+    const text = parseDraft(event.newValue)?.text ?? "";
+    if (ui.input.value !== text) {
+      ui.input.value = text;
       autosize();
       checkLength();
     }
@@ -552,6 +593,7 @@ function onReady(frame) {
     }
   }
   if (state.active) switchTo(state.active);
+  expireDrafts(known);
   for (const item of state.outbox) transmit(item);
   renderComposerState();
   if (document.activeElement === document.body) ui.input.focus(); // ready to type
@@ -1018,17 +1060,20 @@ function noteNode(t, m) {
   return article;
 }
 
-/** Whether the message `id` is shown before `seq`: "" when right before it, else a short quote
- * of it to name it by; null when this page does not hold it. */
+/** Whether the message `id` is shown before `seq`: "" when right before it (or only other notes
+ * about it between: "Passed on", then "Not answered" when that forward failed), else a short
+ * quote of it to name it by; null when this page does not hold it. */
 function shownBefore(t, seq, id) {
   const at = lowerBound(t.order, seq);
+  let between = false;
   for (let i = at - 1; i >= 0; i -= 1) {
     const m = t.messages.get(t.order[i]);
     if (m && m.id === id) {
-      if (i === at - 1) return "";
+      if (!between) return "";
       const text = m.text.replace(/\s+/g, " ").trim();
       return text.length > 40 ? `${text.slice(0, 39)}…` : text;
     }
+    if (!m || m.role !== "system" || m.reply_to !== id) between = true;
   }
   return null;
 }
@@ -1070,7 +1115,11 @@ function render(role, text, markup) {
 // messages by seq, `tailStart`, then (when the window reaches the newest message) what has no
 // seq yet (replies streaming, messages waiting to be sent, messages not sent) or the empty note.
 // A reader at the bottom is kept there whenever the log's height changes (a reply growing, the
-// window or the phone's keyboard resizing it).
+// window or the phone's keyboard resizing it). While a selection reaches into the messages (being
+// made, or made), no message leaves the document: the window only grows, and goes back to
+// MAX_SHOWN once the selection is gone. So a selection is never cut by the window moving, but it
+// reaches only the messages in the document: it cannot start in one that has left it, and the
+// browser's find-in-page (Ctrl+F) finds only what the window holds.
 const NEAR_BOTTOM_PX = 120;
 const EARLIER_WITHIN_PX = 200; // scrolled this near the top (or bottom): the next page is drawn
 const PAGE = 100; // messages drawn at a time
@@ -1085,6 +1134,7 @@ const view = {
   pinned: true, // the reader is at the bottom: new messages keep them there
   pending: new Map(), // client_id -> node of a message waiting to be sent
   unsent: new Map(), // client_id -> node of a message not sent
+  wanted: null, // [lo, hi]: the window to go back to once no selection holds it open
 };
 
 function messageNodeOf(t, seq) {
@@ -1102,9 +1152,16 @@ function messageNodeOf(t, seq) {
 }
 
 /** Make the window [lo, hi] of the thread shown: the nodes outside it leave the document, the
- * missing ones inside it are made and put in their places; the others are left alone. */
+ * missing ones inside it are made and put in their places; the others are left alone. While a
+ * selection reaches into the messages, none leaves: the window spans both, until it is gone. */
 function setWindow(lo, hi) {
   const t = view.t;
+  view.wanted = null;
+  if (view.lo !== null && (view.lo < lo || view.hi > hi) && selectionInLog()) {
+    view.wanted = [lo, hi];
+    lo = Math.min(lo, view.lo);
+    hi = Math.max(hi, view.hi);
+  }
   for (const [seq, node] of view.nodes) {
     if (seq < lo || seq > hi) {
       // A link focused in a message that leaves: the keyboard stays in the messages.
@@ -1122,6 +1179,26 @@ function setWindow(lo, hi) {
     if (node) next = node;
     else next = ui.log.insertBefore(messageNodeOf(t, seq), next);
   }
+}
+
+/** Whether text is selected (being selected, or left selected) in the messages. */
+function selectionInLog() {
+  const selection = document.getSelection();
+  if (!selection || selection.isCollapsed || !selection.rangeCount) return false;
+  return selection.getRangeAt(0).intersectsNode(ui.log);
+}
+
+/** The selection that held the window open is gone: it shrinks to the one wanted meanwhile,
+ * the reader kept in place. */
+function onSelectionChange() {
+  if (!view.wanted || !view.t || selectionInLog()) return;
+  const [lo, hi] = view.wanted;
+  keepingPlace(() => {
+    setWindow(lo, hi);
+    renderEarlier(view.t);
+    renderTail(view.t);
+  });
+  if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
 }
 
 /** The index in ascending `order` past its last item not above `seq`. */
@@ -1204,6 +1281,9 @@ function buildView() {
   view.t = state.active ? thread(state.active) : null;
   view.pinned = true;
   view.nodes = new Map();
+  view.lo = null; // another thread's window, if any, is gone with its nodes
+  view.hi = Infinity;
+  view.wanted = null;
   ui.newer.hidden = true;
   if (!view.t) {
     ui.log.replaceChildren(ui.empty);
@@ -1480,6 +1560,15 @@ function checkLength() {
 function autosize() {
   ui.input.style.height = "auto";
   ui.input.style.height = `${Math.min(ui.input.scrollHeight, 200)}px`;
+  endInSight(); // the height set again scrolled the box back from the line being written
+}
+
+/** A box being typed in at its end (as a message is written) keeps that end in sight. */
+function endInSight() {
+  const box = ui.input;
+  if (document.activeElement === box && box.selectionEnd === box.value.length) {
+    box.scrollTop = box.scrollHeight;
+  }
 }
 
 function openSidebar() {
@@ -1529,11 +1618,14 @@ renderEnterMode();
 ui.newConversation.addEventListener("click", startConversation);
 ui.earlier.addEventListener("click", showEarlier);
 ui.messages.addEventListener("scroll", onScroll, { passive: true });
+document.addEventListener("selectionchange", onSelectionChange);
 const keepPinned = new ResizeObserver(() => {
   if (view.pinned) ui.messages.scrollTop = ui.messages.scrollHeight;
 });
 keepPinned.observe(ui.log);
 keepPinned.observe(ui.messages);
+// The box shrinks with the screen (a phone's keyboard coming up): the line being written stays.
+new ResizeObserver(endInSight).observe(ui.input);
 ui.newer.addEventListener("click", scrollToNewest);
 ui.openSidebar.addEventListener("click", openSidebar);
 ui.closeSidebar.addEventListener("click", () => closeSidebar({ restoreFocus: true }));
@@ -1559,7 +1651,7 @@ window.addEventListener("online", () => {
 
 // What was typed here before a reload (or a crash), there at once, before the socket opens.
 state.boxThread = state.active;
-ui.input.value = (state.active && storageGet(KEY.draft + state.active)) || "";
+ui.input.value = (state.active && loadDraft(state.active)) || "";
 autosize();
 renderComposerState();
 connect();
