@@ -15,8 +15,9 @@ What it does like Discord:
 - REST: `Authorization: Bot <token>` (401 otherwise), JSON bodies with `Content-Type` exactly
   `application/json`, rate-limit headers on every answer with one bucket per route and major
   parameter (channel), scripted 429s with Discord's body and headers (`Retry-After`,
-  `X-RateLimit-*`, `X-RateLimit-Scope`, `Via`), scripted 5xx, dropped sockets, and 200s with
-  JSON of any shape (`answer_next`).
+  `X-RateLimit-*`, `X-RateLimit-Scope`, `Via`), a global limit in force for a while
+  (`limit_globally`: every call meanwhile gets a global 429), scripted 5xx, dropped sockets,
+  and 200s with JSON of any shape (`answer_next`).
 
 Every REST call is recorded (`calls`, `calls_of`, `sent`); `wait_for` awaits a condition on the
 peer's state without sleeping.
@@ -203,6 +204,8 @@ class DiscordPeer(Waitable):
         self._refused_handshakes = 0
         self.handshakes_refused = 0
         self._scripted: list[_Scripted] = []
+        self._global_until: dict[str, float] = {}
+        """Per token: until when (monotonic) each REST call gets a global 429 (`limit_globally`)."""
         self._stale_nonces: set[str] = set()
         """Messages whose nonce no longer counts (`nonces_expire`)."""
         self._gates: list[tuple[str, str, asyncio.Event]] = []
@@ -532,6 +535,12 @@ class DiscordPeer(Waitable):
             )
         )
 
+    def limit_globally(self, token: str, seconds: float) -> None:
+        """Put the bot under Discord's global rate limit for `seconds`: every REST call of it
+        meanwhile is answered a global 429 whose `retry_after` is what is left of the limit
+        (and, at Discord, counts toward Cloudflare's ban of the IP address)."""
+        self._global_until[token] = time.monotonic() + seconds
+
     def nonces_expire(self) -> None:
         """The few minutes pass in which Discord holds a nonce unique: a message sent later
         with the nonce of one sent so far is created anew."""
@@ -660,6 +669,10 @@ class DiscordPeer(Waitable):
             call.status = 401
             return self._json(401, {"message": "401: Unauthorized", "code": 0})
         major = params.get("channel_id", "")
+        left = self._global_until.get(call.token or "", 0.0) - time.monotonic()
+        if left > 0:
+            limited = _Scripted(call.method, call.route, 429, retry_after=left, is_global=True)
+            return await self._scripted_answer(limited, call, major, request)
         for method, route, gate in self._gates:
             if method == call.method and route == call.route:
                 self._notify()  # the call is recorded: a test may wait for it

@@ -17,8 +17,12 @@ store's state every few seconds and when the run ends: a lost update only means 
 fetched again, which the router drops as a duplicate by its id). After each READY, a background
 task asks `GET /channels/{id}/messages?after=` for the recently active channels; the consumer
 takes what it found, oldest first, exactly as it takes a MESSAGE_CREATE, and holds the live
-events of a channel until that channel's catch-up is in, so they follow it. A channel whose
-fetch fails is logged once and skipped; the connection never fails over it.
+events of a channel until that channel's catch-up is in, so they follow it. The fetches keep to
+Discord's global rate limit like every other REST call (none is made while it is in force: a
+reconnect with many channels would earn a 429 per channel, toward Cloudflare's IP ban), and a
+429 discord.py hands back on one is waited out and the fetch made again, up to
+`_CATCH_UP_WAIT` in all. A channel whose fetch still fails is logged once and skipped; the
+connection never fails over it.
 
 A "zombie" connection, whose heartbeats the gateway stopped acknowledging while dispatches may
 still arrive, is left as Discord's docs ask: with no HEARTBEAT_ACK for two heartbeat intervals
@@ -88,7 +92,13 @@ from talkbridge.connectors.discord.ratelimit import GlobalLimit
 from talkbridge.connectors.discord.render import DISCORD_TEXT_LIMIT, length
 from talkbridge.connectors.discord.sdk import discord
 from talkbridge.connectors.sending import PartialSends
-from talkbridge.errors import ConnectorError, PermanentError, TransientError
+from talkbridge.errors import (
+    ConnectorError,
+    NotFoundError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+)
 from talkbridge.message import NormalizedMessage, OutboundMessage, SendResult
 from talkbridge.talk import KEEP, DirectoryEntry, EditButtons
 
@@ -123,8 +133,12 @@ _CATCH_UP_CHANNELS = 50
 _CATCH_UP_PAGES = 5
 """At most this many pages of 100 messages per channel (Discord's largest page)."""
 _CATCH_UP_SECONDS = 15.0
-"""A channel's catch-up gives up after this long (discord.py retries a 500 for ~25 s): its
-live messages are held until it is in."""
+"""A catch-up request gives up after this long (discord.py retries a 500 for ~25 s): its
+channel's live messages are held until it is in."""
+_CATCH_UP_WAIT = 120.0
+"""A channel's catch-up waits out rate limits (the global one, a 429 on its own fetches) up to
+this long in all, its live messages held meanwhile; a longer one (a Cloudflare ban lasts an
+hour) skips the channel, logged."""
 _CATCH_UP_PARALLEL = 4
 _HELLO_SECONDS = 10.0
 """How long `check` waits for the gateway to open and say HELLO."""
@@ -609,11 +623,18 @@ class DiscordConnector(BaseConnector):
 
     async def _catch_up(self, session: int, due: list[tuple[str, Cursor]]) -> None:
         gate = asyncio.Semaphore(_CATCH_UP_PARALLEL)
+        if (left := self._global.left()) > 0:
+            self._log.warning(
+                "Discord's global rate limit is in force for %.0f s more: catching up on %d "
+                "channel(s) waits for it, their new messages held meanwhile",
+                left,
+                len(due),
+            )
 
         async def one(channel: str, cursor: Cursor) -> None:
             found: list[dict[str, Any]] = []
             try:
-                async with gate, asyncio.timeout(_CATCH_UP_SECONDS):
+                async with gate:
                     found = await self._fetch_after(channel, cursor)
             except Exception as exc:
                 self._unfetchable_channel(channel, exc)
@@ -626,12 +647,23 @@ class DiscordConnector(BaseConnector):
 
     async def _fetch_after(self, channel: str, cursor: Cursor) -> list[dict[str, Any]]:
         """What the channel has after `cursor`, oldest first, through discord.py's HTTP client
-        (so at `api_base`, in the channel's rate-limit bucket)."""
-        client = self._require_client()
+        (so at `api_base`, in the channel's rate-limit bucket). A 429 handed back (or the
+        global limit in force) is waited out and the page asked again, up to `_CATCH_UP_WAIT`
+        in all."""
         pages: list[list[Mapping[str, Any]]] = []
         after = cursor.message_id
-        for _ in range(_CATCH_UP_PAGES):
-            page = await client.http.logs_from(int(channel), 100, after=after)
+        waited = 0.0
+        while len(pages) < _CATCH_UP_PAGES:
+            try:
+                page = await self._history_page(channel, after)
+            except RateLimitedError as exc:
+                waited += exc.retry_after
+                if waited > _CATCH_UP_WAIT:
+                    raise
+                if exc.scope == "connection":  # the bot's or its IP's: the other fetches wait too
+                    self._global.hit(exc.retry_after)
+                await asyncio.sleep(exc.retry_after)
+                continue
             if not isinstance(page, list):
                 raise TypeError(f"the answer is {type(page).__name__}, not a list of messages")
             items: list[Mapping[str, Any]] = [
@@ -643,11 +675,22 @@ class DiscordConnector(BaseConnector):
             after = max(int(m["id"]) for m in items)
         return after_cursor(pages, cursor, channel)
 
+    async def _history_page(self, channel: str, after: int) -> Any:
+        """One page of the channel's messages after `after`; not asked (RateLimitedError at
+        once) while the bot is globally rate limited, as no REST call is."""
+        client = self._require_client()
+        async with asyncio.timeout(_CATCH_UP_SECONDS):
+            with translated(self._token, scope="thread", limit=self._global):
+                return await client.http.logs_from(int(channel), 100, after=after)
+
     def _unfetchable_channel(self, channel: str, exc: Exception) -> None:
-        if isinstance(exc, discord.Forbidden | discord.NotFound) and self._cursors is not None:
+        gone = isinstance(exc, NotFoundError | PermanentError)  # deleted, or no longer readable
+        if gone and self._cursors is not None:
             self._cursors.forget(channel)  # remembered again once a message comes from it
         if isinstance(exc, TimeoutError):
             reason = f"no answer within {_CATCH_UP_SECONDS:g} s"
+        elif isinstance(exc, ConnectorError):
+            reason = str(exc)
         elif isinstance(exc, discord.DiscordException):
             reason = str(translate(exc, self._token, scope="thread"))
         else:

@@ -389,6 +389,24 @@ def decode(
     )
 
 
+_RENAMES = frozenset({"channel_rename", "group_rename"})
+
+
+def renamed_channel(payload: Mapping[str, Any]) -> str | None:
+    """The id of the conversation the payload says was renamed, else None: a `channel_rename`
+    (public) or `group_rename` (private) event, whose `channel` is an object, or the
+    `channel_name` message Slack posts in the channel itself (which a bot in it receives with
+    the `message.*` subscriptions it has anyway)."""
+    event = event_of(payload) or {}
+    channel = event.get("channel")
+    if event.get("type") in _RENAMES and isinstance(channel, Mapping):
+        ident = channel.get("id")
+        return ident if isinstance(ident, str) and ident else None
+    if event.get("type") == "message" and event.get("subtype") == "channel_name":
+        return channel if isinstance(channel, str) and channel else None
+    return None
+
+
 def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
     """Whether the event (an edit: its new text) names the bot: an `app_mention`, `<@BOT>` in
     the text, or a mention of it in the blocks. Not one in a message it shares (forwarded

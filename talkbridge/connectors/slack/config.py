@@ -46,6 +46,9 @@ class SlackConfig(ConnectionConfig):
     request_timeout: int = Field(default=30, ge=1)
     user_cache_seconds: float = Field(default=3600.0, ge=0)
     """How long a users.info answer is reused for display names."""
+    channel_cache_seconds: float = Field(default=3600.0, ge=0)
+    """How long a conversations.info answer (a conversation's name) is reused; a rename Slack
+    reports ends it sooner."""
     max_download_bytes: int = Field(default=50 * 1024 * 1024, ge=1)
 
     @field_validator("bot_token")

@@ -44,6 +44,7 @@ from talkbridge.connectors.slack.codec import (
     native_id,
     parse_native_id,
     parse_thread_id,
+    renamed_channel,
     render,
     render_chunks,
     started_by_bot,
@@ -123,7 +124,8 @@ class SlackConnector(BaseConnector):
         self.me = Identity()
         self.team: str | None = None
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
-        self._channel_names: dict[str, str] = {}
+        self._conversations: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        """`conversations.info` answers by channel id, with when they came (`_conversation`)."""
         self._lookups: dict[str, asyncio.Future[str | None]] = {}
         """Name lookups under way, by user id: an envelope does not wait again for one."""
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -314,6 +316,8 @@ class SlackConnector(BaseConnector):
         """Decode and deliver one payload; returns once subscribers accepted it."""
         if payload.get("type") == "event_callback" and payload.get("team_id") and not self.team:
             self.team = str(payload["team_id"])
+        if (renamed := renamed_channel(payload)) is not None:
+            self._conversations.pop(renamed, None)  # its name is asked for afresh
         names = await self._names(users_to_resolve(payload), wait=NAME_WAIT)
         result = readable(
             decode, payload, connection_id=self.connection_id, me=self.me, users=names
@@ -594,19 +598,35 @@ class SlackConnector(BaseConnector):
         self._users[user_id] = (now, entry)
         return entry
 
-    async def thread(self, thread_id: str) -> DirectoryEntry | None:
-        channel, thread_ts = _thread(thread_id)
+    async def _conversation(self, channel: str) -> Mapping[str, Any] | None:
+        """What `conversations.info` says of `channel` (None: not found, or not visible to the
+        bot), reused for `channel_cache_seconds` or until Slack says it was renamed: the
+        method is tier 3 (about 50 calls a minute), shared with history and edits. Not-found
+        is not kept: the bot invited there sees the channel at once."""
+        cached = self._conversations.get(channel)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.config.channel_cache_seconds:
+            return cached[1]
         try:
             info = await self.call("conversations.info", channel=channel)
         except NotFoundError:
+            self._conversations.pop(channel, None)
             return None
-        conversation = info.get("channel") or {}
+        conversation = info.get("channel")
+        conversation = dict(conversation) if isinstance(conversation, Mapping) else {}
+        self._conversations[channel] = (now, conversation)
+        return conversation
+
+    async def thread(self, thread_id: str) -> DirectoryEntry | None:
+        channel, thread_ts = _thread(thread_id)
+        conversation = await self._conversation(channel)
+        if conversation is None:
+            return None
         if conversation.get("is_im"):
             other = await self.user(str(conversation.get("user") or ""))
             name = f"DM with {other.name}" if other else "DM"
         else:
             name = f"#{conversation.get('name') or channel}"
-            self._channel_names[channel] = str(conversation.get("name") or channel)
         if thread_ts:
             name += " (thread)"
         return DirectoryEntry(

@@ -18,6 +18,10 @@ class TelegramConfig(ConnectionConfig):
     channel: Literal["telegram"] = "telegram"
     token: SecretStr
     mode: Literal["polling", "webhook"] = "polling"
+    delete_webhook: bool = False
+    """Polling: delete a webhook set for the bot by something else (its updates then come here).
+    Unset, polling refuses to start while one is set, saying so; a webhook this connection set
+    in webhook mode is deleted either way."""
     webhook_url: str | None = None
     """Public HTTPS URL Telegram posts updates to (webhook mode)."""
     webhook_secret: SecretStr | None = None

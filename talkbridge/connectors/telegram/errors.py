@@ -36,6 +36,24 @@ class PollConflictError(TransientError):
     other's), or a webhook is set. Transient, as the other may stop; see `_run_polling`."""
 
 
+class WebhookConflictError(PollConflictError):
+    """getUpdates refused while a webhook is set for the bot (by another deployment, or by
+    hand): Telegram sends every update there. Transient: whoever set it may delete it."""
+
+
+def webhook_conflict(url: str = "") -> WebhookConflictError:
+    """What to say when polling meets a webhook set elsewhere (`url`: the scrubbed URL, when
+    known): what is wrong, and the three ways out."""
+    where = f" ({url})" if url else ""
+    return WebhookConflictError(
+        "Telegram refuses getUpdates (409 Conflict) while a webhook is set for this "
+        f"bot{where}: its updates go there, not to this bridge. Delete that webhook (the Bot "
+        "API's deleteWebhook) if nothing uses it, set `mode: webhook` on this connection to "
+        "take the updates by webhook instead, or set `delete_webhook: true` to have polling "
+        "delete it"
+    )
+
+
 def scrub(text: str, token: str) -> str:
     """`text` without the token, nor its secret part (what follows the bot id and `:`)."""
     return boundary.scrub(text, token, token.partition(":")[2])
@@ -66,8 +84,10 @@ def translate(exc: BaseException, token: str, *, chat_scoped: bool = False) -> C
     if isinstance(exc, tg.TelegramServerError):
         return TransientError(message)
     if isinstance(exc, tg.TelegramConflictError):
+        if "webhook" in exc.message.lower():
+            return webhook_conflict()
         return PollConflictError(
-            f"{message} (another process is polling with this token, or a webhook is set)"
+            f"{message} (another process is polling with this token: run one bridge per bot)"
         )
     if isinstance(exc, tg.TelegramMigrateToChat):
         return PermanentError(message)

@@ -71,7 +71,12 @@ from talkbridge.connectors.telegram.codec import (
     visible_length,
 )
 from talkbridge.connectors.telegram.config import TelegramConfig
-from talkbridge.connectors.telegram.errors import PollConflictError, scrub, translated
+from talkbridge.connectors.telegram.errors import (
+    PollConflictError,
+    scrub,
+    translated,
+    webhook_conflict,
+)
 from talkbridge.connectors.telegram.migrations import Migrations
 from talkbridge.connectors.telegram.pacing import Pacer
 from talkbridge.connectors.telegram.session import Session
@@ -117,6 +122,11 @@ class TelegramConnector(BaseConnector):
         self.username: str | None = None
         self._hook_url = ""
         """The webhook Telegram posted to when `check` last asked (token scrubbed), or ""."""
+        self._hook_to_delete = False
+        """Polling: the webhook `check` found is to be deleted (this connection's own, or
+        `delete_webhook`)."""
+        self._own_hook_key = f"telegram:{config.id}:webhook"
+        """The webhook URL this connection set in webhook mode, kept in the store's state."""
         self.webhook_port: int | None = None
         """The port the webhook server listens on once `run` started it (useful with port 0)."""
         self._pacer = Pacer(config.global_rate, config.group_rate_per_minute)
@@ -175,11 +185,34 @@ class TelegramConnector(BaseConnector):
         except ConnectorError:
             hook_url = ""
         self._hook_url = scrub(hook_url, self._token)
-        if self.config.mode == "polling" and self._hook_url:
-            return f"{who} (a webhook is set, {self._hook_url}: polling removes it)"
+        self._hook_to_delete = False
+        if self.config.mode == "polling" and hook_url:
+            # Telegram refuses getUpdates while a webhook is set. One set by something else is
+            # not deleted unasked: whatever it points at would get no updates from then on.
+            self._hook_to_delete = True
+            if self.config.delete_webhook:
+                return (
+                    f"{who} (a webhook is set, {self._hook_url}: polling deletes it, as "
+                    "delete_webhook says)"
+                )
+            if await self._own_webhook(hook_url):
+                return (
+                    f"{who} (this connection's webhook is set, {self._hook_url}: polling "
+                    "deletes it)"
+                )
+            self._hook_to_delete = False
+            raise webhook_conflict(self._hook_url)
         if self.config.mode == "webhook" and hook_url not in ("", self.config.webhook_url):
             return f"{who} (updates go to another webhook now, {self._hook_url}: run replaces it)"
         return who
+
+    async def _own_webhook(self, url: str) -> bool:
+        """Whether `url` is the webhook this connection set when it ran in webhook mode."""
+        try:
+            return await self.context.store.get_state(self._own_hook_key) == url
+        except Exception as exc:  # unknown: taken as someone else's, which is not deleted
+            self._log.debug("could not read the webhook this connection set: %s", exc)
+            return False
 
     async def close(self) -> None:
         await self.bot.session.close()
@@ -189,15 +222,17 @@ class TelegramConnector(BaseConnector):
         return int(stored) if stored else None
 
     async def _run_polling(self, status: ConnectionStatus) -> None:
-        # getUpdates is refused while a webhook is set (e.g. after switching modes, or another
-        # deployment of the bot takes webhooks): said, since that one gets nothing from now on.
-        if self._hook_url:
+        # getUpdates is refused while a webhook is set; `check` (run just before) refused to go
+        # on for one set by something else, unless `delete_webhook` says to delete it.
+        if self._hook_to_delete:
             self._log.warning(
-                "a webhook was set (%s): removing it to poll; it gets no updates from now on",
+                "a webhook was set (%s): deleting it to poll; it gets no updates from now on",
                 self._hook_url,
             )
-        with translated(self._token):
-            await self.bot.delete_webhook(drop_pending_updates=False)
+            with translated(self._token):
+                await self.bot.delete_webhook(drop_pending_updates=False)
+            with contextlib.suppress(Exception):  # a stale note only means one more check
+                await self.context.store.set_state(self._own_hook_key, "")
         status.up()
         offset = await self._load_offset()
         backoff = Backoff(base=self.retry_base, cap=30.0)
@@ -405,6 +440,8 @@ class TelegramConnector(BaseConnector):
                     allowed_updates=list(ALLOWED_UPDATES),
                     drop_pending_updates=False,
                 )
+            # Polling deletes it unasked once this connection switches back (see `check`).
+            await self.context.store.set_state(self._own_hook_key, self.config.webhook_url)
             status.up()
             await asyncio.Event().wait()  # serve until cancelled
         finally:

@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from talkbridge.errors import RateLimitedError
+from talkbridge.message import OutboundMessage
 from tests.connectors.discord.conftest import TOKEN
 from tests.peers.discord import GENERAL, DiscordPeer
+from tests.support.logs import LogWatch
 
 HISTORY = "/channels/{channel_id}/messages"
 
@@ -114,3 +117,48 @@ async def test_live_messages_of_a_channel_wait_for_its_catch_up(
     gate.set()
     await second.inbox.wait_count(3)
     assert second.inbox.texts == ["bob", "two", "three"]
+
+
+async def test_a_catch_up_during_a_global_rate_limit_waits_and_asks_discord_nothing(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    """A new session while the bot is globally rate limited: each history fetch would earn a
+    429 of its own (counted toward Cloudflare's IP ban), and its channel's messages be lost."""
+    alice, bob = peer.person("Alice"), peer.person("Bob")
+    running = await start()
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(alice, "one", guild=False))
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", peer.message(bob, "hi", guild=False))
+    await running.inbox.wait_count(2)
+    peer.message(alice, "two", guild=False)  # written, never sent to the session
+    peer.limit_globally(TOKEN, 45.0)
+    with pytest.raises(RateLimitedError, match="global rate limit"):
+        await running.connector.send(OutboundMessage(thread_id=GENERAL, text="later"))
+    with LogWatch("test.discord") as logs:
+        peer.refuse_next_resume(TOKEN)
+        await peer.drop(TOKEN)
+        said = await logs.said("global rate limit")
+    assert "catching up on 2 channel(s) waits for it" in said
+    assert peer.identifies == [TOKEN, TOKEN]
+    assert peer.calls_of("GET", HISTORY, answered=None) == []
+    assert len(peer.calls_of("POST", "/channels/{channel_id}/messages", answered=429)) == 1
+    assert not [m for m in logs.messages if "could not fetch" in m]
+    assert "two" not in running.inbox.texts  # waits for the limit to end: not given up
+
+
+async def test_a_429_on_a_catch_up_fetch_is_waited_out_and_the_fetch_made_again(
+    peer: DiscordPeer, start: Callable[..., Any]
+) -> None:
+    """A 429 discord.py hands back (here Cloudflare's, which it never retries) on one
+    channel's history: its `Retry-After` is waited out, then the channel is fetched again."""
+    alice = peer.person("Alice")
+    first = await start()
+    one = peer.message(alice, "one", guild=False)
+    peer.dispatch(TOKEN, "MESSAGE_CREATE", one)
+    await first.inbox.wait_count(1)
+    await first.stop()
+    peer.message(alice, "two", guild=False)
+    peer.rate_limit("GET", HISTORY, channel_id=one["channel_id"], retry_after=1.0, proxy=True)
+    second = await start()
+    await second.inbox.wait_count(1)
+    assert second.inbox.texts == ["two"]
+    assert [c.status for c in peer.calls_of("GET", HISTORY, answered=None)] == [429, 200]

@@ -17,6 +17,7 @@ from talkbridge.connectors.slack.codec import (
     native_id,
     parse_native_id,
     parse_thread_id,
+    renamed_channel,
     thread_id,
     users_to_resolve,
 )
@@ -178,3 +179,20 @@ def test_button_text_over_a_sections_limit_is_refused_not_cut() -> None:
     assert button_blocks("x" * 3000, [("Yes", "yes")])[0]["text"]["text"] == "x" * 3000
     with pytest.raises(ValueError, match="3000"):
         button_blocks("x" * 3001, [("Yes", "yes")])
+
+
+@pytest.mark.parametrize(
+    ("name", "channel"),
+    [
+        ("docs_channel_rename", "C02ELGNBH"),
+        ("docs_group_rename", "G02ELGNBH"),
+        ("docs_message_channel_name", "C02ELGNBH"),
+        ("docs_message_channel", None),
+        ("docs_app_mention", None),
+    ],
+)
+def test_a_rename_names_the_channel_renamed(name: str, channel: str | None) -> None:
+    payload = load(name)
+    assert renamed_channel(payload) == channel
+    if channel is not None:  # a rename is no message for the agent
+        assert decode(payload, connection_id="team", me=ME) is None

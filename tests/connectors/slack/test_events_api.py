@@ -226,3 +226,52 @@ async def test_a_client_that_sends_slowly_is_cut_off(
         await starter.stop_all()
     assert got.split(b" ")[1:2] == ([answer] if answer else [])
     assert events.inbox.messages == []
+
+
+async def test_conversation_names_are_cached_until_a_rename_or_they_expire(
+    peer: SlackPeer, events: Running, make_connector: Callable[..., Any]
+) -> None:
+    """The directory names a conversation from `conversations.info` (tier 3: about 50 calls a
+    minute): asked once, reused, asked again once Slack says the channel was renamed."""
+    lookups = peer.calls_of
+    peer.add_conversation("C0GENERAL1", "general")
+    peer.add_conversation("G0SECRET01", "secret", is_private=True)
+    connector = events.connector
+    for _ in range(3):
+        general = await connector.thread("C0GENERAL1")
+        assert general is not None and general.name == "#general"
+    thread = await connector.thread("C0GENERAL1:1700000000.000100")
+    assert thread is not None and thread.name == "#general (thread)"
+    assert len(lookups("conversations.info")) == 1
+
+    # A public channel renamed (the `channel_rename` event, for a bot subscribed to it).
+    peer.add_conversation("C0GENERAL1", "town-square")
+    rename = {"type": "channel_rename", "channel": {"id": "C0GENERAL1", "name": "town-square",
+              "created": 1360782804}}  # fmt: skip
+    status, _ = await peer.post_event(
+        events.events_url, peer.event_callback(rename), secret=SIGNING_SECRET
+    )
+    assert status == 200
+    renamed = await connector.thread("C0GENERAL1")
+    assert renamed is not None and renamed.name == "#town-square"
+    assert len(lookups("conversations.info")) == 2
+
+    # A private channel renamed, told in the channel itself (a `channel_name` message, which
+    # a bot in it gets with `message.groups`, no other subscription needed).
+    assert (await connector.thread("G0SECRET01")).name == "#secret"  # type: ignore[union-attr]
+    peer.add_conversation("G0SECRET01", "hush", is_private=True)
+    said = message_event(
+        "U0ADA0001", 'renamed the channel from "secret" to "hush"', channel="G0SECRET01",
+        channel_type="group", subtype="channel_name", old_name="secret", name="hush",
+    )  # fmt: skip
+    await peer.post_event(events.events_url, peer.event_callback(said), secret=SIGNING_SECRET)
+    assert (await connector.thread("G0SECRET01")).name == "#hush"  # type: ignore[union-attr]
+    assert len(lookups("conversations.info")) == 4
+    assert events.inbox.texts == []  # the notice is no message for the agent
+
+    # Kept `channel_cache_seconds`: 0 asks Slack every time.
+    uncached = make_connector(channel_cache_seconds=0)
+    await uncached.thread("C0GENERAL1")
+    await uncached.thread("C0GENERAL1")
+    assert len(lookups("conversations.info")) == 6
+    await uncached.close()

@@ -157,18 +157,30 @@ async def test_update_ids_that_start_again_below_the_offset_are_followed(
     assert running.inbox.texts == ["before", "after 0", "after 1", "later"]
 
 
-async def test_polling_says_when_it_removes_a_webhook(
+async def test_polling_leaves_a_webhook_set_elsewhere_and_says_how_to_resolve_it(
     peer: TelegramBotAPIPeer,
     make_connector: Callable[..., TelegramConnector],
     start: Start,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Another deployment of the bot takes updates by webhook: polling takes them away from it.
-    peer.webhooks[TOKEN] = {"url": f"https://bot.example/hook/{TOKEN}"}
-    checking = make_connector()
-    assert await checking.check() == (
-        "@talkbridge_test_bot (a webhook is set, https://bot.example/hook/***: polling removes it)"
-    )
+    # Another deployment of the bot takes updates by webhook: Telegram refuses getUpdates
+    # (409 Conflict) while it is set. Deleting it would take its updates away without a word.
+    hook = f"https://bot.example/hook/{TOKEN}"
+    peer.webhooks[TOKEN] = {"url": hook}
+    with pytest.raises(TransientError) as checked:
+        await make_connector().check()
+    with pytest.raises(TransientError) as ran:
+        await start()
+    for caught in (checked, ran):
+        said = str(caught.value)
+        assert "409 Conflict" in said and "https://bot.example/hook/***" in said
+        assert "deleteWebhook" in said and "`mode: webhook`" in said
+        assert "`delete_webhook: true`" in said
+        assert TOKEN.split(":")[1] not in said
+    assert peer.webhooks[TOKEN]["url"] == hook  # still there
+    assert peer.calls_of("deleteWebhook", answered=None) == []
+    assert peer.calls_of("getUpdates", answered=None) == []  # a 409 would say nothing more
+
+    # Webhook mode replaces it: the config says where updates go.
     hooked = make_connector(
         mode="webhook", webhook_url="https://new.example/hook", webhook_secret="s"
     )
@@ -177,13 +189,55 @@ async def test_polling_says_when_it_removes_a_webhook(
         "run replaces it)"
     )
     await hooked.close()
-    running = await start()
-    assert "a webhook was set (https://bot.example/hook/***): removing it" in caplog.text
+
+
+async def test_a_webhook_set_elsewhere_while_polling_is_named_with_the_fix(
+    peer: TelegramBotAPIPeer, start: Start
+) -> None:
+    running = await start(poll_timeout=1)  # the poll under way ends within a second
+    peer.webhooks[TOKEN] = {"url": "https://bot.example/hook"}  # set by something else
+
+    def degraded() -> list[str]:
+        return [r for kind, r in running.status.reports if kind == "degraded"]
+
+    await running.status.wait(lambda: bool(degraded()))
+    said = degraded()[0]
+    assert "409 Conflict" in said and "a webhook is set for this bot" in said
+    assert "deleteWebhook" in said and "`mode: webhook`" in said
+    assert "another process is polling" not in said
+    assert peer.webhooks[TOKEN]["url"] == "https://bot.example/hook"
+    del peer.webhooks[TOKEN]  # deleted by whoever set it: polling goes on by itself
+    peer.push_update(private_text(777, "polled again"))
+    await running.inbox.wait_count(1)
+
+
+async def test_polling_deletes_a_webhook_when_the_config_says_so_or_this_connection_set_it(
+    peer: TelegramBotAPIPeer,
+    make_connector: Callable[..., TelegramConnector],
+    start: Start,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    peer.webhooks[TOKEN] = {"url": f"https://bot.example/hook/{TOKEN}"}
+    assert await make_connector(delete_webhook=True).check() == (
+        "@talkbridge_test_bot (a webhook is set, https://bot.example/hook/***: polling deletes "
+        "it, as delete_webhook says)"
+    )
+    running = await start(delete_webhook=True)
+    assert "a webhook was set (https://bot.example/hook/***): deleting it" in caplog.text
     assert TOKEN.split(":")[1] not in caplog.text
     peer.push_update(private_text(777, "now polled"))
     await running.inbox.wait_count(1)
-    assert await checking.check() == "@talkbridge_test_bot"
-    await checking.close()
+    await running.stop()
+
+    # This connection's own webhook (webhook mode, then switched to polling) is its to delete.
+    port = free_port()
+    hooked = await start(**webhook_on(port))
+    await hooked.stop()
+    assert peer.webhooks[TOKEN]["url"] == f"http://127.0.0.1:{port}/telegram/webhook"
+    polling = await start()
+    assert TOKEN not in peer.webhooks
+    peer.push_update(private_text(777, "polled after webhook mode"))
+    await polling.inbox.wait_count(1)
 
 
 def _without_text(update: dict[str, Any], **content: Any) -> dict[str, Any]:
