@@ -133,6 +133,18 @@ class Cluster:
         self.owned.add(connection_id)
         await self.outbound.own(connection_id)
 
+    def cannot_run(self, connection_id: str, reason: str) -> None:
+        """The connection could not be started on this node (`reason`, scrubbed): its messages
+        cannot be answered here, so this node leaves the inbound shards to the nodes that run
+        every connection, at its next beat, with what of them it had to leave unanswered."""
+        self.membership.cannot_run.add(connection_id)
+        log.warning(
+            "%s could not start on this node (%s): this node hands its inbound shards to "
+            "nodes that started every connection, which answer the messages it could not",
+            connection_id,
+            reason,
+        )
+
     def lost(self, connection_id: str) -> None:
         self.owned.discard(connection_id)
         self.outbound.disown(connection_id)

@@ -12,6 +12,11 @@ class ClusterKeys(RedisKeys):
         """Sorted set: node id -> the time (ms) its liveness runs out."""
         return self._key("cluster", "nodes")
 
+    def limited_nodes(self) -> str:
+        """Sorted set, as `nodes`: the live nodes that could not start one of their
+        connections (they leave the inbound shards to the others while any is alive)."""
+        return self._key("cluster", "limited")
+
     def shard_count(self) -> str:
         """The number of inbound shards the live nodes split the bus into (`cluster.shards`)."""
         return self._key("cluster", "shards")
