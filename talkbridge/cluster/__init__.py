@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from talkbridge.cancellation import raise_if_cancelling
 from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.fanout import WebchatFanout
 from talkbridge.cluster.inbound import InboundBus
@@ -28,7 +29,7 @@ from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import Lease, LeaseState, Membership
 from talkbridge.cluster.outbound import OutboundBus
 from talkbridge.config import ClusterConfig
-from talkbridge.errors import ConfigError, StoreError
+from talkbridge.errors import ConfigError, ConnectionMovedError, StoreError, TransientError
 from talkbridge.store.redis import RedisStore, reconnecting
 
 log = logging.getLogger("talkbridge.cluster")
@@ -84,6 +85,7 @@ class Cluster:
         """Connections whose transport runs on one node at a time."""
         self.owned: set[str] = set()
         """Of those, the ones this node runs now."""
+        self._fences: dict[str, Lease] = {}
 
     def lease(self, kind: str, name: str) -> Lease:
         return Lease(
@@ -93,6 +95,25 @@ class Cluster:
             self.config.lease_ttl,
             fence=self.keys.fence(),
         )
+
+    async def fence(self, connection_id: str) -> None:
+        """Right before the platform call of a send without idempotency key (a keyed one has
+        its claim): raise `ConnectionMovedError` unless this node surely holds the lease of
+        the connection, when it runs on one node at a time (renewed by the check). So a node
+        that lost it, whether it has heard so yet or not, never sends a request the new owner
+        took over from it and sends. A Redis failure is a passing one: the send is retried."""
+        if connection_id not in self.leased:
+            return
+        lease = self._fences.get(connection_id)
+        if lease is None:
+            lease = self._fences[connection_id] = self.lease("conn", connection_id)
+        try:
+            held = await lease.confirm()
+        except (RedisError, OSError) as exc:
+            raise_if_cancelling()
+            raise TransientError(f"cannot confirm the connection's lease: {exc}") from exc
+        if not held:
+            raise ConnectionMovedError(connection_id)
 
     def is_remote(self, connection_id: str) -> bool:
         """True when sends to this connection must go through its owner on another node."""

@@ -79,6 +79,18 @@ class Lease:
     async def renew(self) -> bool:
         return bool(await self._renew(keys=[self.key], args=[self.node_id, self._ms]))
 
+    async def confirm(self) -> bool:
+        """Renew it, and say whether it is surely this node's for most of a TTL from now (the
+        fence right before an action only the holder may take). An answer that came too late
+        to be sure (this node paused, or Redis slow) is asked for again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            if not await self.renew():
+                return False
+            if loop.time() - asked <= self.ttl * (1 - SURE_OF_LEASE):
+                return True
+
     async def release(self) -> bool:
         """Give the lease up now (only if it is still ours), so another node need not wait."""
         return bool(await self._release(keys=[self.key], args=[self.node_id]))

@@ -12,7 +12,10 @@ server down); a send that works clears it.
 
 In distributed mode several nodes may send with one idempotency key (a turn run again by a
 shard's new holder while the old one still sends): `claims` makes each keyed platform call
-under a claim in Redis, so only one of them goes out.
+under a claim in Redis, so only one of them goes out. A send without a key has no claim:
+`fence` checks, right before its platform call, that this node still runs the connection, and
+one queued on a node that lost it raises `ConnectionMovedError`, nothing sent, for the
+connection's new owner to send (which the new owner does, having taken over the request).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import NoReturn, Protocol
 
 from talkbridge.backoff import Backoff
 from talkbridge.errors import (
+    ConnectionMovedError,
     ConnectorError,
     RateLimitedError,
     SendFailedError,
@@ -43,6 +47,9 @@ SendFn = Callable[[OutboundMessage], Awaitable[SendResult]]
 Redact = Callable[[str], str]
 TroubleListener = Callable[[str, str | None], None]
 """`(connection_id, what)`: sends are in trouble (`sends are …: reason`); None: they work."""
+
+SendFence = Callable[[str], Awaitable[None]]
+"""Distributed mode: raises `ConnectionMovedError` unless this node still runs the connection."""
 
 MAX_RATE_LIMIT_WAITS = 20
 
@@ -115,9 +122,11 @@ class OutboundQueue:
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
         on_trouble: TroubleListener | None = None,
         claims: SendClaims | None = None,
+        fence: SendFence | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.claims = claims
+        self.fence = fence
         self._send = send
         self._store = store
         self._attempts = attempts
@@ -274,7 +283,7 @@ class OutboundQueue:
                 backoff = backoff or self._new_backoff()
                 await asyncio.sleep(backoff.next())
                 continue
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, ConnectionMovedError):
                 raise
             except (
                 Exception
@@ -291,11 +300,13 @@ class OutboundQueue:
         """The platform call, and whether its result is on record already: in distributed
         mode it is made under the claim of its idempotency key, which records it."""
         key = message.idempotency_key
-        if self.claims is None or key is None:
-            return await self._send(message), False
-        return await self.claims.claimed_send(
-            self.connection_id, key, functools.partial(self._send, message)
-        )
+        if key is not None and self.claims is not None:  # (its claim keeps it from a double)
+            return await self.claims.claimed_send(
+                self.connection_id, key, functools.partial(self._send, message)
+            )
+        if self.fence is not None:  # nothing awaited between it and the call
+            await self.fence(self.connection_id)
+        return await self._send(message), False
 
     def _trouble(self, what: str | None) -> None:
         self._troubled = what is not None
