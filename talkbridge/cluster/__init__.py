@@ -129,8 +129,11 @@ class Cluster:
                     f"another running node has the node id {self.node_id!r}: give each node "
                     "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
                 )
-            # Gone later only if Redis is emptied: leases are then fenced (see `Lease`).
-            await self.client.set(self.keys.fence(), 0, nx=True)
+            # The lease fence is not made here: a node that starts after Redis was emptied
+            # cannot tell it from a new deployment's, and would let itself take leases at once
+            # while their old holders have yet to hear they are gone. The first lease tried
+            # makes it (`scripts.ACQUIRE`), so no lease is taken for a TTL after that: once per
+            # deployment, and again after each emptying.
             shards = self.config.shards
             layout = await self.inbound.shard_layout()
             theirs = await self.membership.join()

@@ -27,8 +27,9 @@ class ClusterKeys(RedisKeys):
         return self._key("cluster", "shard-streams")
 
     def fence(self) -> str:
-        """Made by each node at its start: gone only when Redis was emptied (FLUSHDB) or the
-        deployment's keys deleted; then the time (ms) until which no lease may be taken."""
+        """The time (ms) until which no lease may be taken: made by the first lease tried, a TTL
+        on; gone only when Redis was emptied (FLUSHDB) or the deployment's keys deleted, when
+        the next lease tried makes it again (see `scripts.ACQUIRE`)."""
         return self._key("cluster", "fence")
 
     def lease(self, kind: str, name: str) -> str:

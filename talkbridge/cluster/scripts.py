@@ -7,10 +7,11 @@ from typing import Final
 from talkbridge.store._redis_lua import ACCEPT_HEAD, RECORD_SENT_HEAD
 
 # KEYS: lease[, fence]  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
-# The fence key (`ClusterKeys.fence`, made at each node's start) is gone only when Redis was
-# emptied (FLUSHDB) or the deployment's keys deleted: the leases went with it, but their old
-# holders learn so only at their next renewal. No lease is taken for a TTL from then on, so they
-# have stopped what the leases guarded before another node starts it.
+# The fence key (`ClusterKeys.fence`) is missing on a new deployment's first lease, and when
+# Redis was emptied (FLUSHDB) or the deployment's keys deleted: the leases went with it, but
+# their old holders learn so only at their next renewal. No lease is taken for a TTL from then
+# on, so they have stopped what the leases guarded before another node starts it (a node
+# started meanwhile included: it cannot tell an emptied Redis from a new one).
 ACQUIRE: Final = """
 if #KEYS == 2 then
   local t = redis.call('TIME')
