@@ -219,10 +219,17 @@ class Bridge:
         what is left of it. The task ends once each has been started (or found unable to)."""
         if self._connecting is None:
             self._connecting = asyncio.create_task(
-                self.registry.build_pending(self.context, failed=self.router.not_attaching),
+                self.registry.build_pending(self.context, failed=self._not_started),
                 name="starting connections",
             )
         return self._connecting
+
+    def _not_started(self, connection_id: str, reason: str) -> None:
+        """A connection `start_connections` could not build: what waits for it fails (or, in
+        distributed mode, goes to the nodes that run it)."""
+        self.router.not_attaching(connection_id, reason)
+        if self.cluster is not None:
+            self.cluster.cannot_run(connection_id, reason)
 
     async def stop(self, *, drain_timeout: float = 10.0, cancel_grace: float = 5.0) -> None:
         """Stop taking traffic, let in-flight turns and sends finish, then close everything.

@@ -12,6 +12,7 @@ retries in one place::
     │   └── HookLoadError           a hook folder cannot be loaded (also a ConfigError: exit 2)
     ├── TurnAbortedError            a `before_*` listener or fail-closed hook stopped a turn
     ├── SendFailedError             an outbound message could not be delivered (recorded)
+    ├── ConnectionMovedError        distributed mode: the send's connection is another node's now
     ├── StoreError                  the store cannot be opened or an operation on it failed
     ├── PairingExpiredError         `approve_pairing` of a pending code past its lifetime
     └── ConnectorError              what a platform said, classified
@@ -94,6 +95,16 @@ class LeaseLostError(TalkbridgeError):
     """Distributed mode: this node no longer surely holds the inbound shard of the message it
     was answering (a Redis outage longer than the lease), so the shard's new holder answers it;
     what this node has not sent yet, it does not send."""
+
+
+class ConnectionMovedError(TalkbridgeError):
+    """Distributed mode: right before a platform call, this node found it no longer holds the
+    connection's lease. Nothing went out; the connection's new owner sends it (a send asked
+    of this node is left on the bus for it, one made here is asked of it)."""
+
+    def __init__(self, connection_id: str) -> None:
+        super().__init__(f"connection {connection_id!r} is no longer run by this node")
+        self.connection_id = connection_id
 
 
 class StoreError(TalkbridgeError):

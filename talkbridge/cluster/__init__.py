@@ -21,6 +21,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from talkbridge.cancellation import raise_if_cancelling
 from talkbridge.cluster.claims import SendClaims
 from talkbridge.cluster.fanout import WebchatFanout
 from talkbridge.cluster.inbound import InboundBus
@@ -28,7 +29,7 @@ from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.lease import Lease, LeaseState, Membership
 from talkbridge.cluster.outbound import OutboundBus
 from talkbridge.config import ClusterConfig
-from talkbridge.errors import ConfigError, StoreError
+from talkbridge.errors import ConfigError, ConnectionMovedError, StoreError, TransientError
 from talkbridge.store.redis import RedisStore, reconnecting
 
 log = logging.getLogger("talkbridge.cluster")
@@ -84,6 +85,7 @@ class Cluster:
         """Connections whose transport runs on one node at a time."""
         self.owned: set[str] = set()
         """Of those, the ones this node runs now."""
+        self._fences: dict[str, Lease] = {}
 
     def lease(self, kind: str, name: str) -> Lease:
         return Lease(
@@ -93,6 +95,25 @@ class Cluster:
             self.config.lease_ttl,
             fence=self.keys.fence(),
         )
+
+    async def fence(self, connection_id: str) -> None:
+        """Right before the platform call of a send without idempotency key (a keyed one has
+        its claim): raise `ConnectionMovedError` unless this node surely holds the lease of
+        the connection, when it runs on one node at a time (renewed by the check). So a node
+        that lost it, whether it has heard so yet or not, never sends a request the new owner
+        took over from it and sends. A Redis failure is a passing one: the send is retried."""
+        if connection_id not in self.leased:
+            return
+        lease = self._fences.get(connection_id)
+        if lease is None:
+            lease = self._fences[connection_id] = self.lease("conn", connection_id)
+        try:
+            held = await lease.confirm()
+        except (RedisError, OSError) as exc:
+            raise_if_cancelling()
+            raise TransientError(f"cannot confirm the connection's lease: {exc}") from exc
+        if not held:
+            raise ConnectionMovedError(connection_id)
 
     def is_remote(self, connection_id: str) -> bool:
         """True when sends to this connection must go through its owner on another node."""
@@ -108,8 +129,11 @@ class Cluster:
                     f"another running node has the node id {self.node_id!r}: give each node "
                     "its own --node-id (or TALKBRIDGE_NODE_ID), or stop the other one"
                 )
-            # Gone later only if Redis is emptied: leases are then fenced (see `Lease`).
-            await self.client.set(self.keys.fence(), 0, nx=True)
+            # The lease fence is not made here: a node that starts after Redis was emptied
+            # cannot tell it from a new deployment's, and would let itself take leases at once
+            # while their old holders have yet to hear they are gone. The first lease tried
+            # makes it (`scripts.ACQUIRE`), so no lease is taken for a TTL after that: once per
+            # deployment, and again after each emptying.
             shards = self.config.shards
             layout = await self.inbound.shard_layout()
             theirs = await self.membership.join()
@@ -132,6 +156,18 @@ class Cluster:
     async def acquired(self, connection_id: str) -> None:
         self.owned.add(connection_id)
         await self.outbound.own(connection_id)
+
+    def cannot_run(self, connection_id: str, reason: str) -> None:
+        """The connection could not be started on this node (`reason`, scrubbed): its messages
+        cannot be answered here, so this node leaves the inbound shards to the nodes that run
+        every connection, at its next beat, with what of them it had to leave unanswered."""
+        self.membership.cannot_run.add(connection_id)
+        log.warning(
+            "%s could not start on this node (%s): this node hands its inbound shards to "
+            "nodes that started every connection, which answer the messages it could not",
+            connection_id,
+            reason,
+        )
 
     def lost(self, connection_id: str) -> None:
         self.owned.discard(connection_id)

@@ -8,11 +8,13 @@ A thread always lands on the same shard and a shard is read by one node at a tim
 so the messages of one thread are handled in order by one worker; threads of different shards
 run on different nodes. Every node holds at most ceil(shards / live nodes) shards and lets go of
 extras (after finishing what it had read of them), so load spreads when nodes join. A node that
-takes a shard first claims whatever the previous holder left unacknowledged (XAUTOCLAIM, any
-consumer, no idle minimum: the lease makes it the only reader) and hands those over marked
-*recovered*, before reading new entries. A read takes a shard's new entries only while Redis
-says the lease is this node's (one script): a node yet to hear that its lease moved on reads
-none that the new holder's take-over claim has missed.
+could not start one of its connections holds none while another node can answer every message
+(`Membership.shards_to_hold`): the messages of that connection it had to leave go with them. A
+node that takes a shard first claims whatever the previous holder left unacknowledged
+(XAUTOCLAIM, any consumer, no idle minimum: the lease makes it the only reader) and hands those
+over marked *recovered*, before reading new entries. A read takes a shard's new entries only
+while Redis says the lease is this node's (one script): a node yet to hear that its lease moved
+on reads none that the new holder's take-over claim has missed.
 
 A node that learns it lost a shard's lease (renewals failing for most of the TTL, or another
 node holding it) cancels its turns of that shard's messages at once, and starts none of those
@@ -27,7 +29,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import random
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
@@ -330,9 +331,9 @@ class InboundBus:
         if not self._reading:  # draining: not counted among the nodes that share the shards
             await self._renew()
             return
-        live = await self._membership.beat()
+        await self._membership.beat()
         await self._renew()
-        target = math.ceil(self._config.shards / live)
+        target = self._membership.shards_to_hold(self._config.shards)
         mine = [s for s in self._held.values() if not s.releasing]
         if len(mine) > target:
             for shard in sorted(mine, key=lambda s: s.number, reverse=True)[: len(mine) - target]:

@@ -12,6 +12,11 @@ class ClusterKeys(RedisKeys):
         """Sorted set: node id -> the time (ms) its liveness runs out."""
         return self._key("cluster", "nodes")
 
+    def limited_nodes(self) -> str:
+        """Sorted set, as `nodes`: the live nodes that could not start one of their
+        connections (they leave the inbound shards to the others while any is alive)."""
+        return self._key("cluster", "limited")
+
     def shard_count(self) -> str:
         """The number of inbound shards the live nodes split the bus into (`cluster.shards`)."""
         return self._key("cluster", "shards")
@@ -22,8 +27,9 @@ class ClusterKeys(RedisKeys):
         return self._key("cluster", "shard-streams")
 
     def fence(self) -> str:
-        """Made by each node at its start: gone only when Redis was emptied (FLUSHDB) or the
-        deployment's keys deleted; then the time (ms) until which no lease may be taken."""
+        """The time (ms) until which no lease may be taken: made by the first lease tried, a TTL
+        on; gone only when Redis was emptied (FLUSHDB) or the deployment's keys deleted, when
+        the next lease tried makes it again (see `scripts.ACQUIRE`)."""
         return self._key("cluster", "fence")
 
     def lease(self, kind: str, name: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,18 @@ class Lease:
     async def renew(self) -> bool:
         return bool(await self._renew(keys=[self.key], args=[self.node_id, self._ms]))
 
+    async def confirm(self) -> bool:
+        """Renew it, and say whether it is surely this node's for most of a TTL from now (the
+        fence right before an action only the holder may take). An answer that came too late
+        to be sure (this node paused, or Redis slow) is asked for again."""
+        loop = asyncio.get_running_loop()
+        while True:
+            asked = loop.time()
+            if not await self.renew():
+                return False
+            if loop.time() - asked <= self.ttl * (1 - SURE_OF_LEASE):
+                return True
+
     async def release(self) -> bool:
         """Give the lease up now (only if it is still ours), so another node need not wait."""
         return bool(await self._release(keys=[self.key], args=[self.node_id]))
@@ -116,7 +129,12 @@ class Lease:
 
 class Membership:
     """Which nodes are alive: each one refreshes its entry every third of the lease TTL. Beside
-    it, the number of inbound shards they split the bus into: a node with another is refused."""
+    it, the number of inbound shards they split the bus into: a node with another is refused.
+
+    A node that could not start one of its connections (`cannot_run`: an SDK that fails to
+    import, a connector that refuses its config) cannot answer that connection's messages: it
+    says so with each beat, and reads no inbound shard while a node without such a gap lives
+    (`able`), so its shards, with the messages it had to leave unanswered, go to such a node."""
 
     def __init__(
         self, client: aioredis.Redis, keys: ClusterKeys, node_id: str, ttl: float, shards: int
@@ -124,11 +142,16 @@ class Membership:
         self._client = client
         self._key = keys.nodes()
         self._shards_key = keys.shard_count()
+        self._limited_key = keys.limited_nodes()
         self._shards = shards
         self.node_id = node_id
         self._ms = max(1, round(ttl * 1000))
         self._beat = client.register_script(scripts.HEARTBEAT)
         self.live = 1
+        self.able = 1
+        """Live nodes that started every connection of theirs (this one included, if so)."""
+        self.cannot_run: set[str] = set()
+        """The connections this node could not start."""
         self._joined = False
         """Whether this node ever said it is alive: else `leave` has nothing to take back."""
 
@@ -145,19 +168,30 @@ class Membership:
 
     async def _say_alive(self, *, joining: bool) -> int | None:
         self._joined = True  # before the call: one that fails may still have been applied
-        keys = [self._key, self._shards_key]
-        args: list[str | int] = [self.node_id, self._ms, self._shards, int(joining)]
-        alive, count = await self._beat(keys=keys, args=args)
+        keys = [self._key, self._shards_key, self._limited_key]
+        limited = int(bool(self.cannot_run))
+        args: list[str | int] = [self.node_id, self._ms, self._shards, int(joining), limited]
+        alive, count, *rest = await self._beat(keys=keys, args=args)
         if not int(alive):
             return int(count)
         self.live = max(1, int(count))
+        self.able = max(0, self.live - int(rest[0]))
         return None if joining else self.live
+
+    def shards_to_hold(self, shards: int) -> int:
+        """This node's share of the inbound shards: none for a node that could not start a
+        connection while an able node lives (it would leave that connection's messages
+        unanswered); else an even share among the able nodes (all live ones if none is)."""
+        if self.cannot_run and self.able:
+            return 0
+        return math.ceil(shards / (self.able or self.live))
 
     async def leave(self) -> None:
         """Take this node's entry out, if it ever made one: a node whose start was cut short
         before that (a Ctrl-C while Redis did not answer) does not wait for Redis again."""
         if self._joined:
             await self._client.zrem(self._key, self.node_id)
+            await self._client.zrem(self._limited_key, self.node_id)
 
     async def taken_by_another(self, watch: float) -> bool:
         """Whether a running process already beats with this node id (two processes given

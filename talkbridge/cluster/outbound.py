@@ -10,11 +10,15 @@ while Redis says the lease is the reader's (one script, `scripts.FENCED_READ`): 
 the connection, whether it has heard so yet or not, takes none, so whatever the new owner's
 takeover claim did not find is new, and the new owner reads it in stream order. When nothing is
 new the owner waits with a plain XREAD, which takes nothing. When a node takes a connection over
-it first claims the requests the previous owner read but never acknowledged, oldest first, before
-any new one; those are sent with the idempotency check on, so a request the previous owner
-already sent is answered from the store instead of reaching the platform twice. A request whose
-sender stopped waiting is not sent. Requests a read brings back just after the node learnt of
-the loss (it read them while it still held the lease) stay pending for the next owner's claim.
+it first claims the requests the previous owner read but never acknowledged, oldest first,
+before any new one; those are sent with the idempotency check on, so a request the previous
+owner already sent is answered from the store instead of reaching the platform twice. A request
+the previous owner took and had yet to send (queued behind others, or waiting out a rate limit)
+does not go out twice either: a keyed one is claimed (`claims.py`); right before the platform
+call of a keyless one the queue checks the lease in Redis (`Cluster.fence`), and a node that
+lost it leaves the request, unanswered, to the new owner. A request whose sender stopped waiting
+is not sent. Requests a read brings back just after the node learnt of the loss (it read them
+while it still held the lease) stay pending for the next owner's claim.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from talkbridge.cluster.streams import (
     read_entries,
     remake_groups,
 )
-from talkbridge.errors import SendFailedError
+from talkbridge.errors import ConnectionMovedError, SendFailedError
 from talkbridge.message import OutboundMessage, SendResult
 from talkbridge.outage import Outage
 
@@ -377,6 +381,9 @@ class OutboundBus:
             check = reclaimed or fields.get("c") == "1"
             result = await self._local(cid, message, check)
             reply.update(ok="1", v=json.dumps(list(result.message_ids)))
+        except ConnectionMovedError:  # nothing sent: left pending, the new owner's claim has it
+            log.info("%s: moved to another node before send request %s went out", cid, entry_id)
+            return
         except SendFailedError as exc:
             reply.update(ok="0", e=exc.reason)
         except (KeyError, ValueError) as exc:

@@ -7,10 +7,11 @@ from typing import Final
 from talkbridge.store._redis_lua import ACCEPT_HEAD, RECORD_SENT_HEAD
 
 # KEYS: lease[, fence]  ARGV: node, ttl_ms  -> {held 0|1, ms left, holder}
-# The fence key (`ClusterKeys.fence`, made at each node's start) is gone only when Redis was
-# emptied (FLUSHDB) or the deployment's keys deleted: the leases went with it, but their old
-# holders learn so only at their next renewal. No lease is taken for a TTL from then on, so they
-# have stopped what the leases guarded before another node starts it.
+# The fence key (`ClusterKeys.fence`) is missing on a new deployment's first lease, and when
+# Redis was emptied (FLUSHDB) or the deployment's keys deleted: the leases went with it, but
+# their old holders learn so only at their next renewal. No lease is taken for a TTL from then
+# on, so they have stopped what the leases guarded before another node starts it (a node
+# started meanwhile included: it cannot tell an emptied Redis from a new one).
 ACQUIRE: Final = """
 if #KEYS == 2 then
   local t = redis.call('TIME')
@@ -53,12 +54,14 @@ return 0
 # A node says it is alive, with the number of inbound shards it splits the bus into: a node
 # that joins (ARGV[4] = 1) is refused while live nodes split it into another number; a beat
 # records the number if it is gone (a FLUSHDB), so a node joining later is checked still.
-# KEYS: nodes, shard count  ARGV: node, ttl_ms, shards, joining
-#   -> {1, live nodes (this one included)} or {0, the live nodes' shard count}
+# A node that could not start one of its connections (ARGV[5] = 1) is listed as limited too.
+# KEYS: nodes, shard count, limited nodes  ARGV: node, ttl_ms, shards, joining, limited
+#   -> {1, live nodes (this one included), live limited ones} or {0, the live nodes' shard count}
 HEARTBEAT: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if ARGV[4] == '1' then
   local others = redis.call('ZCARD', KEYS[1])
   if redis.call('ZSCORE', KEYS[1], ARGV[1]) then others = others - 1 end
@@ -71,7 +74,12 @@ else
   redis.call('SET', KEYS[2], ARGV[3], 'NX')
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return {1, redis.call('ZCARD', KEYS[1])}
+if ARGV[5] == '1' then
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+else
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+return {1, redis.call('ZCARD', KEYS[1]), redis.call('ZCARD', KEYS[3])}
 """
 
 # The store's ACCEPT (dedupe + pending inbox [+ history]) and the XADD onto the inbound bus in

@@ -18,7 +18,10 @@ naming the connection and the message.
 In distributed mode several nodes may send with one idempotency key (a turn run again by a
 shard's new holder while the old one still sends): `claims` makes each keyed platform call
 under a claim in Redis, so only one of them goes out. A delete is made under one too, so two
-nodes taking back the same reply delete it once.
+nodes taking back the same reply delete it once. A send without a key has no claim: `fence`
+checks, right before its platform call, that this node still runs the connection, and one
+queued on a node that lost it raises `ConnectionMovedError`, nothing sent, for the
+connection's new owner to send (which the new owner does, having taken over the request).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import NoReturn, Protocol, TypeVar
 
 from talkbridge.backoff import Backoff
 from talkbridge.errors import (
+    ConnectionMovedError,
     ConnectorError,
     NotFoundError,
     RateLimitedError,
@@ -50,6 +54,9 @@ SendFn = Callable[[OutboundMessage], Awaitable[SendResult]]
 Redact = Callable[[str], str]
 TroubleListener = Callable[[str, str | None], None]
 """`(connection_id, what)`: sends are in trouble (`sends are …: reason`); None: they work."""
+
+SendFence = Callable[[str], Awaitable[None]]
+"""Distributed mode: raises `ConnectionMovedError` unless this node still runs the connection."""
 
 MAX_RATE_LIMIT_WAITS = 20
 _R = TypeVar("_R")
@@ -146,9 +153,11 @@ class OutboundQueue:
         backoff: Callable[[], Backoff] = lambda: Backoff(base=0.5, cap=30.0),
         on_trouble: TroubleListener | None = None,
         claims: SendClaims | None = None,
+        fence: SendFence | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.claims = claims
+        self.fence = fence
         self._send = send
         self._store = store
         self._attempts = attempts
@@ -404,11 +413,9 @@ class OutboundQueue:
                 backoff = backoff or self._new_backoff()
                 await asyncio.sleep(backoff.next())
                 continue
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, ConnectionMovedError):
                 raise
-            except (
-                Exception
-            ) as exc:  # an untranslated error is a connector bug: never retry blindly
+            except Exception as exc:  # untranslated: a connector bug, never retried blindly
                 reason = self._redact(f"{type(exc).__name__}: {exc}")
                 raise _GiveUp(f"unexpected connector error: {reason}") from None
             if self._troubled:
@@ -419,11 +426,13 @@ class OutboundQueue:
         """The platform call, and whether its result is on record already: in distributed
         mode it is made under the claim of its idempotency key, which records it."""
         key = message.idempotency_key
-        if self.claims is None or key is None:
-            return await self._send(message), False
-        return await self.claims.claimed_send(
-            self.connection_id, key, functools.partial(self._send, message)
-        )
+        if key is not None and self.claims is not None:  # (its claim keeps it from a double)
+            return await self.claims.claimed_send(
+                self.connection_id, key, functools.partial(self._send, message)
+            )
+        if self.fence is not None:  # nothing awaited between it and the call
+            await self.fence(self.connection_id)
+        return await self._send(message), False
 
     def _trouble(self, what: str | None) -> None:
         self._troubled = what is not None

@@ -24,6 +24,7 @@ from talkbridge.backoff import Backoff
 from talkbridge.cancellation import cancelling
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
+    ConnectionMovedError,
     ConnectionNotStartedError,
     FeatureUnavailableError,
     LeaseLostError,
@@ -136,6 +137,7 @@ class TalkRouter:
         cluster.outbound.set_local(self._send_local)
         for queue in self._outbound.values():
             queue.claims = cluster.claims
+            queue.fence = cluster.fence
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -157,6 +159,7 @@ class TalkRouter:
             backoff=lambda: Backoff(base=self._config.retry_base_delay, cap=30.0),
             on_trouble=self._send_trouble,
             claims=self._cluster.claims if self._cluster is not None else None,
+            fence=self._cluster.fence if self._cluster is not None else None,
         )
         keeps_history = bool(getattr(connector, "keeps_history", False))
         if keeps_history:
@@ -575,7 +578,14 @@ class TalkRouter:
         cluster = self._cluster
         if cluster is not None and cluster.is_remote(cid):
             return await cluster.outbound.request(cid, message, check_sent=check_sent)
-        return await queue.send(message, check_sent=check_sent)
+        try:
+            return await queue.send(message, check_sent=check_sent)
+        except ConnectionMovedError:
+            if cluster is None:
+                raise
+            # Nothing of it went out from here (an earlier try may have: the owner checks).
+            log.info("%s: moved to another node before a send went out; asking it to", cid)
+            return await cluster.outbound.request(cid, message, check_sent=True)
 
     async def _send_local(
         self, connection_id: str, message: OutboundMessage, check_sent: bool

@@ -59,6 +59,9 @@ async def test_healthz_shows_the_node_and_what_it_owns(cluster: Cluster) -> None
     await wait_until(lambda: owner([a, b]) is not None)
     holder = owner([a, b])
     assert holder is not None
+    # the other node learns who holds it at its next try (the first lease waits a TTL: each
+    # node's first try found it fenced, held by nobody)
+    await wait_until(lambda: all(n.registry.health("test").owner == holder.node_id for n in (a, b)))
     async with aiohttp.ClientSession() as http:
         for bridge in (a, b):
             async with http.get(f"http://127.0.0.1:{bridge.webchat.port}/healthz") as response:

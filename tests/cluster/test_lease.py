@@ -237,7 +237,11 @@ async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_o
     a = await cluster.node("a", connectors=(), prepare=prepare)
     b = await cluster.node("b", connectors=(), prepare=prepare)
     assert a.cluster is not None and b.cluster is not None
-    await wait_until(lambda: owner([a, b]) is a)
+    await wait_until(lambda: owner([a, b]) is not None)  # either: the first lease waits a TTL
+    if owner([a, b]) is b:
+        a, b = b, a
+        running.reverse()
+    assert a.cluster is not None and b.cluster is not None
     client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
     lease = a.cluster.keys.lease("conn", "test")
     try:
@@ -253,6 +257,49 @@ async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_o
         await wait_until(lambda: any(c.running.is_set() for c in running))  # taken again
         assert beside == []
         assert owner([a, b]) is not None
+    finally:
+        await client.aclose()
+
+
+async def test_a_node_started_after_redis_was_emptied_does_not_run_a_connection_beside_its_owner(
+    cluster: Cluster,
+) -> None:
+    """As above, but the node that could take the lease starts after the emptying, before any
+    running node tried a lease (so before any made the fence): before, it found Redis as a new
+    deployment's, took the lease at once and ran the transport beside its old owner."""
+    running: list[LeasedConnector] = []
+    beside: list[str] = []
+
+    class Watched(LeasedConnector):
+        async def run(self, status: ConnectionStatus) -> None:
+            if any(c.running.is_set() for c in running if c is not self):
+                beside.append("two nodes ran the connection at once")
+            await super().run(status)
+
+    def prepare(bridge: Bridge) -> None:
+        watched = Watched()
+        running.append(watched)
+        bridge.registry.add(watched, ConnectionConfig(id="test", channel="telegram"))
+
+    a = await cluster.node("a", connectors=(), prepare=prepare)
+    assert a.cluster is not None
+    await wait_until(lambda: owner([a]) is a)
+    client = aioredis.Redis.from_url(cluster.url, decode_responses=True)
+    lease = a.cluster.keys.lease("conn", "test")
+    try:
+
+        async def just_renewed() -> bool:  # its next renewal is a third of the TTL away
+            return bool(await client.pttl(lease) >= TTL * 1000 * 0.9)
+
+        await wait_until(just_renewed)
+        keys = [k async for k in client.scan_iter(match=a.cluster.keys.pattern(), count=500)]
+        await client.delete(*keys)  # as FLUSHDB does
+        b = await cluster.node("b", connectors=(), prepare=prepare)
+        assert b.cluster is not None
+        assert not (await b.cluster.lease("conn", "test").acquire()).held  # a still runs it
+        await wait_until(lambda: not running[0].running.is_set())  # a heard, and stopped
+        await wait_until(lambda: any(c.running.is_set() for c in running))  # taken again
+        assert beside == []
     finally:
         await client.aclose()
 

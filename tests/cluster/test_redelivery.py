@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from talkbridge.agents.base import Result, TurnContext
 from talkbridge.cluster import Cluster as Node
 from talkbridge.cluster.inbound import GROUP, Ack
+from talkbridge.cluster.keys import ClusterKeys
 from talkbridge.cluster.outbound import encode
 from talkbridge.config import ClusterConfig
 from talkbridge.connectors.base import ConnectorContext
@@ -34,6 +35,13 @@ CONFIG = ClusterConfig(lease_ttl=TTL, shards=4, claim_idle=5.0, send_timeout=5.0
 async def store(cluster: Cluster) -> AsyncIterator[RedisStore]:
     store = RedisStore(cluster.url, prefix=cluster.prefix)
     await store.open()
+    # A deployment that ran before (so not fenced as a new or emptied one for a TTL): these
+    # tests start the nodes' loops by hand and expect the first to take the shards at once.
+    client = aioredis.Redis.from_url(cluster.url)
+    try:
+        await client.set(ClusterKeys(cluster.prefix).fence(), 0)
+    finally:
+        await client.aclose()
     yield store
     await store.close()
 
