@@ -1529,6 +1529,64 @@ async def test_run_serves_the_webchat_while_a_connection_is_still_starting(
         await rest
 
 
+def _plugin_channel(folder: Path, channel: str, transport: str) -> Path:
+    """A third-party package adding `channel` (the `talkbridge.connectors` entry point), as
+    pip would install it, in `folder` (to put on PYTHONPATH): its config model imports at
+    once, its transport module is `transport` (the SDK's import)."""
+    info = folder / f"{channel}_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {channel}-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[talkbridge.connectors]\n{channel} = {channel}_config:Config|{channel}_transport:create\n"
+    )
+    (folder / f"{channel}_config.py").write_text(
+        "from typing import Literal\n"
+        "from talkbridge.config import ConnectionConfig\n"
+        f"class Config(ConnectionConfig):\n    channel: Literal['{channel}'] = '{channel}'\n"
+    )
+    (folder / f"{channel}_transport.py").write_text(transport)
+    return folder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_a_stop_while_a_connections_sdk_imports_does_not_wait_for_the_import(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The SDKs are imported once the URL is out, while the operator may already stop the
+    bridge: a Ctrl-C (or SIGTERM) during the import waited for it to end (aiogram: seconds on
+    a small VM) before the process exited. Here the import never ends by itself."""
+    connected: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    plugin = _plugin_channel(
+        tmp_path / "site",
+        "slowchat",
+        "import socket\n"
+        f"held = socket.create_connection(('127.0.0.1', {port}))\n"
+        "held.recv(1)  # an import that takes as long as the test wants\n"
+        "def create(config, context):\n    raise RuntimeError('not reached')\n",
+    )
+    (tmp_path / "talkbridge.yaml").write_text("connections: [{id: slow, channel: slowchat}]\n")
+    try:
+        process = await talkbridge(
+            "run", "--port", "0", cwd=tmp_path, env={"PYTHONPATH": str(plugin)}
+        )
+        await _url_of(process)
+        writer = await asyncio.wait_for(connected.get(), 30)  # the import is under way
+        process.send_signal(sig)
+        code, out, err = await finish(process)  # the import still holds: it is not waited for
+        writer.close()
+    finally:
+        server.close()
+    assert code == 0, err
+    assert "talkbridge: stopping" in err
+    assert "Traceback" not in err and "Traceback" not in out
+
+
 async def _connection_state(http: str, connection_id: str) -> str:
     """The connection's state as the webchat's /healthz shows it."""
     async with aiohttp.ClientSession() as session, session.get(f"{http}healthz") as resp:
