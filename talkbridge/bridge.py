@@ -180,7 +180,9 @@ class Bridge:
         else:
             self.registry.expect(self.config)
             for cid in self.registry.pending():
-                self.router.attaching(cid)
+                conn = self.registry.config(cid)
+                assert conn is not None  # `expect` keeps the config of each
+                self.router.attaching(cid, conn.channel)
         if self._with_webchat:
             await self._add_webchat()
             if self.cluster is not None:

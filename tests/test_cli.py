@@ -1587,6 +1587,88 @@ async def test_a_stop_while_a_connections_sdk_imports_does_not_wait_for_the_impo
     assert "Traceback" not in err and "Traceback" not in out
 
 
+_GATED_TRANSPORT = """
+import socket
+
+from talkbridge.message import SendResult
+from talkbridge.talk import Subscription
+
+held = socket.create_connection(("127.0.0.1", {port}))
+held.recv(1)  # the SDK's import: as long as the test wants
+
+
+class Gated:
+    channel = "gatedchat"
+
+    def __init__(self, connection_id):
+        self.connection_id = connection_id
+
+    def subscribe(self, handler):
+        return Subscription(lambda: None)
+
+    def feature(self, name):
+        return None
+
+    async def send(self, message):  # what the platform gets, the test reads
+        held.sendall(message.text.encode() + b"\\n")
+        return SendResult(message_ids=("1",))
+
+
+def create(config, context):
+    return Gated(config.id)
+"""
+
+
+async def test_a_hooks_send_to_a_connection_still_starting_waits_for_it(tmp_path: Path) -> None:
+    """`router.talk(id).send(...)`, as docs/hooks.md shows it, to a connection whose SDK is
+    still being imported: it raised `ConnectionNotStartedError` ("not started yet: the bridge
+    builds its connections in `await bridge.start()`"), so a relay hook lost its message for
+    the seconds after every start. It waits for the connection now, as `router.send` does."""
+    connected: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put((reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    plugin = _plugin_channel(tmp_path / "site", "gatedchat", _GATED_TRANSPORT.format(port=port))
+    hook = tmp_path / "hooks" / "relay"
+    hook.mkdir(parents=True)
+    (hook / "hook.yaml").write_text("kind: channel-message\nname: relay\n")
+    (hook / "hook.py").write_text(
+        "from talkbridge.message import OutboundMessage\n\n"
+        "def create_hook(deps):\n"
+        "    async def on_message(msg):\n"
+        "        deps.logger.info('relaying %s', msg.text)  # no await from here to the talk()\n"
+        "        ops = deps.router.talk('ops')\n"
+        "        await ops.send(OutboundMessage(thread_id='room', text=msg.text))\n"
+        "    return on_message\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text(
+        "connections: [{id: ops, channel: gatedchat}]\nhooks: [hooks/relay]\n"
+    )
+    try:
+        process = await talkbridge(
+            "run", "--port", "0", cwd=tmp_path, env={"PYTHONPATH": str(plugin)}
+        )
+        url = await _url_of(process)
+        reader, writer = await asyncio.wait_for(connected.get(), 30)  # the import is under way
+        asked = asyncio.ensure_future(_ask(url, "deploy done"))
+        assert process.stderr is not None
+        while b"relaying deploy done" not in await asyncio.wait_for(process.stderr.readline(), 30):
+            pass  # the hook has asked for the connection, still importing
+        writer.write(b"x")  # the import ends
+        assert await asyncio.wait_for(reader.readline(), 30) == b"deploy done\n"
+        assert await asyncio.wait_for(asked, 30) == "deploy done"  # the echo agent's answer
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+        writer.close()
+    finally:
+        server.close()
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
 async def _connection_state(http: str, connection_id: str) -> str:
     """The connection's state as the webchat's /healthz shows it."""
     async with aiohttp.ClientSession() as session, session.get(f"{http}healthz") as resp:

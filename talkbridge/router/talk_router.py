@@ -25,6 +25,7 @@ from talkbridge.cancellation import cancelling
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
     ConnectionNotStartedError,
+    ConnectionStartFailedError,
     FeatureUnavailableError,
     LeaseLostError,
     SendFailedError,
@@ -170,21 +171,23 @@ class TalkRouter:
         if attached is not None and not attached.done():
             attached.set_result(None)
 
-    def attaching(self, connection_id: str) -> None:
-        """The connection is being built while the bridge serves (`talkbridge run` starts the
-        webchat first): until it is attached, its sends (a hook's Forward to it) and its
-        messages left from an earlier run wait for it, rather than fail."""
+    def attaching(self, connection_id: str, channel: str) -> None:
+        """The connection (of `channel`) is being built while the bridge serves (`talkbridge
+        run` starts the webchat first): until it is attached, its sends (a hook's Forward to
+        it, `talk(id).send`) and its messages left from an earlier run wait for it, rather
+        than fail."""
         if connection_id not in self._connectors:
             future = asyncio.get_running_loop().create_future()
             future.add_done_callback(_retrieved)
             self._attaching[connection_id] = future
+            self._channels[connection_id] = channel
 
     def not_attaching(self, connection_id: str, reason: str) -> None:
         """The connection `attaching` named will not be attached (`reason`): its waiting sends
         fail with it, as a down connection's do; its waiting messages stay in the store."""
         attached = self._attaching.get(connection_id)
         if attached is not None and not attached.done():
-            attached.set_exception(ConnectionStartFailedError(reason))
+            attached.set_exception(ConnectionStartFailedError(connection_id, reason))
 
     async def _until_attached(self, connection_id: str) -> None:
         """Return once the connection is attached; raise `ConnectionStartFailedError` when it
@@ -217,10 +220,27 @@ class TalkRouter:
         except KeyError:
             known = list(self._connectors.keys() | self._expected)
             if connection_id in self._expected:
-                raise ConnectionNotStartedError(connection_id, known) from None
+                raise ConnectionNotStartedError(
+                    connection_id, known, **self._start_state(connection_id)
+                ) from None
             raise UnknownConnectionError(connection_id, known) from None
 
+    def _start_state(self, connection_id: str) -> dict[str, Any]:
+        """What `ConnectionNotStartedError` says of a connection being built while the bridge
+        serves: still starting, or why it could not start."""
+        attached = self._attaching.get(connection_id)
+        if attached is None:
+            return {}
+        if not attached.done():
+            return {"starting": True}
+        failure = attached.exception()
+        return {"failed": getattr(failure, "reason", None) or str(failure)}
+
     def talk(self, connection_id: str) -> Talk:
+        """The connection, through the router's queues; one still starting too (its sends
+        wait for it, and fail as to a down connection should it not start)."""
+        if connection_id in self._attaching:
+            return RoutedTalk(self, connection_id, self._channels[connection_id])
         connector = self._known(connection_id)
         return RoutedTalk(self, connection_id, connector.channel)
 
@@ -581,12 +601,6 @@ class TalkRouter:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
 
 
-class ConnectionStartFailedError(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 def _retrieved(future: asyncio.Future[None]) -> None:
     """A failure nobody waited for is no "exception never retrieved" warning."""
     if not future.cancelled():
@@ -609,4 +623,5 @@ def _without(handlers: list[MessageHandler], handler: MessageHandler) -> list[Me
     return remaining
 
 
-__all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]
+__all__: Sequence[str] = ["ConnectionStartFailedError", "RoutedTalk", "TalkRouter"]
+"""`ConnectionStartFailedError` lives in `talkbridge.errors`; importing it from here still works."""
