@@ -1669,6 +1669,72 @@ async def test_a_hooks_send_to_a_connection_still_starting_waits_for_it(tmp_path
     assert "Traceback" not in err
 
 
+async def _replying_on_held_telegram(
+    tmp_path: Path, peer: TelegramBotAPIPeer
+) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
+    """`talkbridge run` with a Telegram connection whose peer holds every sendMessage: a
+    trusted user's message is answered, its reply in flight once this returns."""
+    gate = peer.hold("sendMessage")
+    bot_token = next(iter(peer.bots))
+    (tmp_path / "talkbridge.yaml").write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\n"
+        "connections:\n"
+        f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
+        f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    peer.push_update(private_text(42, "are you there?"))
+    await peer.wait_for(lambda: bool(peer.calls_of("sendmessage", answered=None)), timeout=60)
+    return process, gate
+
+
+async def test_ctrl_c_waits_for_a_reply_in_flight_and_it_goes_out_once(tmp_path: Path) -> None:
+    """The promise of the README: Ctrl-C stops the bridge once the replies under way are sent
+    (up to 10 s). Telegram answers the reply's sendMessage only after the Ctrl-C."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    async with TelegramBotAPIPeer() as peer:
+        process, gate = await _replying_on_held_telegram(tmp_path, peer)
+        process.send_signal(signal.SIGINT)
+        assert process.stderr is not None
+        while b"talkbridge: stopping" not in await asyncio.wait_for(process.stderr.readline(), 30):
+            pass
+        gate.set()
+        code, _, err = await finish(process)
+        assert code == 0, err
+        assert [c.status for c in peer.calls_of("sendmessage", answered=None)] == [200]
+        assert "did not finish" not in err and "cut off" not in err
+
+
+async def test_a_reply_still_in_flight_when_the_stop_gives_up_is_kept_and_counted(
+    tmp_path: Path,
+) -> None:
+    """Telegram does not answer the reply within the stop's 10 s. The connection was closed
+    under the send first, which logged it as failing and being retried ("send failed (cannot
+    reach the Telegram Bot API …), retrying") as the bridge stopped; no line said which sends
+    were cut off. Now one line counts them by connection, and the message is answered at the
+    next start."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    async with TelegramBotAPIPeer() as peer:
+        process, gate = await _replying_on_held_telegram(tmp_path, peer)
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+        assert code == 0, err
+        assert "1 turn did not finish within 10 s; it runs again on the next start" in err
+        assert "stopping: 1 send to bot cut off" in err
+        assert "retrying" not in err and "giving up" not in err and "Traceback" not in err
+
+        gate.set()  # Telegram answers again: the next start sends the reply
+        calls = len(peer.calls_of("sendmessage", answered=None))
+        again = await talkbridge("run", "--port", "0", cwd=tmp_path)
+        await peer.wait_for(
+            lambda: len(peer.calls_of("sendmessage", answered=None)) > calls, timeout=60
+        )
+        again.send_signal(signal.SIGINT)
+        code, _, err = await finish(again)
+        assert code == 0, err
+        assert peer.sent_messages[-1]["text"] == "are you there?"
+
+
 async def _connection_state(http: str, connection_id: str) -> str:
     """The connection's state as the webchat's /healthz shows it."""
     async with aiohttp.ClientSession() as session, session.get(f"{http}healthz") as resp:

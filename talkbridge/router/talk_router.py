@@ -118,6 +118,8 @@ class TalkRouter:
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
+        self._abandoned: int | None = None
+        """Set by `cut_off`: the turns left running."""
         self.on_send_trouble: TroubleListener | None = None
         """Told when a connection's sends are in trouble (refused credentials, failing again
         and again) and when they work again; the bridge points it at the registry, which keeps
@@ -583,19 +585,30 @@ class TalkRouter:
         self._known(connection_id)
         return await self._outbound[connection_id].send(message, check_sent=check_sent)
 
+    async def cut_off(self, grace: float = 5.0) -> int:
+        """Shutdown, before the connections close: cancel the turns and sends under way (a
+        send in flight is cancelled, not failed by its connection closing under it). Messages
+        still arriving are accepted into the store for the next start, as after
+        `stop_starting`. Returns how many turns ignored their cancellation for `grace` seconds
+        and were left running (their messages stay pending: the next start answers them)."""
+        if self._abandoned is None:
+            self._abandoned = await self._inbound.cancel(grace)
+            for queue in self._outbound.values():
+                await queue.cancel()
+        return self._abandoned
+
     async def close(self, grace: float = 5.0) -> int:
-        """Stop everything; returns how many turns ignored their cancellation for `grace`
-        seconds and were left running (their messages stay pending: the next start answers
-        them)."""
+        """Stop everything (`cut_off` first, if not done); returns what `cut_off` does."""
         for cid in list(self._subscriptions):
             self.detach(cid)
         for cid in list(self._attaching):
             self.not_attaching(cid, "the bridge stopped before the connection started")
         self._seen.close()
-        abandoned = await self._inbound.cancel(grace)
-        for queue in self._outbound.values():
-            await queue.cancel()
-        return abandoned
+        return await self.cut_off(grace)
+
+    def sends_under_way(self) -> dict[str, int]:
+        """Per connection, the sends accepted and not done yet (in flight, retried, queued)."""
+        return {cid: q.under_way for cid, q in self._outbound.items() if q.under_way}
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
     ConnectionNotStartedError,
@@ -420,6 +421,43 @@ async def test_a_send_retried_in_its_callers_task_stops_when_the_router_closes(
         await router.send("alpha", OutboundMessage(thread_id="t", text="late"))
     assert conn.attempts == 1 and conn.texts() == []
     assert [f.text for f in await sqlite_store.failed_sends()] == ["late"]
+
+
+async def test_a_stop_fails_a_queued_send_its_caller_awaits_but_not_one_of_a_turn_cut_off(
+    sqlite_store: SqliteStore,
+) -> None:
+    """A send queued when the bridge stops fails to its caller, on record. One whose caller
+    was cut off first (a turn the stop cancelled: its message runs again at the next start,
+    and sends it again) was also logged "giving up on a send" and put on the failed-send
+    record, as if lost."""
+    router = TalkRouter(sqlite_store, FAST.model_copy(update={"send_concurrency": 1}))
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release = asyncio.Event()
+
+    async def held() -> None:
+        await release.wait()
+
+    conn.script.append(held)
+
+    def send(text: str, thread: str) -> asyncio.Task[SendResult]:
+        return asyncio.create_task(
+            router.send("alpha", OutboundMessage(thread_id=thread, text=text))
+        )
+
+    in_flight = send("in flight", "t1")
+    await asyncio.wait_for(conn.attempted.wait(), 10)
+    of_a_turn, of_an_app = send("reply", "t2"), send("app", "t3")  # both wait for the slot
+    await asyncio.sleep(0)  # one loop turn (no time): both are queued
+    assert router.sends_under_way() == {"alpha": 3}
+    await cancel_and_wait(of_a_turn)  # the stop cancels the turns first
+    await router.close()
+    with pytest.raises(SendFailedError, match="the bridge stopped before it was sent"):
+        await of_an_app
+    assert [f.text for f in await sqlite_store.failed_sends()] == ["app"]
+    release.set()  # the send in flight, in its caller's task, ends as the platform answers
+    await in_flight
+    assert conn.texts() == ["in flight"]
 
 
 async def test_an_untranslated_connector_error_fails_without_retrying(router: TalkRouter) -> None:
