@@ -3,6 +3,7 @@
 from talkbridge.errors import (
     ConfigError,
     ConnectionNotStartedError,
+    ConnectionStartFailedError,
     ConnectorError,
     FeatureUnavailableError,
     RateLimitedError,
@@ -30,6 +31,7 @@ __all__ = [
     "Channel",
     "ConfigError",
     "ConnectionNotStartedError",
+    "ConnectionStartFailedError",
     "ConnectorError",
     "Feature",
     "FeatureUnavailableError",

@@ -181,7 +181,9 @@ class Bridge:
         else:
             self.registry.expect(self.config)
             for cid in self.registry.pending():
-                self.router.attaching(cid)
+                conn = self.registry.config(cid)
+                assert conn is not None  # `expect` keeps the config of each
+                self.router.attaching(cid, conn.channel)
         if self._with_webchat:
             await self._add_webchat()
             if self.cluster is not None:
@@ -272,10 +274,15 @@ class Bridge:
                 "it runs again" if running == 1 else "they run again",
                 later,
             )
+            _log_unsent(self.router.sends_under_way(), later)
+        # The turns and sends are cut off before the connections close: a send in flight is
+        # cancelled, not failed (and retried) by its connection closing under it. The router
+        # still takes what the connections deliver meanwhile (kept for the next start).
+        self.abandoned_turns = await self.router.cut_off(cancel_grace)
         await self.registry.stop()  # releases connection leases: other nodes take over now
         if self.cluster is not None:
             await self.cluster.stop()  # releases shards (what was not acked is claimed)
-        self.abandoned_turns = await self.router.close(cancel_grace)
+        await self.router.close(cancel_grace)
         if self.abandoned_turns:
             log.warning(
                 "stopping: %s within %g s of being cancelled; left behind, %s on %s",
@@ -1016,6 +1023,20 @@ def _cluster_for(store: Store, config: BridgeConfig, node_id: str | None) -> Clu
     from talkbridge.cluster import Cluster
 
     return Cluster(store, config.cluster, node_id)
+
+
+def _log_unsent(unsent: Mapping[str, int], later: str) -> None:
+    """What a stop cuts off, by connection: a turn's reply goes again when the turn runs again
+    (`later`); any other send fails to its caller and stays in the failed-send record."""
+    if not unsent:
+        return
+    counts = ", ".join(f"{_count(n, 'send', 'sends')} to {cid}" for cid, n in unsent.items())
+    log.warning(
+        "stopping: %s cut off (in flight or queued): a turn's reply goes out when the turn "
+        "runs again on %s; any other send fails, kept in the failed-send record",
+        counts,
+        later,
+    )
 
 
 def _count(n: int, one: str, many: str) -> str:

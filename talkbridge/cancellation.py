@@ -4,7 +4,12 @@ to end."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 
 def raise_if_cancelling() -> None:
@@ -86,3 +91,36 @@ async def finish_despite_cancels(task: asyncio.Future[Any], seconds: float) -> b
         except asyncio.CancelledError:
             continue
     return task.done()
+
+
+async def in_daemon_thread(work: Callable[[], _T], name: str) -> _T:
+    """`work()` in a daemon thread of its own, awaited without holding the event loop.
+
+    For work that cannot be interrupted and must not hold up a stop: importing an SDK (seconds
+    for aiogram). `asyncio.to_thread` runs it on the default executor, whose threads the loop's
+    and the interpreter's shutdown wait for: a Ctrl-C during the import waited for it to
+    end. Cancelled, this returns at once; the thread runs on unwaited for, and its result is
+    dropped (the process may exit under it)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.done():  # cancelled: nobody waits for it
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        result: _T | None = None
+        error: BaseException | None = None
+        try:
+            result = work()
+        except BaseException as exc:  # any error is its awaiter's to see
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody awaits it now
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done

@@ -6,7 +6,8 @@ retries in one place::
     TalkbridgeError
     ├── ConfigError                 bad config file or value (exit code 2)
     ├── UnknownConnectionError      a connection id nobody configured
-    │   └── ConnectionNotStartedError   a configured one, used before the bridge started
+    │   └── ConnectionNotStartedError   a configured one, not started (or still starting)
+    ├── ConnectionStartFailedError  a connection started while the bridge serves failed to
     ├── FeatureUnavailableError     a connection lacks a feature
     ├── HookError                   a hook failed, timed out, or returned something unusable
     │   └── HookLoadError           a hook folder cannot be loaded (also a ConfigError: exit 2)
@@ -49,17 +50,47 @@ class UnknownConnectionError(TalkbridgeError, LookupError):
 
 
 class ConnectionNotStartedError(UnknownConnectionError):
-    """A connection of the config used before the bridge built it (`await bridge.start()`)."""
+    """A connection of the config used before the bridge built it (`await bridge.start()`),
+    or, `starting`, while it is still being built (`talkbridge run` imports the connections'
+    SDKs once the webchat serves: what cannot wait for it, its features, says so), or after
+    that `failed` (the reason)."""
 
-    def __init__(self, connection_id: str, known: list[str]) -> None:
+    def __init__(
+        self,
+        connection_id: str,
+        known: list[str],
+        *,
+        starting: bool = False,
+        failed: str | None = None,
+    ) -> None:
         self.connection_id = connection_id
         self.known = sorted(known)
-        TalkbridgeError.__init__(
-            self,
-            f"connection {connection_id!r} is not started yet: the bridge builds its "
-            "connections in `await bridge.start()`; use it once that has returned "
-            "(subscribing to it works before)",
-        )
+        self.starting = starting
+        if starting:
+            text = (
+                f"connection {connection_id!r} is still starting (its SDK is being loaded): "
+                "a send to it waits until it has started; ask for its features once it has"
+            )
+        elif failed is not None:
+            text = f"connection {connection_id!r} could not start: {failed}"
+        else:
+            text = (
+                f"connection {connection_id!r} is not started yet: the bridge builds its "
+                "connections in `await bridge.start()`; use it once that has returned "
+                "(subscribing to it works before)"
+            )
+        TalkbridgeError.__init__(self, text)
+
+
+class ConnectionStartFailedError(TalkbridgeError):
+    """A connection being started while the bridge serves (`talkbridge run`) could not be
+    (its SDK failed to import, its connector to build), or the bridge stopped first: what
+    waited for it gets `reason`."""
+
+    def __init__(self, connection_id: str, reason: str) -> None:
+        self.connection_id = connection_id
+        self.reason = reason
+        super().__init__(f"connection {connection_id!r} could not start: {reason}")
 
 
 class FeatureUnavailableError(TalkbridgeError):

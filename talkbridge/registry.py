@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from talkbridge.backoff import STABLE_AFTER, Backoff
-from talkbridge.cancellation import cancel_and_wait, raise_if_cancelling
+from talkbridge.cancellation import cancel_and_wait, in_daemon_thread, raise_if_cancelling
 from talkbridge.config import BridgeConfig, ConnectionConfig, Secrets
 from talkbridge.connectors import load_factory, require_sdk
 from talkbridge.connectors.base import (
@@ -216,12 +217,15 @@ class ConnectionRegistry:
         self, context: ConnectorContext, *, failed: Callable[[str, str], None]
     ) -> None:
         """Build and start each connection `expect` registered, in the config's order, each as
-        soon as its SDK is imported (in a thread: the event loop, and so the webchat, goes on
-        serving meanwhile). One that cannot be built is `down` with the reason, said in the
-        log and to `failed(id, reason)`; the others go on."""
+        soon as its SDK is imported (in a daemon thread: the event loop, and so the webchat, goes
+        on serving meanwhile, and a stop does not wait for an import under way). One that
+        cannot be built is `down` with the reason, said in the log and to `failed(id, reason)`;
+        the others go on."""
         for cid, conn in list(self._pending.items()):
             try:
-                factory = await asyncio.to_thread(load_factory, conn.channel)
+                factory = await in_daemon_thread(
+                    functools.partial(load_factory, conn.channel), f"import {conn.channel} SDK"
+                )
                 connector = factory(conn, context)
             except Exception as exc:
                 reason = self.redact(describe_error(exc))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from talkbridge.cancellation import (
     cancel_and_wait,
     drain_tasks,
     finish_despite_cancels,
+    in_daemon_thread,
     raise_if_cancelling,
 )
 
@@ -147,3 +149,28 @@ async def test_cleanup_finishes_through_the_repeated_cancels_of_a_stop() -> None
     with pytest.raises(asyncio.CancelledError):  # the cancel still stands afterwards
         await task
     assert cleaned == ["done"]
+
+
+async def test_work_in_a_daemon_thread_gives_its_result_and_a_cancel_does_not_wait_for_it() -> None:
+    """An SDK's import (`build_pending`): its result or error comes back to the awaiter, and a
+    stop cancels the wait at once, the thread, which nothing can interrupt, left to itself
+    (a daemon: the process may exit under it)."""
+    assert await in_daemon_thread(lambda: 42, "answer") == 42
+    with pytest.raises(ModuleNotFoundError, match="gone"):
+        await in_daemon_thread(lambda: __import__("gone"), "missing")
+
+    entered, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+
+    def stuck() -> None:
+        threads.append(threading.current_thread())
+        entered.set()
+        release.wait()
+
+    waiting = asyncio.ensure_future(in_daemon_thread(stuck, "stuck"))
+    await asyncio.to_thread(entered.wait)
+    await cancel_and_wait(waiting)  # returns although the work goes on
+    assert waiting.cancelled()
+    assert threads[0].daemon and threads[0].is_alive()
+    release.set()
+    threads[0].join()

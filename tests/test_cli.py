@@ -1575,6 +1575,212 @@ async def test_run_serves_the_webchat_while_a_connection_is_still_starting(
         await rest
 
 
+def _plugin_channel(folder: Path, channel: str, transport: str) -> Path:
+    """A third-party package adding `channel` (the `talkbridge.connectors` entry point), as
+    pip would install it, in `folder` (to put on PYTHONPATH): its config model imports at
+    once, its transport module is `transport` (the SDK's import)."""
+    info = folder / f"{channel}_plugin-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {channel}-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[talkbridge.connectors]\n{channel} = {channel}_config:Config|{channel}_transport:create\n"
+    )
+    (folder / f"{channel}_config.py").write_text(
+        "from typing import Literal\n"
+        "from talkbridge.config import ConnectionConfig\n"
+        f"class Config(ConnectionConfig):\n    channel: Literal['{channel}'] = '{channel}'\n"
+    )
+    (folder / f"{channel}_transport.py").write_text(transport)
+    return folder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_a_stop_while_a_connections_sdk_imports_does_not_wait_for_the_import(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The SDKs are imported once the URL is out, while the operator may already stop the
+    bridge: a Ctrl-C (or SIGTERM) during the import waited for it to end (aiogram: seconds on
+    a small VM) before the process exited. Here the import never ends by itself."""
+    connected: asyncio.Queue[asyncio.StreamWriter] = asyncio.Queue()
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    plugin = _plugin_channel(
+        tmp_path / "site",
+        "slowchat",
+        "import socket\n"
+        f"held = socket.create_connection(('127.0.0.1', {port}))\n"
+        "held.recv(1)  # an import that takes as long as the test wants\n"
+        "def create(config, context):\n    raise RuntimeError('not reached')\n",
+    )
+    (tmp_path / "talkbridge.yaml").write_text("connections: [{id: slow, channel: slowchat}]\n")
+    try:
+        process = await talkbridge(
+            "run", "--port", "0", cwd=tmp_path, env={"PYTHONPATH": str(plugin)}
+        )
+        await _url_of(process)
+        writer = await asyncio.wait_for(connected.get(), 30)  # the import is under way
+        process.send_signal(sig)
+        code, out, err = await finish(process)  # the import still holds: it is not waited for
+        writer.close()
+    finally:
+        server.close()
+    assert code == 0, err
+    assert "talkbridge: stopping" in err
+    assert "Traceback" not in err and "Traceback" not in out
+
+
+_GATED_TRANSPORT = """
+import socket
+
+from talkbridge.message import SendResult
+from talkbridge.talk import Subscription
+
+held = socket.create_connection(("127.0.0.1", {port}))
+held.recv(1)  # the SDK's import: as long as the test wants
+
+
+class Gated:
+    channel = "gatedchat"
+
+    def __init__(self, connection_id):
+        self.connection_id = connection_id
+
+    def subscribe(self, handler):
+        return Subscription(lambda: None)
+
+    def feature(self, name):
+        return None
+
+    async def send(self, message):  # what the platform gets, the test reads
+        held.sendall(message.text.encode() + b"\\n")
+        return SendResult(message_ids=("1",))
+
+
+def create(config, context):
+    return Gated(config.id)
+"""
+
+
+async def test_a_hooks_send_to_a_connection_still_starting_waits_for_it(tmp_path: Path) -> None:
+    """`router.talk(id).send(...)`, as docs/hooks.md shows it, to a connection whose SDK is
+    still being imported: it raised `ConnectionNotStartedError` ("not started yet: the bridge
+    builds its connections in `await bridge.start()`"), so a relay hook lost its message for
+    the seconds after every start. It waits for the connection now, as `router.send` does."""
+    connected: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await connected.put((reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    plugin = _plugin_channel(tmp_path / "site", "gatedchat", _GATED_TRANSPORT.format(port=port))
+    hook = tmp_path / "hooks" / "relay"
+    hook.mkdir(parents=True)
+    (hook / "hook.yaml").write_text("kind: channel-message\nname: relay\n")
+    (hook / "hook.py").write_text(
+        "from talkbridge.message import OutboundMessage\n\n"
+        "def create_hook(deps):\n"
+        "    async def on_message(msg):\n"
+        "        deps.logger.info('relaying %s', msg.text)  # no await from here to the talk()\n"
+        "        ops = deps.router.talk('ops')\n"
+        "        await ops.send(OutboundMessage(thread_id='room', text=msg.text))\n"
+        "    return on_message\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text(
+        "connections: [{id: ops, channel: gatedchat}]\nhooks: [hooks/relay]\n"
+    )
+    try:
+        process = await talkbridge(
+            "run", "--port", "0", cwd=tmp_path, env={"PYTHONPATH": str(plugin)}
+        )
+        url = await _url_of(process)
+        reader, writer = await asyncio.wait_for(connected.get(), 30)  # the import is under way
+        asked = asyncio.ensure_future(_ask(url, "deploy done"))
+        assert process.stderr is not None
+        while b"relaying deploy done" not in await asyncio.wait_for(process.stderr.readline(), 30):
+            pass  # the hook has asked for the connection, still importing
+        writer.write(b"x")  # the import ends
+        assert await asyncio.wait_for(reader.readline(), 30) == b"deploy done\n"
+        assert await asyncio.wait_for(asked, 30) == "deploy done"  # the echo agent's answer
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+        writer.close()
+    finally:
+        server.close()
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+async def _replying_on_held_telegram(
+    tmp_path: Path, peer: TelegramBotAPIPeer
+) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
+    """`talkbridge run` with a Telegram connection whose peer holds every sendMessage: a
+    trusted user's message is answered, its reply in flight once this returns."""
+    gate = peer.hold("sendMessage")
+    bot_token = next(iter(peer.bots))
+    (tmp_path / "talkbridge.yaml").write_text(
+        f"store: sqlite:///{tmp_path}/talkbridge.db\n"
+        "connections:\n"
+        f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
+        f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
+    )
+    process = await talkbridge("run", "--port", "0", cwd=tmp_path)
+    peer.push_update(private_text(42, "are you there?"))
+    await peer.wait_for(lambda: bool(peer.calls_of("sendmessage", answered=None)), timeout=60)
+    return process, gate
+
+
+async def test_ctrl_c_waits_for_a_reply_in_flight_and_it_goes_out_once(tmp_path: Path) -> None:
+    """The promise of the README: Ctrl-C stops the bridge once the replies under way are sent
+    (up to 10 s). Telegram answers the reply's sendMessage only after the Ctrl-C."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    async with TelegramBotAPIPeer() as peer:
+        process, gate = await _replying_on_held_telegram(tmp_path, peer)
+        process.send_signal(signal.SIGINT)
+        assert process.stderr is not None
+        while b"talkbridge: stopping" not in await asyncio.wait_for(process.stderr.readline(), 30):
+            pass
+        gate.set()
+        code, _, err = await finish(process)
+        assert code == 0, err
+        assert [c.status for c in peer.calls_of("sendmessage", answered=None)] == [200]
+        assert "did not finish" not in err and "cut off" not in err
+
+
+async def test_a_reply_still_in_flight_when_the_stop_gives_up_is_kept_and_counted(
+    tmp_path: Path,
+) -> None:
+    """Telegram does not answer the reply within the stop's 10 s. The connection was closed
+    under the send first, which logged it as failing and being retried ("send failed (cannot
+    reach the Telegram Bot API …), retrying") as the bridge stopped; no line said which sends
+    were cut off. Now one line counts them by connection, and the message is answered at the
+    next start."""
+    require(importlib.util.find_spec("aiogram") is not None, "aiogram is not installed")
+    async with TelegramBotAPIPeer() as peer:
+        process, gate = await _replying_on_held_telegram(tmp_path, peer)
+        process.send_signal(signal.SIGINT)
+        code, _, err = await finish(process)
+        assert code == 0, err
+        assert "1 turn did not finish within 10 s; it runs again on the next start" in err
+        assert "stopping: 1 send to bot cut off" in err
+        assert "retrying" not in err and "giving up" not in err and "Traceback" not in err
+
+        gate.set()  # Telegram answers again: the next start sends the reply
+        calls = len(peer.calls_of("sendmessage", answered=None))
+        again = await talkbridge("run", "--port", "0", cwd=tmp_path)
+        await peer.wait_for(
+            lambda: len(peer.calls_of("sendmessage", answered=None)) > calls, timeout=60
+        )
+        again.send_signal(signal.SIGINT)
+        code, _, err = await finish(again)
+        assert code == 0, err
+        assert peer.sent_messages[-1]["text"] == "are you there?"
+
+
 async def _connection_state(http: str, connection_id: str) -> str:
     """The connection's state as the webchat's /healthz shows it."""
     async with aiohttp.ClientSession() as session, session.get(f"{http}healthz") as resp:

@@ -175,6 +175,8 @@ class OutboundQueue:
         """Queued sends and deletions not done yet: `cancel` fails each on record (a deletion
         in the log), none is dropped."""
         self._closed = False
+        self.under_way = 0
+        """Sends accepted and not done yet (in flight, retried or queued)."""
         self.sent = 0
         self.failed = 0
 
@@ -188,6 +190,14 @@ class OutboundQueue:
         thread_id = message.thread_id
         if self._closed:
             raise SendFailedError(self.connection_id, thread_id, f"{STOPPED}: it is not running")
+        self.under_way += 1
+        try:
+            return await self._through_queue(message, check_sent)
+        finally:
+            self.under_way -= 1
+
+    async def _through_queue(self, message: OutboundMessage, check_sent: bool) -> SendResult:
+        thread_id = message.thread_id
         if self._executor.try_claim(thread_id):  # nothing ahead of us: send from this task
             try:
                 result = await self._attempt(message, check_sent)
@@ -228,13 +238,16 @@ class OutboundQueue:
     async def cancel(self) -> None:
         """Shutdown: stop sending. Every queued send not done yet (cut off on its way, or not
         begun) fails to its caller and on the failed-send record, as a send that gives up
-        does; none goes out later."""
+        does; none goes out later. One whose caller was cut off already (a turn the stop
+        cancelled, which runs again at the next start, sending it again) is no failure."""
         self._closed = True
         await self._executor.cancel()
         jobs, self._jobs = self._jobs, set()
         for job in jobs:
             if isinstance(job, _Deletion):
                 self._not_deleted(job, _stopped_deleting(job.under_way))
+                continue
+            if job.future.cancelled():  # its caller stopped waiting for it
                 continue
             reason = "the bridge stopped while it was being sent" if job.under_way else STOPPED
             await self._give_up(job, reason)

@@ -26,6 +26,7 @@ from talkbridge.config import RouterConfig
 from talkbridge.errors import (
     ConnectionMovedError,
     ConnectionNotStartedError,
+    ConnectionStartFailedError,
     FeatureUnavailableError,
     LeaseLostError,
     SendFailedError,
@@ -118,6 +119,8 @@ class TalkRouter:
         self._keeps_history: set[str] = set()
         """Connections whose connector records its own history (the webchat)."""
         self._cluster: Cluster | None = None
+        self._abandoned: int | None = None
+        """Set by `cut_off`: the turns left running."""
         self.on_send_trouble: TroubleListener | None = None
         """Told when a connection's sends are in trouble (refused credentials, failing again
         and again) and when they work again; the bridge points it at the registry, which keeps
@@ -173,21 +176,23 @@ class TalkRouter:
         if attached is not None and not attached.done():
             attached.set_result(None)
 
-    def attaching(self, connection_id: str) -> None:
-        """The connection is being built while the bridge serves (`talkbridge run` starts the
-        webchat first): until it is attached, its sends (a hook's Forward to it) and its
-        messages left from an earlier run wait for it, rather than fail."""
+    def attaching(self, connection_id: str, channel: str) -> None:
+        """The connection (of `channel`) is being built while the bridge serves (`talkbridge
+        run` starts the webchat first): until it is attached, its sends (a hook's Forward to
+        it, `talk(id).send`) and its messages left from an earlier run wait for it, rather
+        than fail."""
         if connection_id not in self._connectors:
             future = asyncio.get_running_loop().create_future()
             future.add_done_callback(_retrieved)
             self._attaching[connection_id] = future
+            self._channels[connection_id] = channel
 
     def not_attaching(self, connection_id: str, reason: str) -> None:
         """The connection `attaching` named will not be attached (`reason`): its waiting sends
         fail with it, as a down connection's do; its waiting messages stay in the store."""
         attached = self._attaching.get(connection_id)
         if attached is not None and not attached.done():
-            attached.set_exception(ConnectionStartFailedError(reason))
+            attached.set_exception(ConnectionStartFailedError(connection_id, reason))
 
     async def _until_attached(self, connection_id: str) -> None:
         """Return once the connection is attached; raise `ConnectionStartFailedError` when it
@@ -225,10 +230,27 @@ class TalkRouter:
         except KeyError:
             known = list(self._connectors.keys() | self._expected)
             if connection_id in self._expected:
-                raise ConnectionNotStartedError(connection_id, known) from None
+                raise ConnectionNotStartedError(
+                    connection_id, known, **self._start_state(connection_id)
+                ) from None
             raise UnknownConnectionError(connection_id, known) from None
 
+    def _start_state(self, connection_id: str) -> dict[str, Any]:
+        """What `ConnectionNotStartedError` says of a connection being built while the bridge
+        serves: still starting, or why it could not start."""
+        attached = self._attaching.get(connection_id)
+        if attached is None:
+            return {}
+        if not attached.done():
+            return {"starting": True}
+        failure = attached.exception()
+        return {"failed": getattr(failure, "reason", None) or str(failure)}
+
     def talk(self, connection_id: str) -> Talk:
+        """The connection, through the router's queues; one still starting too (its sends
+        wait for it, and fail as to a down connection should it not start)."""
+        if connection_id in self._attaching:
+            return RoutedTalk(self, connection_id, self._channels[connection_id])
         connector = self._known(connection_id)
         return RoutedTalk(self, connection_id, connector.channel)
 
@@ -594,28 +616,33 @@ class TalkRouter:
         self._known(connection_id)
         return await self._outbound[connection_id].send(message, check_sent=check_sent)
 
+    async def cut_off(self, grace: float = 5.0) -> int:
+        """Shutdown, before the connections close: cancel the turns and sends under way (a
+        send in flight is cancelled, not failed by its connection closing under it). Messages
+        still arriving are accepted into the store for the next start, as after
+        `stop_starting`. Returns how many turns ignored their cancellation for `grace` seconds
+        and were left running (their messages stay pending: the next start answers them)."""
+        if self._abandoned is None:
+            self._abandoned = await self._inbound.cancel(grace)
+            for queue in self._outbound.values():
+                await queue.cancel()
+        return self._abandoned
+
     async def close(self, grace: float = 5.0) -> int:
-        """Stop everything; returns how many turns ignored their cancellation for `grace`
-        seconds and were left running (their messages stay pending: the next start answers
-        them)."""
+        """Stop everything (`cut_off` first, if not done); returns what `cut_off` does."""
         for cid in list(self._subscriptions):
             self.detach(cid)
         for cid in list(self._attaching):
             self.not_attaching(cid, "the bridge stopped before the connection started")
         self._seen.close()
-        abandoned = await self._inbound.cancel(grace)
-        for queue in self._outbound.values():
-            await queue.cancel()
-        return abandoned
+        return await self.cut_off(grace)
+
+    def sends_under_way(self) -> dict[str, int]:
+        """Per connection, the sends accepted and not done yet (in flight, retried, queued)."""
+        return {cid: q.under_way for cid, q in self._outbound.items() if q.under_way}
 
     def sent_counts(self) -> dict[str, tuple[int, int]]:
         return {cid: (q.sent, q.failed) for cid, q in self._outbound.items()}
-
-
-class ConnectionStartFailedError(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -640,4 +667,5 @@ def _without(handlers: list[MessageHandler], handler: MessageHandler) -> list[Me
     return remaining
 
 
-__all__: Sequence[str] = ["RoutedTalk", "TalkRouter"]
+__all__: Sequence[str] = ["ConnectionStartFailedError", "RoutedTalk", "TalkRouter"]
+"""`ConnectionStartFailedError` lives in `talkbridge.errors`; importing it from here still works."""

@@ -9,14 +9,18 @@ from typing import Any
 
 import pytest
 
+from talkbridge.cancellation import cancel_and_wait
 from talkbridge.config import RouterConfig
 from talkbridge.errors import (
+    ConnectionNotStartedError,
+    ConnectionStartFailedError,
     FeatureUnavailableError,
     NotFoundError,
     PermanentError,
     RateLimitedError,
     SendFailedError,
     StoreError,
+    TalkbridgeError,
     TransientError,
     UnknownConnectionError,
 )
@@ -481,6 +485,43 @@ async def test_a_send_retried_in_its_callers_task_stops_when_the_router_closes(
     assert [f.text for f in await sqlite_store.failed_sends()] == ["late"]
 
 
+async def test_a_stop_fails_a_queued_send_its_caller_awaits_but_not_one_of_a_turn_cut_off(
+    sqlite_store: SqliteStore,
+) -> None:
+    """A send queued when the bridge stops fails to its caller, on record. One whose caller
+    was cut off first (a turn the stop cancelled: its message runs again at the next start,
+    and sends it again) was also logged "giving up on a send" and put on the failed-send
+    record, as if lost."""
+    router = TalkRouter(sqlite_store, FAST.model_copy(update={"send_concurrency": 1}))
+    conn = TalkConnector("alpha")
+    router.attach(conn)
+    release = asyncio.Event()
+
+    async def held() -> None:
+        await release.wait()
+
+    conn.script.append(held)
+
+    def send(text: str, thread: str) -> asyncio.Task[SendResult]:
+        return asyncio.create_task(
+            router.send("alpha", OutboundMessage(thread_id=thread, text=text))
+        )
+
+    in_flight = send("in flight", "t1")
+    await asyncio.wait_for(conn.attempted.wait(), 10)
+    of_a_turn, of_an_app = send("reply", "t2"), send("app", "t3")  # both wait for the slot
+    await asyncio.sleep(0)  # one loop turn (no time): both are queued
+    assert router.sends_under_way() == {"alpha": 3}
+    await cancel_and_wait(of_a_turn)  # the stop cancels the turns first
+    await router.close()
+    with pytest.raises(SendFailedError, match="the bridge stopped before it was sent"):
+        await of_an_app
+    assert [f.text for f in await sqlite_store.failed_sends()] == ["app"]
+    release.set()  # the send in flight, in its caller's task, ends as the platform answers
+    await in_flight
+    assert conn.texts() == ["in flight"]
+
+
 async def test_an_untranslated_connector_error_fails_without_retrying(router: TalkRouter) -> None:
     conn = TalkConnector("alpha")
     router.attach(conn)
@@ -751,19 +792,42 @@ async def test_a_send_to_a_connection_still_starting_waits_for_it_or_fails_with_
 ) -> None:
     """`talkbridge run` builds the connections while the webchat serves: a hook's Forward to
     one not built yet waits for it, and fails (as to a down connection) if it cannot start."""
-    router.attaching("ops")
-    router.attaching("mail")
+    router.expect(["ops", "mail"])
+    router.attaching("ops", "telegram")
+    router.attaching("mail", "email")
     to_ops = asyncio.create_task(router.send("ops", OutboundMessage(thread_id="t", text="fwd")))
+    ops_talk = router.talk("ops")  # as docs/hooks.md shows: it raised "not started yet"
+    assert (ops_talk.connection_id, ops_talk.channel) == ("ops", "telegram")
+    by_talk = asyncio.create_task(ops_talk.send(OutboundMessage(thread_id="t", text="talk")))
     to_mail = asyncio.create_task(router.send("mail", OutboundMessage(thread_id="t", text="x")))
-    await asyncio.sleep(0)  # one turn of the loop (no time): both sends reach their wait
-    assert not to_ops.done() and not to_mail.done()
+    await asyncio.sleep(0)  # one turn of the loop (no time): the sends reach their wait
+    assert not to_ops.done() and not by_talk.done() and not to_mail.done()
+    with pytest.raises(ConnectionNotStartedError, match="'ops' is still starting") as starting:
+        router.feature("ops", "edit")  # cannot wait: says why, not "bridge.start()"
+    assert "bridge.start()" not in str(starting.value) and starting.value.starting
     ops = TalkConnector("ops")
     router.attach(ops)
     await to_ops
-    assert [s.message.text for s in ops.sent] == ["fwd"]
+    await by_talk
+    assert sorted(s.message.text for s in ops.sent) == ["fwd", "talk"]
+    assert router.feature("ops", "edit") is None  # attached: its features answer
     router.not_attaching("mail", "aiosmtplib is missing")
     with pytest.raises(SendFailedError, match="aiosmtplib is missing"):
         await to_mail
+    with pytest.raises(SendFailedError, match="aiosmtplib is missing"):
+        await router.talk("mail").send(OutboundMessage(thread_id="t", text="later"))
+    with pytest.raises(ConnectionNotStartedError, match="'mail' could not start: aiosmtplib"):
+        router.feature("mail", "edit")
+
+
+def test_the_start_failure_is_a_core_error_still_importable_from_the_router() -> None:
+    from talkbridge.router.talk_router import ConnectionStartFailedError as from_router
+
+    assert from_router is ConnectionStartFailedError
+    assert issubclass(ConnectionStartFailedError, TalkbridgeError)
+    failure = ConnectionStartFailedError("mail", "aiosmtplib is missing")
+    assert failure.reason == "aiosmtplib is missing"
+    assert str(failure) == "connection 'mail' could not start: aiosmtplib is missing"
 
 
 async def test_a_message_left_on_a_connection_still_starting_is_handled_once_it_is(
@@ -776,7 +840,7 @@ async def test_a_message_left_on_a_connection_still_starting_is_handled_once_it_
     store = SqliteStore(tmp_path / "db.sqlite")
     await store.open()
     router = TalkRouter(store, FAST)
-    router.attaching("alpha")
+    router.attaching("alpha", "telegram")
     beta = TalkConnector("beta")
     router.attach(beta)
     seen: list[tuple[str, list[str]]] = []
