@@ -32,7 +32,7 @@ from tests.peers.http import free_port, serve
 from tests.peers.openai import ChatCompletionsPeer
 from tests.peers.redis import private_redis, redis_url
 from tests.peers.telegram import TelegramBotAPIPeer, private_text
-from tests.support.cli import finish, talkbridge
+from tests.support.cli import finish, talkbridge, write_config
 from tests.support.talk_connector import TalkConnector, make_message
 
 STARTING = "talkbridge: starting…"
@@ -1536,12 +1536,7 @@ async def test_run_serves_the_webchat_while_a_connection_is_still_starting(
     async with TelegramBotAPIPeer() as peer:
         getme = peer.hold("getMe")
         bot_token = next(iter(peer.bots))
-        (tmp_path / "talkbridge.yaml").write_text(
-            f"store: sqlite:///{tmp_path}/talkbridge.db\n"
-            "connections:\n"
-            f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
-            f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
-        )
+        write_config(tmp_path, _telegram_bot(bot_token, peer))
         process = await talkbridge(
             "run", "--port", "0", cwd=tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"}, merged=True
         )
@@ -1715,6 +1710,14 @@ async def test_a_hooks_send_to_a_connection_still_starting_waits_for_it(tmp_path
     assert "Traceback" not in err
 
 
+def _telegram_bot(bot_token: str, peer: TelegramBotAPIPeer) -> str:
+    """The `connections:` entry of a Telegram bot on `peer` that trusts user 42."""
+    return (
+        f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
+        f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
+    )
+
+
 async def _replying_on_held_telegram(
     tmp_path: Path, peer: TelegramBotAPIPeer
 ) -> tuple[asyncio.subprocess.Process, asyncio.Event]:
@@ -1722,12 +1725,7 @@ async def _replying_on_held_telegram(
     trusted user's message is answered, its reply in flight once this returns."""
     gate = peer.hold("sendMessage")
     bot_token = next(iter(peer.bots))
-    (tmp_path / "talkbridge.yaml").write_text(
-        f"store: sqlite:///{tmp_path}/talkbridge.db\n"
-        "connections:\n"
-        f"  - {{id: bot, channel: telegram, token: '{bot_token}', "
-        f"api_base: '{peer.base_url}', trusted: ['42']}}\n"
-    )
+    write_config(tmp_path, _telegram_bot(bot_token, peer))
     process = await talkbridge("run", "--port", "0", cwd=tmp_path)
     peer.push_update(private_text(42, "are you there?"))
     await peer.wait_for(lambda: bool(peer.calls_of("sendmessage", answered=None)), timeout=60)

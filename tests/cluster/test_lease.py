@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -214,12 +215,9 @@ async def test_a_raised_shard_count_keeps_each_thread_in_order(cluster: Cluster)
         await client.aclose()
 
 
-async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_owner(
-    cluster: Cluster,
-) -> None:
-    # A FLUSHDB takes the leases with everything else; their holders hear so at their next
-    # renewal, up to a third of the TTL on. A standby node that tried meanwhile took the
-    # lease and ran the transport beside its owner: two pollers of one bot for that long.
+def _watched_transports() -> tuple[list[LeasedConnector], list[str], Callable[[Bridge], None]]:
+    """The `test` connection's transport on each node `prepare` sets up (`running`, in node
+    order), and `beside`: a line for each start while another node's transport ran."""
     running: list[LeasedConnector] = []
     beside: list[str] = []
 
@@ -233,6 +231,17 @@ async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_o
         watched = Watched()
         running.append(watched)
         bridge.registry.add(watched, ConnectionConfig(id="test", channel="telegram"))
+
+    return running, beside, prepare
+
+
+async def test_after_redis_is_emptied_no_node_runs_a_connection_beside_its_old_owner(
+    cluster: Cluster,
+) -> None:
+    # A FLUSHDB takes the leases with everything else; their holders hear so at their next
+    # renewal, up to a third of the TTL on. A standby node that tried meanwhile took the
+    # lease and ran the transport beside its owner: two pollers of one bot for that long.
+    running, beside, prepare = _watched_transports()
 
     a = await cluster.node("a", connectors=(), prepare=prepare)
     b = await cluster.node("b", connectors=(), prepare=prepare)
@@ -267,19 +276,7 @@ async def test_a_node_started_after_redis_was_emptied_does_not_run_a_connection_
     """As above, but the node that could take the lease starts after the emptying, before any
     running node tried a lease (so before any made the fence): before, it found Redis as a new
     deployment's, took the lease at once and ran the transport beside its old owner."""
-    running: list[LeasedConnector] = []
-    beside: list[str] = []
-
-    class Watched(LeasedConnector):
-        async def run(self, status: ConnectionStatus) -> None:
-            if any(c.running.is_set() for c in running if c is not self):
-                beside.append("two nodes ran the connection at once")
-            await super().run(status)
-
-    def prepare(bridge: Bridge) -> None:
-        watched = Watched()
-        running.append(watched)
-        bridge.registry.add(watched, ConnectionConfig(id="test", channel="telegram"))
+    running, beside, prepare = _watched_transports()
 
     a = await cluster.node("a", connectors=(), prepare=prepare)
     assert a.cluster is not None

@@ -76,13 +76,20 @@ async def test_a_channel_message_hook_that_blocks_is_named(
     ]
 
 
-async def test_a_lock_free_channel_message_hook_that_blocks_is_named(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("name", "settings", "kind"),
+    [
+        # `needs_thread_lock: false` hooks start on arrival, in a task of their own.
+        ("screen", "needs_thread_lock: false\n", "hook"),
+        ("audit", "observer: true\n", "observer"),
+    ],
+)
+async def test_a_lock_free_hook_or_observer_that_blocks_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, settings: str, kind: str
 ) -> None:
-    """`needs_thread_lock: false` hooks start on arrival, in a task of their own."""
-    folder = tmp_path / "hooks" / "channel-message" / "screen"
+    folder = tmp_path / "hooks" / "channel-message" / name
     folder.mkdir(parents=True)
-    (folder / "hook.yaml").write_text("needs_thread_lock: false\n", encoding="utf-8")
+    (folder / "hook.yaml").write_text(settings, encoding="utf-8")
     code = (
         "import asyncio, time\n"
         "def create_hook(deps):\n"
@@ -92,27 +99,7 @@ async def test_a_lock_free_channel_message_hook_that_blocks_is_named(
         "    return on_message\n"
     )
     assert await _held_lines(tmp_path, caplog, folder, code) == [
-        "channel-message hook 'screen' held up every conversation on test/m-1: on_message "
-        f"({_where(folder)} line 3)"
-    ]
-
-
-async def test_a_channel_message_observer_that_blocks_is_named(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    folder = tmp_path / "hooks" / "channel-message" / "audit"
-    folder.mkdir(parents=True)
-    (folder / "hook.yaml").write_text("observer: true\n", encoding="utf-8")
-    code = (
-        "import asyncio, time\n"
-        "def create_hook(deps):\n"
-        "    async def on_message(msg):\n"
-        "        await asyncio.sleep(0)\n"
-        f"        {BLOCKS}\n"
-        "    return on_message\n"
-    )
-    assert await _held_lines(tmp_path, caplog, folder, code) == [
-        "channel-message observer 'audit' held up every conversation on test/m-1: on_message "
+        f"channel-message {kind} {name!r} held up every conversation on test/m-1: on_message "
         f"({_where(folder)} line 3)"
     ]
 

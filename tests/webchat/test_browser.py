@@ -1011,11 +1011,8 @@ async def test_a_note_after_other_messages_quotes_the_message_it_is_about(
         await bridge.stop()
 
 
-async def test_a_message_a_hook_forwards_shows_passed_on_under_it_and_after_a_reload(
-    context: Any, tmp_path: Path
-) -> None:
-    """A hook passing a message on to another connection left it waiting for a reply that
-    would never come here, without a word. "Passed on" shows under it, naming nowhere."""
+def _escalating_to_a_desk(tmp_path: Path) -> tuple[Bridge, TalkConnector]:
+    """A bridge whose hook passes "urgent" messages on to the `oncall-desk` connection."""
     hooks = HookRegistry()
 
     @hooks.channel_message(name="escalate-to-oncall")
@@ -1028,6 +1025,15 @@ async def test_a_message_a_hook_forwards_shows_passed_on_under_it_and_after_a_re
     bridge = Bridge(config, hooks=hooks)
     desk = TalkConnector("oncall-desk")
     bridge.registry.add(desk, ConnectionConfig(id="oncall-desk", channel="telegram"))
+    return bridge, desk
+
+
+async def test_a_message_a_hook_forwards_shows_passed_on_under_it_and_after_a_reload(
+    context: Any, tmp_path: Path
+) -> None:
+    """A hook passing a message on to another connection left it waiting for a reply that
+    would never come here, without a word. "Passed on" shows under it, naming nowhere."""
+    bridge, desk = _escalating_to_a_desk(tmp_path)
     await bridge.start()
     try:
         page = await context.new_page()
@@ -1055,18 +1061,7 @@ async def test_passed_on_shows_as_soon_as_the_hook_decided_not_when_the_send_is_
     """ "Passed on" waited for the forward's send to finish: a target still starting, or
     waiting out a 429 and its retries, left the sender without a word all that while. It shows
     once the hook decided; a forward that then fails for good adds "Not answered" under it."""
-    hooks = HookRegistry()
-
-    @hooks.channel_message(name="escalate-to-oncall")
-    async def escalate(msg: NormalizedMessage) -> Forward | None:
-        return Forward("oncall-desk", thread_id="room-7") if "urgent" in msg.text else None
-
-    config = BridgeConfig.model_validate(
-        {"store": f"sqlite:///{tmp_path / 'talkbridge.db'}", "webchat": {"port": 0}}
-    )
-    bridge = Bridge(config, hooks=hooks)
-    desk = TalkConnector("oncall-desk")
-    bridge.registry.add(desk, ConnectionConfig(id="oncall-desk", channel="telegram"))
+    bridge, desk = _escalating_to_a_desk(tmp_path)
     delivering = asyncio.Event()
     desk.script.append(delivering.wait)  # the desk's platform takes its time
     await bridge.start()
