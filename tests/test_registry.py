@@ -17,6 +17,7 @@ from talkbridge.errors import TransientError, UnauthorizedError
 from talkbridge.registry import ConnectionRegistry, ConnectionState
 from talkbridge.store import SqliteStore
 from talkbridge.webchat import WebchatConnector
+from tests.support.logs import LogWatch
 from tests.support.talk_connector import TalkConnector
 
 FAST = lambda: Backoff(base=0.001, cap=0.01)  # noqa: E731
@@ -212,17 +213,6 @@ async def test_send_trouble_neither_hides_nor_clears_the_transports_own(
     await registry.stop()
 
 
-class _Warned(logging.Handler):
-    """Sets `seen` at the first warning logged: a later failure can be awaited, not slept for."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.seen = asyncio.Event()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.seen.set()
-
-
 @pytest.mark.parametrize("reported", [True, False])
 async def test_a_webchat_failure_its_caller_reports_is_not_logged_too_but_later_ones_are(
     sqlite_store: SqliteStore, caplog: pytest.LogCaptureFixture, reported: bool
@@ -239,17 +229,17 @@ async def test_a_webchat_failure_its_caller_reports_is_not_logged_too_but_later_
         registry.states,
     )
     registry.add(webchat, caller_reports_first_failure=reported)
-    warned = _Warned()
-    logging.getLogger("talkbridge.registry").addHandler(warned)
     try:
-        with caplog.at_level(logging.WARNING, logger="talkbridge.registry"):
+        with (
+            caplog.at_level(logging.WARNING, logger="talkbridge.registry"),
+            LogWatch("talkbridge.registry", logging.WARNING) as warned,
+        ):
             await registry.start()
             with pytest.raises(TransientError, match=f"127.0.0.1:{port}: the port is in use"):
                 await asyncio.wait_for(webchat.listening(), 30)
-            await asyncio.wait_for(warned.seen.wait(), 30)  # a failure that is logged
+            await warned.wait_for(lambda: bool(warned.messages), 30)  # a failure that is logged
             await registry.stop()
     finally:
-        logging.getLogger("talkbridge.registry").removeHandler(warned)
         holder.close()
     failures = registry.health("webchat").restarts
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

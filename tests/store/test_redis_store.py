@@ -3,7 +3,6 @@ runs in test_store_contract.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -22,6 +21,7 @@ from talkbridge.store import Pairing, Retention, open_store
 from talkbridge.store.redis import RedisKeys, RedisStore
 from tests.conftest import require
 from tests.peers.redis import outage_redis, private_redis, redis_url
+from tests.support.logs import LogWatch
 from tests.support.talk_connector import make_message
 
 
@@ -334,39 +334,24 @@ async def test_the_store_goes_on_when_redis_closes_its_connections() -> None:
         assert await store.sent_result("c", "reply:1") == ["m1"]
 
 
-async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.INFO, logger="talkbridge.store")  # the "went through" line
-    said = {"sending them again": asyncio.Event(), "went through": asyncio.Event()}
-
-    class Watch(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            for words, event in said.items():
-                if words in record.getMessage():
-                    event.set()
-
-    watch = Watch()
-    logging.getLogger("talkbridge.store").addHandler(watch)
-    try:
+async def test_a_write_nobody_waits_for_is_sent_again_once_redis_is_back() -> None:
+    with LogWatch("talkbridge.store", logging.INFO) as logs:  # INFO: the "went through" line
         async with outage_redis() as server:
             store = RedisStore(server.url, prefix="p")
             try:
                 await store.open()
                 server.stop()
                 await store.record_sent("c", "reply:1", ["m1"])  # Redis is down: kept
-                await asyncio.wait_for(said["sending them again"].wait(), 30)
+                await logs.said("sending them again", timeout=30)
                 health = store.health()  # what /healthz shows meanwhile
                 assert health["state"] == "down"
                 assert f"127.0.0.1:{server.port}" in health["error"]
                 await server.start()
-                await asyncio.wait_for(said["went through"].wait(), 60)
+                await logs.said("went through", timeout=60)
                 assert await store.sent_result("c", "reply:1") == ["m1"]
                 assert store.health() == {"state": "up"}
             finally:
                 await store.close()
-    finally:
-        logging.getLogger("talkbridge.store").removeHandler(watch)
 
 
 @pytest.mark.parametrize(
