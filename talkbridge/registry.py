@@ -7,7 +7,9 @@ plain words, scrubbed of secrets.
 
 In distributed mode (`use_cluster`) a connection's transport runs only on the node holding its
 lease (`lease:conn:<id>`): the others stand by and keep trying, so when the owner dies another
-node takes over within about the lease TTL. A lost renewal stops the transport at once.
+node takes over within about the lease TTL. A lost renewal stops the transport at once. A
+transport stopped for good (credentials refused) gives its lease up, so that a node whose
+credentials work takes over; its node tries for the lease again only once they pass a check.
 Connectors marked `runs_everywhere` (the webchat) run on every node.
 """
 
@@ -104,6 +106,9 @@ def describe_error(exc: BaseException) -> str:
     name = type(exc).__name__
     return f"{name}: {text}" if text else name
 
+
+CHECK_TIMEOUT = 15.0
+"""Seconds a credential check may take before it counts as failed."""
 
 _SENDS = "sends are "
 """How `send_trouble` reasons begin: what only a send that works clears."""
@@ -300,10 +305,14 @@ class ConnectionRegistry:
 
     async def _own(self, cid: str, transport: Transport, cluster: Cluster) -> None:
         """Wait for the connection's lease, run the transport while it is held, stand by again
-        when it is lost. On cancel, `stop` stops the transport and releases the lease (in one
-        place, for every owned connection, rather than in each cancelled task)."""
+        when it is lost. A transport down for good here (credentials refused) gives the lease
+        up, and this node tries for it again only once its credentials pass a check. On
+        cancel, `stop` stops the transport and releases the lease (in one place, for every
+        owned connection, rather than in each cancelled task)."""
         lease = self._leases[cid] = cluster.lease("conn", cid)
         health = self._health[cid]
+        loop = asyncio.get_running_loop()
+        refused = self._new_backoff()
         lost: str | None = None
         while True:
             try:
@@ -334,11 +343,63 @@ class ConnectionRegistry:
                 self._set_state(cid, ConnectionState.DEGRADED, f"lease unavailable: {reason}")
                 await asyncio.sleep(lease.renew_every)
                 continue
+            taken_at = loop.time()
             work = self._work[cid] = asyncio.create_task(self._supervise(cid, transport))
-            await lease.keep()  # returns only when the lease is lost (cancelled: see `stop`)
-            await cancel_and_wait(work)
+            if await lease.keep(until=work):  # the lease was lost (cancelled: see `stop`)
+                await cancel_and_wait(work)
+                cluster.lost(cid)
+                lost = "this node lost the lease and stopped the transport"
+                continue
+            # The transport is down for good here (its credentials refused): holding the lease
+            # on would keep a node whose credentials work from running the connection.
+            del self._work[cid]
             cluster.lost(cid)
-            lost = "this node lost the lease and stopped the transport"
+            health.owner = None
+            try:
+                await lease.release()
+            except Exception:  # else it runs out by itself
+                raise_if_cancelling()
+            if loop.time() - taken_at > STABLE_AFTER:
+                refused.reset()
+            await self._until_accepted(cid, refused)
+
+    async def _until_accepted(self, cid: str, backoff: Backoff) -> None:
+        """Distributed mode, after this node gave the lease of a connection down for good here
+        up: wait, with backoff, until the platform accepts this node's credentials again (the
+        transport's credential check; one without: only the backoff), so that a node whose
+        credentials are refused never takes the connection from one whose work, nor runs it
+        again before they do. The connection stays `down` meanwhile, with the reason."""
+        reason = self._health[cid].last_error
+        delay = backoff.next()
+        log.error(
+            "%s: down on this node: %s; lease released, so another node runs the connection; "
+            "this node checks its credentials again in %.0fs and runs it only once they pass",
+            cid,
+            reason,
+            delay,
+        )
+        while True:
+            await asyncio.sleep(delay)
+            connector = self._connectors[cid]
+            if not isinstance(connector, CredentialCheck):
+                return
+            report = await self._check_one(cid, connector, CHECK_TIMEOUT)
+            if report.ok:
+                log.info(
+                    "%s: credentials accepted again on this node (%s): it may run the "
+                    "connection again",
+                    cid,
+                    report.detail,
+                )
+                return
+            delay = backoff.next()
+            log.info(
+                "%s: still refused on this node: %s; checking again in %.0fs",
+                cid,
+                report.detail,
+                delay,
+            )
+            self._set_state(cid, ConnectionState.DOWN, report.detail)
 
     async def _stop_owned(self) -> None:
         """Stop the transports this node owns and release their leases at once, so another
@@ -368,7 +429,8 @@ class ConnectionRegistry:
                 raise
             except (UnauthorizedError, PermanentError) as exc:
                 reason = self.redact(describe_error(exc))
-                log.error("%s: down, not retrying: %s", cid, reason)
+                if not self._health[cid].leased:  # else `_own` says what becomes of it
+                    log.error("%s: down, not retrying: %s", cid, reason)
                 self._set_state(cid, ConnectionState.DOWN, reason)
                 return
             except Exception as exc:
@@ -443,7 +505,7 @@ class ConnectionRegistry:
 
     # -- credentials ----------------------------------------------------------------------------
 
-    async def check(self, timeout: float = 15.0) -> list[CheckReport]:
+    async def check(self, timeout: float = CHECK_TIMEOUT) -> list[CheckReport]:
         """Every connection's credentials, tried at once (so unreachable ones cost one
         `timeout` in all, not one each), reported in the config's order."""
         return list(

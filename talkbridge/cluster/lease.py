@@ -104,8 +104,10 @@ class Lease:
         out, but at least every third of the TTL (it may be released early), with jitter."""
         return min(state.ttl_left, self.renew_every) + random.uniform(0.0, self.ttl / 30)
 
-    async def keep(self) -> None:
-        """Renew every third of the TTL; return when the lease is lost (never while it is held).
+    async def keep(self, until: asyncio.Future[Any] | None = None) -> bool:
+        """Renew every third of the TTL; return True when the lease is lost, or False as soon
+        as `until` (the guarded work) ends by itself, with the lease still held: the caller
+        decides what then becomes of it. Never returns while both go on.
 
         A Redis error is retried; the lease counts as lost once most of a TTL passed without a
         successful renewal, because by then another node may have taken it.
@@ -113,17 +115,22 @@ class Lease:
         loop = asyncio.get_running_loop()
         renewed_at = loop.time()
         while True:
-            await asyncio.sleep(self.renew_every)
+            if until is None:
+                await asyncio.sleep(self.renew_every)
+            else:
+                await asyncio.wait({until}, timeout=self.renew_every)
+                if until.done():
+                    return False
             try:
                 if not await self.renew():
                     log.warning("lease %s lost: another node holds it or it ran out", self.key)
-                    return
+                    return True
                 renewed_at = loop.time()
             except (RedisError, OSError) as exc:
                 raise_if_cancelling()
                 if loop.time() - renewed_at > self.ttl * SURE_OF_LEASE:
                     log.warning("lease %s lost: cannot renew it: %s", self.key, exc)
-                    return
+                    return True
                 log.info("lease %s: renewal failed (%s); retrying", self.key, exc)
 
 

@@ -15,7 +15,8 @@ What it does like Telegram:
 - send methods answer real `Message` objects with per-chat message ids; uploads are kept, so
   `getFile` + `/file/bot{token}/{path}` hands them back;
 - `setWebhook` records url and secret; `post_to_webhook(update)` delivers like Telegram does;
-- 401 for unknown or revoked tokens; 403 for a chat whose user blocked the bot (`block`); 400
+- 401 for unknown or revoked tokens (`revoke`, `unrevoke`); 403 for a chat whose user blocked
+  the bot (`block`); 400
   with `migrate_to_chat_id` for a group that became a supergroup (`migrate_chat`); scripted
   failures for the next N calls of a method (`fail_next`): an error status with `retry_after`,
   or a dropped connection; or calls kept waiting until the test lets them go (`hold`).
@@ -177,6 +178,10 @@ class TelegramBotAPIPeer(Waitable):
     def revoke(self, token: str) -> None:
         """From now on every call with this token answers 401 Unauthorized."""
         self._revoked.add(token)
+
+    def unrevoke(self, token: str) -> None:
+        """The token works again (as after the bot's owner undid a mistaken revocation)."""
+        self._revoked.discard(token)
 
     def migrate_chat(self, old: int, new: int) -> None:
         """The group `old` became the supergroup `new`: from now on every call naming `old`
