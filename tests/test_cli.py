@@ -9,12 +9,15 @@ import importlib.util
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import aiohttp
 import pytest
@@ -25,6 +28,7 @@ import talkbridge as talkbridge_package
 from talkbridge.bridge import Bridge
 from talkbridge.cli import build_parser
 from talkbridge.config import BridgeConfig, ConnectionConfig, load_config
+from talkbridge.connectors.extras import installed_direct_url
 from talkbridge.message import utcnow
 from talkbridge.store import Pairing, SqliteStore, public_url
 from tests.conftest import require
@@ -1084,6 +1088,45 @@ async def test_check_refuses_what_run_refuses_and_both_exit_2(tmp_path: Path, ca
         assert code == 2, (command, err)
         assert "config: ok" not in out and "http://" not in out
         assert reason.format(dir=tmp_path) in err
+
+
+async def test_run_and_check_name_every_missing_module_and_how_to_install_it_here(
+    tmp_path: Path,
+) -> None:
+    """Both said one module each, not the same one (`check` aiosmtplib, `run` aioimaplib), and
+    `pip install 'talkbridge[email]'`, which for the README's install from a clone fetches
+    whatever PyPI calls talkbridge; `check` even crashed on the email config without the SDK."""
+    installed = json.loads(installed_direct_url() or "{}")
+    require(
+        installed.get("dir_info", {}).get("editable", False),
+        "talkbridge is not installed editable (pip install -e '.[dev]')",
+    )
+    root = url2pathname(urlsplit(installed["url"]).path)
+    config = write_config(
+        tmp_path,
+        "  - id: mail\n    channel: email\n    address: bot@example.com\n"
+        "    imap: {host: 127.0.0.1, username: u, password: pw}\n"
+        "    smtp: {host: 127.0.0.1, username: u, password: pw}\n",
+    )
+    without_sdk = (  # as if the email extra were not installed
+        "import sys\n"
+        "for name in ('aioimaplib', 'aiosmtplib', 'publicsuffixlist'): sys.modules[name] = None\n"
+        "from talkbridge.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    command = shlex.join([sys.executable, "-m", "pip", "install", "-e", f"{root}[email]"])
+    said = (
+        "talkbridge: connections[0] (mail): the email connector cannot be loaded: aioimaplib, "
+        f"aiosmtplib and publicsuffixlist are missing (install them with: {command})"
+    )
+    for args in (("check",), ("run", "--port", "0")):
+        process = await asyncio.create_subprocess_exec(  # in the clone: its egg-info is found
+            sys.executable, "-c", without_sdk, *args, "--config", str(config), cwd=root,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        code, _, err = await finish(process)
+        assert code == 2, err
+        assert said in err.splitlines(), err
 
 
 async def _ask(url: str, text: str) -> str:

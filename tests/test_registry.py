@@ -157,7 +157,8 @@ def test_every_connection_whose_sdk_is_missing_is_named_not_just_the_first(
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 2, out.stdout
     assert lines[0].startswith("connections[0] (tg): the telegram connector cannot be loaded")
-    assert "pip install 'talkbridge[telegram]'" in lines[0]
+    assert "aiogram is missing (install it with: " in lines[0]
+    assert "-m pip install" in lines[0] and "[telegram]'" in lines[0]
     assert lines[1].startswith("connections[1] (sl): the slack connector cannot be loaded")
 
 

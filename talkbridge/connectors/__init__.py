@@ -112,8 +112,8 @@ def load_factory(channel: str) -> ConnectorFactory:
     module_name, _, attr = spec.factory.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _missing(spec, exc.name or str(exc)) from exc
+    except ImportError as exc:  # the SDK's modules missing, else what the import says
+        raise _missing(spec, _absent(spec) or [exc.name or str(exc)]) from exc
     factory: ConnectorFactory = getattr(module, attr)
     return factory
 
@@ -123,17 +123,32 @@ def require_sdk(channel: str) -> None:
     milliseconds without importing it (`talkbridge run` imports the SDKs after the webchat
     starts). A channel that names no `sdk` (a plug-in's) is only found out by the import."""
     spec = channel_spec(channel)
+    absent = _absent(spec)
+    if absent:
+        raise _missing(spec, absent)
+
+
+def _absent(spec: ChannelSpec) -> list[str]:
+    """Each of the SDK's modules that is not installed: all named at once, whichever way they
+    are found out (`run` and `check` say the same), so one install fixes them all."""
+    absent = []
     for name in spec.sdk:
         try:
             found = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             found = None
         if found is None:
-            raise _missing(spec, name)
+            absent.append(name)
+    return absent
 
 
-def _missing(spec: ChannelSpec, name: str) -> Exception:
+def _missing(spec: ChannelSpec, names: list[str]) -> Exception:
+    from talkbridge.connectors.extras import install_command, installed_direct_url
     from talkbridge.errors import ConfigError
 
-    hint = f" (install it with: pip install 'talkbridge[{spec.extra}]')" if spec.extra else ""
-    return ConfigError(f"the {spec.channel} connector cannot be loaded: {name} is missing{hint}")
+    what = f"{', '.join(names[:-1])} and {names[-1]} are" if len(names) > 1 else f"{names[0]} is"
+    hint = ""
+    if spec.extra:
+        command = install_command(spec.extra, installed_direct_url())
+        hint = f" (install {'them' if len(names) > 1 else 'it'} with: {command})"
+    return ConfigError(f"the {spec.channel} connector cannot be loaded: {what} missing{hint}")

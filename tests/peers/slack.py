@@ -11,7 +11,7 @@ What it does like Slack:
   `Retry-After`; `invalid_auth` for unknown tokens and `token_revoked` after `revoke()`;
 - messages kept per channel with unique `ts`, threads by `thread_ts`: chat.postMessage/update/
   delete (an update with `text` and no `blocks` takes the blocks off, as Slack documents),
-  reactions.add, conversations.history/replies/info, users.info, auth.test, the files
+  reactions.add, conversations.history/replies/info/members, users.info, auth.test, the files
   upload flow (getUploadURLExternal -> POST bytes -> completeUploadExternal), files.info and an
   authenticated download, assistant.threads.setStatus; a block's text over 3,000 characters is
   `invalid_blocks`; each posted message records the `@here`/`@channel`/`@everyone` it would
@@ -107,6 +107,7 @@ class SlackPeer(Waitable):
         self.statuses: list[dict[str, Any]] = []
         self.users: dict[str, dict[str, Any]] = {}
         self.conversations: dict[str, dict[str, Any]] = {}
+        self.members: dict[str, list[str]] = {}
         self.files: dict[str, dict[str, Any]] = {}
         self.sockets: list[Socket] = []
         self.max_open_sockets = 0
@@ -192,12 +193,18 @@ class SlackPeer(Waitable):
             **extra,
         }
 
-    def add_conversation(self, channel: str, name: str = "", **extra: Any) -> None:
+    def add_conversation(
+        self, channel: str, name: str = "", *, members: list[str] | None = None, **extra: Any
+    ) -> None:
+        """`members`: what `conversations.members` answers (which `conversations.info`, as in
+        Slack, does not say)."""
         info: dict[str, Any] = {"id": channel, "is_im": channel.startswith("D")}
         if name:
             info["name"] = name
         info.update(extra)
         self.conversations[channel] = info
+        if members is not None:
+            self.members[channel] = list(members)
 
     def revoke(self, token: str) -> None:
         """From now on every call with this token answers `token_revoked`."""
@@ -661,6 +668,13 @@ class SlackPeer(Waitable):
     async def _m_conversations_info(self, token: str, params: dict[str, Any]) -> Any:
         info = self.conversations.get(str(params.get("channel")))
         return {"channel": info} if info else "channel_not_found"
+
+    async def _m_conversations_members(self, token: str, params: dict[str, Any]) -> Any:
+        channel = str(params.get("channel"))
+        if channel not in self.conversations:
+            return "channel_not_found"
+        members = self.members.get(channel, [])
+        return {"members": members, "response_metadata": {"next_cursor": ""}}
 
     def _window(self, items: list[dict[str, Any]], params: dict[str, Any]) -> list[dict[str, Any]]:
         latest = params.get("latest")

@@ -33,6 +33,7 @@ from talkbridge.connectors.email.authresults import Proof, vouched
 from talkbridge.connectors.email.safety import (
     REPLY_PREFIX,
     contact_form_sender,
+    is_own,
     own_tag,
     skip_reason,
 )
@@ -332,14 +333,6 @@ class InboundMail:
     message: NormalizedMessage
     context: MailContext
     chain: list[str] = field(default_factory=list)
-
-
-def is_own(address: str, own: str) -> bool:
-    """Whether `address` is the mailbox's own `own`, with a `+tag` too (`help+billing@…`):
-    mail to it lands in the mailbox itself, so no reply goes there."""
-    local, _, domain = address.lower().rpartition("@")
-    own_local, _, own_domain = own.lower().rpartition("@")
-    return domain == own_domain and local.partition("+")[0] == own_local.partition("+")[0]
 
 
 def context_of(msg: Message, message_id: str, *, address: str, thread_id: str) -> MailContext:

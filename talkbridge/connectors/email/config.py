@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from talkbridge.config import ConnectionConfig
-from talkbridge.connectors.email.codec import is_own
+from talkbridge.connectors.email.safety import is_own  # pure: no SDK, unlike the codec
 
 Security = Literal["ssl", "starttls", "none"]
 

@@ -58,6 +58,14 @@ def own_tag(address: str) -> str:
     return hashlib.sha256(address.lower().encode()).hexdigest()[:10]
 
 
+def is_own(address: str, own: str) -> bool:
+    """Whether `address` is the mailbox's own `own`, with a `+tag` too (`help+billing@…`):
+    mail to it lands in the mailbox itself, so no reply goes there."""
+    local, _, domain = address.lower().rpartition("@")
+    own_local, _, own_domain = own.lower().rpartition("@")
+    return domain == own_domain and local.partition("+")[0] == own_local.partition("+")[0]
+
+
 def is_own_message_id(message_id: str, address: str) -> bool:
     domain = address.rpartition("@")[2].lower()
     value = message_id.strip().lower()

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from talkbridge.connectors.email.codec import (
     addresses,
-    is_own,
     message_id_of,
     parse_mail,
     reference_chain,
 )
 from talkbridge.connectors.email.imap import ImapSession
+from talkbridge.connectors.email.safety import is_own
 
 LOOKUPS = 3
 """Message-IDs of a mail's chain looked for (its newest): anyone can write long References."""

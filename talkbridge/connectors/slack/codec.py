@@ -20,6 +20,7 @@ from typing import Any
 from talkbridge.connectors.slack.mrkdwn import (
     SLACK_TEXT_LIMIT,
     escape,
+    mentioned_channels,
     mentioned_users,
     plain_text,
     render,
@@ -34,6 +35,8 @@ __all__ = [
     "Deletion",
     "Identity",
     "button_blocks",
+    "channels_to_resolve",
+    "conversation_name",
     "decode",
     "decode_message",
     "escape",
@@ -320,7 +323,12 @@ def _deletion(
 
 
 def _decode_action(
-    payload: Mapping[str, Any], *, connection_id: str, me: Identity, raw: Any
+    payload: Mapping[str, Any],
+    *,
+    connection_id: str,
+    me: Identity,
+    channels: Mapping[str, str],
+    raw: Any,
 ) -> NormalizedMessage | None:
     actions = payload.get("actions") or []
     user = payload.get("user") or {}
@@ -347,7 +355,9 @@ def _decode_action(
         channel_user_id=str(user["id"]),
         display_name=str(name),
         thread_id=thread_id(str(channel), thread_ts),
-        thread_name=None if private else (payload.get("channel") or {}).get("name"),
+        thread_name=None
+        if private
+        else channels.get(str(channel)) or (payload.get("channel") or {}).get("name"),
         thread_type="private" if private else "group",
         timestamp=_timestamp(action.get("action_ts")),
         text=str(value or ""),
@@ -375,7 +385,9 @@ def decode(
     handle, and edits that change nothing a person wrote (link unfurls).
     """
     if payload.get("type") == "block_actions":
-        return _decode_action(payload, connection_id=connection_id, me=me, raw=payload)
+        return _decode_action(
+            payload, connection_id=connection_id, me=me, channels=channels or {}, raw=payload
+        )
     event = event_of(payload)
     if event is None:
         return None
@@ -443,6 +455,40 @@ def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     if isinstance(inner.get("user"), str) and not inner.get("bot_id"):
         found.add(inner["user"])
     return found
+
+
+def channels_to_resolve(payload: Mapping[str, Any]) -> set[str]:
+    """Channel ids whose names `decode` would like: the conversation's (for `thread_name`; a
+    DM has none) and those its text mentions without a label."""
+    if payload.get("type") == "block_actions":
+        channel = payload.get("channel") or {}
+        ident = channel.get("id") if isinstance(channel, Mapping) else None
+        return {ident} if isinstance(ident, str) and not ident.startswith("D") else set()
+    event = event_of(payload) or {}
+    inner = event.get("message") if event.get("subtype") == "message_changed" else event
+    if not isinstance(inner, Mapping):
+        return set()
+    found = set(mentioned_channels(str(inner.get("text") or "")))
+    channel = event.get("channel")
+    if isinstance(channel, str) and _CHANNEL.fullmatch(channel) and not _is_private(event, channel):
+        found.add(channel)
+    return found
+
+
+GROUP_DM = "group DM"
+"""A group DM's name when its members' names are unknown (Slack names it `mpdm-a--b--c-1`)."""
+
+
+def conversation_name(conversation: Mapping[str, Any], members: Sequence[str] = ()) -> str | None:
+    """A conversation's name as people read it, from `conversations.info`: a channel's name
+    (`general`); a group DM's `members` (their names, the bot's left out) as Slack lists them,
+    else "group DM"; None for a DM (named by the person in it) or a conversation without one."""
+    if conversation.get("is_im"):
+        return None
+    if conversation.get("is_mpim"):
+        return ", ".join(members) or GROUP_DM
+    name = conversation.get("name")
+    return name if isinstance(name, str) and name else None
 
 
 # ---- outbound ---------------------------------------------------------------------------------

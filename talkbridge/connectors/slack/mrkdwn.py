@@ -272,6 +272,12 @@ def mentioned_users(text: str) -> list[str]:
     return [m.group(1) for m in re.finditer(r"<@([UW][A-Z0-9]+)>", text)]
 
 
+def mentioned_channels(text: str) -> list[str]:
+    """Channel ids mentioned as `<#C…>` or `<#C…|>` (Slack's usual form: the label left
+    empty), so a caller can resolve their names."""
+    return [m.group(1) for m in re.finditer(r"<#([CGD][A-Z0-9]+)\|?>", text)]
+
+
 def _angle(body: str, users: Mapping[str, str], channels: Mapping[str, str]) -> str:
     target, _, label = body.partition("|")
     if target.startswith("@"):

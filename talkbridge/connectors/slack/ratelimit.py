@@ -31,6 +31,7 @@ TIERS: dict[str, str] = {
     "conversations.history": "tier3",
     "conversations.replies": "tier3",
     "conversations.info": "tier3",
+    "conversations.members": "tier4",
     "users.info": "tier4",
     "auth.test": "special:auth.test",
     "files.getUploadURLExternal": "tier4",

@@ -17,10 +17,10 @@ second channel meets one meanwhile: that is the workspace's limit (`ratelimit.py
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,11 +33,14 @@ from talkbridge.connectors.buttons import KeptButtons
 from talkbridge.connectors.inbound_http import READ_TIMEOUT
 from talkbridge.connectors.sending import PartialSends
 from talkbridge.connectors.slack.codec import (
+    GROUP_DM,
     SECTION_TEXT_LIMIT,
     SLACK_TEXT_LIMIT,
     Deletion,
     Identity,
     button_blocks,
+    channels_to_resolve,
+    conversation_name,
     decode,
     decode_message,
     mentions_bot,
@@ -54,6 +57,7 @@ from talkbridge.connectors.slack.codec import (
 from talkbridge.connectors.slack.config import SlackConfig
 from talkbridge.connectors.slack.errors import HANDLED, translate
 from talkbridge.connectors.slack.events_api import EventsServer, RequestCheck
+from talkbridge.connectors.slack.names import NameLookups
 from talkbridge.connectors.slack.ratelimit import TierGate
 from talkbridge.connectors.slack.socket_mode import Envelope, SocketSession
 from talkbridge.errors import (
@@ -67,8 +71,8 @@ from talkbridge.talk import KEEP, DirectoryEntry, EditButtons
 
 _RECENT_EVENTS = 4096
 NAME_WAIT = 1.0
-"""Seconds an inbound event waits for its senders' names. Slack wants its ack (or HTTP 200)
-within 3 s, and an event is acknowledged only once it is stored."""
+"""Seconds an inbound event waits for its senders' and channels' names. Slack wants its ack (or
+HTTP 200) within 3 s, and an event is acknowledged only once it is stored."""
 _STATUS_REFUSALS = {"not_allowed", "missing_scope", "not_allowed_token_type", "invalid_arguments"}
 EMOJI_NAMES = {
     "👍": "+1",
@@ -100,6 +104,19 @@ def create(config: SlackConfig, context: ConnectorContext) -> SlackConnector:
     return SlackConnector(config, context)
 
 
+_MPIM_SIZE = 9
+"""A group DM holds at most 9 people (Slack's limit): one `conversations.members` page."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A `conversations.info` answer, when it came and, for a group DM, its members' names."""
+
+    at: float
+    info: Mapping[str, Any]
+    members: tuple[str, ...] = ()
+
+
 class SlackConnector(BaseConnector):
     """Features: history, directory, activity (assistant threads), edit, delete, reactions,
     interactions, inbound_media."""
@@ -124,10 +141,12 @@ class SlackConnector(BaseConnector):
         self.me = Identity()
         self.team: str | None = None
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
-        self._conversations: dict[str, tuple[float, Mapping[str, Any]]] = {}
+        self._conversations: dict[str, _Known] = {}
         """`conversations.info` answers by channel id, with when they came (`_conversation`)."""
-        self._lookups: dict[str, asyncio.Future[str | None]] = {}
-        """Name lookups under way, by user id: an envelope does not wait again for one."""
+        self._user_names = NameLookups("users.info", self._cached_user_name, self._name, self._log)
+        self._channel_names = NameLookups(
+            "conversations.info", self._cached_channel_name, self._channel_name, self._log
+        )
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._threads: OrderedDict[str, None] = OrderedDict()
         """Channel threads the bot is in (`require_mention`), as far as seen lately."""
@@ -241,8 +260,8 @@ class SlackConnector(BaseConnector):
             await self._run_events(status)
 
     async def close(self) -> None:
-        for lookup in list(self._lookups.values()):
-            lookup.cancel()
+        self._user_names.cancel()
+        self._channel_names.cancel()
         if self._session is not None:
             await self._session.close()
         self._session = None
@@ -318,9 +337,17 @@ class SlackConnector(BaseConnector):
             self.team = str(payload["team_id"])
         if (renamed := renamed_channel(payload)) is not None:
             self._conversations.pop(renamed, None)  # its name is asked for afresh
-        names = await self._names(users_to_resolve(payload), wait=NAME_WAIT)
+        names, channels = await asyncio.gather(
+            self._user_names.names(users_to_resolve(payload), wait=NAME_WAIT),
+            self._channel_names.names(channels_to_resolve(payload), wait=NAME_WAIT),
+        )
         result = readable(
-            decode, payload, connection_id=self.connection_id, me=self.me, users=names
+            decode,
+            payload,
+            connection_id=self.connection_id,
+            me=self.me,
+            users=names,
+            channels=channels,
         )
         if result is None:
             return
@@ -400,47 +427,13 @@ class SlackConnector(BaseConnector):
     def _thread_key(self, thread: str) -> str:
         return f"slack:{self.connection_id}:thread:{thread}"
 
-    async def _names(self, user_ids: set[str], *, wait: float | None = None) -> dict[str, str]:
-        """Display names of `user_ids`, looked up together; after `wait` seconds the ids of
-        lookups still under way stand in for their names (the lookups finish in the background
-        and fill the cache)."""
-        names: dict[str, str] = {}
-        lookups: dict[str, asyncio.Future[str | None]] = {}
-        fresh: list[asyncio.Future[str | None]] = []
-        for uid in user_ids:
-            cached = self._cached_user(uid)
-            if cached is not None:  # most senders: no task, no wait
-                if cached[0] is not None:
-                    names[uid] = cached[0].name
-                continue
-            lookup = self._lookups.get(uid)
-            if lookup is None:  # a lookup already under way was slow once: not waited again
-                lookup = self._lookups[uid] = asyncio.ensure_future(self._name(uid))
-                lookup.add_done_callback(functools.partial(self._lookup_done, uid))
-                fresh.append(lookup)
-            lookups[uid] = lookup
-        awaited = fresh if wait is not None else list(lookups.values())
-        if awaited:
-            await asyncio.wait(awaited, timeout=wait)
-        for uid, lookup in lookups.items():
-            if not lookup.done():
-                if lookup in fresh:
-                    self._log.info("users.info %s is slow: the id stands in for the name", uid)
-            elif (name := lookup.result()) is not None:
-                names[uid] = name
-        return names
-
-    def _lookup_done(self, user_id: str, lookup: asyncio.Future[str | None]) -> None:
-        if self._lookups.get(user_id) is lookup:
-            del self._lookups[user_id]
-
     async def _name(self, user_id: str) -> str | None:
-        try:
-            entry = await self.user(user_id)
-        except Exception as exc:  # a name is a nicety: the id stands in
-            self._log.debug("users.info %s failed: %s", user_id, exc)
-            return None
+        entry = await self.user(user_id)
         return entry.name if entry is not None else None
+
+    async def _channel_name(self, channel: str) -> str | None:
+        known = await self._conversation(channel)
+        return conversation_name(known.info, known.members) if known is not None else None
 
     # ---- send --------------------------------------------------------------------------------
 
@@ -544,7 +537,10 @@ class SlackConnector(BaseConnector):
             result = await self.call("conversations.history", **params)
             items = list(reversed(result.get("messages") or []))
         users = {m.get("user") for m in items if isinstance(m.get("user"), str)}
-        names = await self._names({u for u in users if isinstance(u, str)})
+        names, channels = await asyncio.gather(
+            self._user_names.names({u for u in users if isinstance(u, str)}),
+            self._channel_names.names(() if channel.startswith("D") else (channel,)),
+        )
         found = []
         for item in items:
             decoded = decode_message(
@@ -553,6 +549,7 @@ class SlackConnector(BaseConnector):
                 connection_id=self.connection_id,
                 me=self.me,
                 users=names,
+                channels=channels,
                 include_own=True,
             )
             if decoded is not None:
@@ -565,6 +562,20 @@ class SlackConnector(BaseConnector):
         if cached is not None and time.monotonic() - cached[0] < self.config.user_cache_seconds:
             return (cached[1],)
         return None
+
+    def _cached_user_name(self, user_id: str) -> tuple[str | None] | None:
+        cached = self._cached_user(user_id)
+        return None if cached is None else (cached[0].name if cached[0] else None,)
+
+    def _cached_conversation(self, channel: str) -> _Known | None:
+        known = self._conversations.get(channel)
+        if known is not None and time.monotonic() - known.at < self.config.channel_cache_seconds:
+            return known
+        return None
+
+    def _cached_channel_name(self, channel: str) -> tuple[str | None] | None:
+        known = self._cached_conversation(channel)
+        return None if known is None else (conversation_name(known.info, known.members),)
 
     async def user(self, user_id: str) -> DirectoryEntry | None:
         cached = self._cached_user(user_id)
@@ -598,15 +609,16 @@ class SlackConnector(BaseConnector):
         self._users[user_id] = (now, entry)
         return entry
 
-    async def _conversation(self, channel: str) -> Mapping[str, Any] | None:
+    async def _conversation(self, channel: str) -> _Known | None:
         """What `conversations.info` says of `channel` (None: not found, or not visible to the
         bot), reused for `channel_cache_seconds` or until Slack says it was renamed: the
         method is tier 3 (about 50 calls a minute), shared with history and edits. Not-found
-        is not kept: the bot invited there sees the channel at once."""
-        cached = self._conversations.get(channel)
+        is not kept: the bot invited there sees the channel at once. A group DM's members'
+        names are kept with it, its only name people know."""
+        known = self._cached_conversation(channel)
+        if known is not None:
+            return known
         now = time.monotonic()
-        if cached is not None and now - cached[0] < self.config.channel_cache_seconds:
-            return cached[1]
         try:
             info = await self.call("conversations.info", channel=channel)
         except NotFoundError:
@@ -614,17 +626,34 @@ class SlackConnector(BaseConnector):
             return None
         conversation = info.get("channel")
         conversation = dict(conversation) if isinstance(conversation, Mapping) else {}
-        self._conversations[channel] = (now, conversation)
-        return conversation
+        members = await self._group_members(channel) if conversation.get("is_mpim") else ()
+        known = self._conversations[channel] = _Known(now, conversation, members)
+        return known
+
+    async def _group_members(self, channel: str) -> tuple[str, ...]:
+        """The names of a group DM's members but the bot (none when Slack will not say: the
+        group is then named "group DM")."""
+        try:
+            answer = await self.call("conversations.members", channel=channel, limit=_MPIM_SIZE)
+        except Exception as exc:  # a nicety: "group DM" names it meanwhile
+            self._log.debug("conversations.members %s failed: %s", channel, exc)
+            return ()
+        ids = [m for m in answer.get("members") or () if isinstance(m, str)]
+        ids = [m for m in ids if m != self.me.bot_user_id]
+        names = await self._user_names.names(ids)
+        return tuple(names.get(m, m) for m in ids)
 
     async def thread(self, thread_id: str) -> DirectoryEntry | None:
         channel, thread_ts = _thread(thread_id)
-        conversation = await self._conversation(channel)
-        if conversation is None:
+        known = await self._conversation(channel)
+        if known is None:
             return None
+        conversation = known.info
         if conversation.get("is_im"):
             other = await self.user(str(conversation.get("user") or ""))
             name = f"DM with {other.name}" if other else "DM"
+        elif conversation.get("is_mpim"):
+            name = conversation_name(conversation, known.members) or GROUP_DM
         else:
             name = f"#{conversation.get('name') or channel}"
         if thread_ts:

@@ -13,6 +13,8 @@ from talkbridge.connectors.slack.codec import (
     Deletion,
     Identity,
     button_blocks,
+    channels_to_resolve,
+    conversation_name,
     decode,
     native_id,
     parse_native_id,
@@ -137,6 +139,21 @@ def test_service_messages_and_other_events_are_not_turns() -> None:
     reaction = load("docs_message_channel")
     reaction["event"] = {"type": "reaction_added", "user": "U1", "reaction": "+1"}
     assert decode(reaction, connection_id="team", me=ME) is None
+
+
+def test_the_channels_a_payload_would_like_named_and_how_a_conversation_is_named() -> None:
+    channel = load("docs_message_channel")
+    channel["event"]["text"] = "see <#C0RANDOM01|> and <#C0DOCS0001|docs> and <#C0NEWS0001>"
+    assert channels_to_resolve(channel) == {"C123ABC456", "C0RANDOM01", "C0NEWS0001"}
+    assert channels_to_resolve(load("docs_message_im")) == set()  # a DM has no name to ask
+    assert channels_to_resolve(load("docs_block_actions")) == {"CBR2V3XEX"}
+    assert conversation_name({"name": "general"}) == "general"
+    assert conversation_name({"is_im": True, "user": "U1"}) is None
+    group = {"name": "mpdm-ada--grace--bot-1", "is_mpim": True}
+    assert conversation_name(group, ("ada", "Grace Hopper")) == "ada, Grace Hopper"
+    assert conversation_name(group) == "group DM"
+    click = message("docs_block_actions", channels={"CBR2V3XEX": "reviews"})
+    assert click.thread_name == "reviews"  # what conversations.info says now, not the payload
 
 
 def test_a_button_click_arrives_as_a_message_carrying_the_button_value() -> None:
