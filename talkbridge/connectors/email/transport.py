@@ -422,9 +422,8 @@ class EmailConnector(BaseConnector):
         writers = {message.channel_user_id, *context.reply_to}
         if message.sender_verified is False:  # the sender is a claim; the Cc gets the answer
             writers.update(context.cc)
-        await self._learn_from_sent(
-            mail.chain, message.channel_user_id
-        )  # what a person in the mailbox wrote in it
+        # What a person in the mailbox wrote in it:
+        await self._learn_from_sent(mail.chain, message.channel_user_id)
         candidates = await self._candidates(mail)
         for thread_id in candidates:
             if await self._participants.admits(thread_id, writers):
