@@ -9,6 +9,7 @@ the server create that folder and mark it `\\Sent` (RFC 6154), as most servers d
 
 `ImapCutter` sits between a client and Dovecot and cuts the client off at one command (APPEND),
 before or after the server carried it out: where a bridge killed at that point leaves things.
+`ImapRecorder` records the connections clients open and the commands they send through it.
 
 `SmtpPeer` is aiosmtpd's SMTP server in the test's own event loop: it records every mail
 (`received`), checks AUTH against its users, can refuse the next DATA with a scripted code
@@ -325,6 +326,63 @@ class ImapCutter(TcpProxy):
             if tag and line.startswith(tag[0] + b" ") and not self.cut.is_set():
                 self.cut.set()
                 return
+            writer.write(line)
+            await writer.drain()
+
+
+class ImapRecorder(TcpProxy):
+    """A TCP proxy in front of an IMAP server that records what clients do: `connections`
+    opened, and each command (tag left out) with the server's verdict on it (`OK`, `NO`,
+    `BAD`; None until it came), in `commands`."""
+
+    until_first_ends = True  # a server hanging up hangs up on the client
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self.connections = 0
+        self.commands: list[list[str | None]] = []
+
+    def searches(self, criteria: str = "") -> list[tuple[str, str | None]]:
+        """(command, verdict) of each UID SEARCH (with `criteria` first)."""
+        start = f"UID SEARCH {criteria}".upper()
+        return [(c, v) for c, v in self.commands if c and c.upper().startswith(start)]
+
+    def _pumps(
+        self,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        server: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> tuple[Coroutine[Any, Any, None], Coroutine[Any, Any, None]]:
+        self.connections += 1
+        pending: dict[bytes, list[str | None]] = {}
+        return self._upstream(client[0], server[1], pending), self._downstream(
+            server[0], client[1], pending
+        )
+
+    async def _upstream(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pending: dict[bytes, list[str | None]],
+    ) -> None:
+        while line := await reader.readline():
+            tag, _, rest = line.rstrip(b"\r\n").partition(b" ")
+            if rest:
+                entry: list[str | None] = [rest.decode(errors="replace"), None]
+                pending[tag] = entry
+                self.commands.append(entry)
+            writer.write(line)
+            await writer.drain()
+
+    async def _downstream(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pending: dict[bytes, list[str | None]],
+    ) -> None:
+        while line := await reader.readline():
+            tag, _, rest = line.partition(b" ")
+            if tag in pending:
+                pending.pop(tag)[1] = rest.split(b" ", 1)[0].decode(errors="replace")
             writer.write(line)
             await writer.drain()
 

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 _MSGID = re.compile(r"<[^<>\s]+>")
 _MAX_REFERENCES = 20
+MAX_CHAIN = 100
+"""Ids of a mail's References and In-Reply-To kept (its root and newest): anyone can write
+thousands, and each is looked up in the store."""
 
 
 # ---- parsing helpers ------------------------------------------------------------------------
@@ -109,12 +112,22 @@ def message_id_of(msg: Message, raw: bytes) -> str:
     return f"<{hashlib.sha256(raw).hexdigest()[:32]}@talkbridge.invalid>"
 
 
+def ids_in(msg: Message, name: str) -> list[str]:
+    """The Message-IDs in a header, read from its raw value: ids are ASCII with nothing to
+    decode, and the header parser takes seconds on the megabyte anyone can write there."""
+    value = next((str(v) for k, v in msg.raw_items() if k.lower() == name.lower()), "")
+    if not value.isascii():  # 8-bit bytes come as surrogates: letters (RFC 6532) or U+FFFD
+        value = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return message_ids(value)
+
+
 def reference_chain(msg: Message) -> list[str]:
-    """Ids this mail answers, oldest first: References, then In-Reply-To if not already there."""
-    chain: list[str] = []
-    for mid in message_ids(header(msg, "References")) + message_ids(header(msg, "In-Reply-To")):
-        if mid not in chain:
-            chain.append(mid)
+    """Ids this mail answers, oldest first: References, then In-Reply-To if not already there;
+    of more than `MAX_CHAIN`, the root and the newest."""
+    ids = ids_in(msg, "References") + ids_in(msg, "In-Reply-To")
+    chain = list(dict.fromkeys(ids))
+    if len(chain) > MAX_CHAIN:
+        chain = [chain[0], *chain[-(MAX_CHAIN - 1) :]]
     return chain
 
 
@@ -396,7 +409,7 @@ def read_mail(
         full = html_to_text(html_text)
     full = full.replace("\r\n", "\n").strip()
     subject = header(msg, "Subject")
-    in_reply_to = message_ids(header(msg, "In-Reply-To"))
+    in_reply_to = ids_in(msg, "In-Reply-To")
     context = context_of(msg, message_id, address=address, thread_id=thread_id)
     if not context.reply_to:  # checked before a turn runs: its answer could go nowhere
         return "no address to answer (no usable From or Reply-To)"

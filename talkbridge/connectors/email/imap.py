@@ -312,6 +312,11 @@ class ImapSession:
         raise TransientError(f"the IMAP server {self.where} closed the connection")
 
     @property
+    def lost(self) -> bool:
+        """Whether the connection is gone (the server closed it, or it broke)."""
+        return self._lost.is_set()
+
+    @property
     def has_idle(self) -> bool:
         return self.client is not None and bool(self.client.has_capability("IDLE"))
 

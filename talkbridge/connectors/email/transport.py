@@ -63,7 +63,7 @@ from talkbridge.connectors.email.imap import SENT_NAMES, ImapSession, mailbox_ar
 from talkbridge.connectors.email.limits import KeptLimiter
 from talkbridge.connectors.email.threads import Participants
 from talkbridge.connectors.email.unsaved import Unsaved
-from talkbridge.connectors.email.written import written_from_mailbox
+from talkbridge.connectors.email.written import SentLookups
 from talkbridge.errors import (
     ConnectorError,
     NotFoundError,
@@ -136,6 +136,10 @@ class EmailConnector(BaseConnector):
         self._sent_folder: str | bool | None = False
         """`sent_folder: auto`'s folder once found (None: the server marks none; False: not
         looked for yet)."""
+        self.lookups = SentLookups(
+            config.imap, config.timeout, config.address, self._sent_folder_in, self._log
+        )
+        """Mail of a thread's chain looked for in Sent (`written`): its session, its caps."""
         self._saving: set[asyncio.Task[None]] = set()
         self._saving_ids: set[str] = set()
         self._unsaved = Unsaved(context.store, self._prefix, context.dedupe_for, self._log)
@@ -169,6 +173,7 @@ class EmailConnector(BaseConnector):
                 )
                 await self._poll_loop(session)
         finally:
+            await self.lookups.close()
             await session.close()
 
     async def wait_for(self, condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -417,7 +422,8 @@ class EmailConnector(BaseConnector):
         writers = {message.channel_user_id, *context.reply_to}
         if message.sender_verified is False:  # the sender is a claim; the Cc gets the answer
             writers.update(context.cc)
-        await self._learn_from_sent(mail.chain)  # what a person in the mailbox wrote in it
+        # What a person in the mailbox wrote in it:
+        await self._learn_from_sent(mail.chain, message.channel_user_id)
         candidates = await self._candidates(mail)
         for thread_id in candidates:
             if await self._participants.admits(thread_id, writers):
@@ -443,33 +449,21 @@ class EmailConnector(BaseConnector):
             candidates.append(mail.message.thread_id)  # the chain's root (or the mail's own id)
         return candidates
 
-    async def _learn_from_sent(self, chain: list[str]) -> None:
+    async def _learn_from_sent(self, chain: list[str], sender: str) -> None:
         """The mails of `chain` the bridge does not know, looked for in the Sent folder: one a
         person wrote from the mailbox (`written`) makes whom it went to participants of the
         thread it answers, and leads to that thread. None found, or none could be looked for
-        (no Sent folder; the IMAP server failed: logged), changes nothing."""
+        (no Sent folder; the caps of `SentLookups`; the IMAP server failed: logged), changes
+        nothing."""
         store = self.context.store
+        if self.config.imap.sent_folder is False:
+            return
         unknown = [
             mid
             for mid in reversed(chain)
             if await store.get_state(f"{self._prefix}root:{mid}") is None
         ]
-        if not unknown or self.config.imap.sent_folder is False:
-            return
-        session = ImapSession(self.config.imap, self.config.timeout)
-        try:
-            await session.open(select=False)
-            folder = await self._sent_folder_in(session)
-            found = (
-                await written_from_mailbox(session, folder, unknown, self.config.address)
-                if folder is not None
-                else []
-            )
-        except ConnectorError as exc:
-            self._log.warning("could not look for mail sent from the mailbox in Sent: %s", exc)
-            return
-        finally:
-            await session.close()
+        found = await self.lookups.find(unknown, sender) if unknown else []
         for written in found:
             for mid in reversed(written.chain):
                 thread_id = await store.get_state(f"{self._prefix}root:{mid}")
