@@ -518,6 +518,58 @@ async def test_check_warns_of_an_agent_or_connection_a_hook_names_that_the_confi
     ]
 
 
+async def test_check_prints_the_warnings_loading_the_hooks_and_agents_logs(tmp_path: Path) -> None:
+    """`check` logs errors only, so the warnings the load logs about the user's code were never
+    seen: a hook's method of another kind that is never called, what a hook's `create_hook` or
+    a python agent's module logs as a warning. Each is a `warn` line now, the exit code stays 0,
+    and a library's warning (imported by the hook) is not shown, nor anything logged twice."""
+    folder = tmp_path / "hooks" / "channel-message" / "moderator"
+    folder.mkdir(parents=True)
+    (folder / "hook.py").write_text(
+        "import noisylib\n"
+        "class Moderator:\n"
+        "    async def on_message(self, msg):\n"
+        "        return None\n"
+        "    async def on_turn_finished(self, event):\n"
+        "        pass\n"
+        "def create_hook(deps):\n"
+        "    deps.logger.warning('no MODERATION_KEY: moderation is off')\n"
+        "    deps.logger.info('loaded')\n"
+        "    return Moderator()\n"
+    )
+    library = tmp_path / "site"
+    library.mkdir()
+    (library / "noisylib.py").write_text(
+        "import logging\nlogging.getLogger('noisylib').warning('library noise')\n"
+    )
+    (tmp_path / "desk.py").write_text(
+        "import logging\n"
+        "from talkbridge.agents import Result\n"
+        "logging.getLogger(__name__).warning('DESK_MODEL unset: the small model answers')\n"
+        "class Desk:\n"
+        "    name = 'desk'\n"
+        "    async def stream(self, ctx):\n"
+        "        yield Result(text='hi')\n"
+    )
+    (tmp_path / "talkbridge.yaml").write_text(
+        "hooks: [hooks/channel-message/moderator]\n"
+        "agents: {definitions: {desk: {kind: python, target: 'desk:Desk'}}}\n"
+    )
+    process = await talkbridge("check", cwd=tmp_path, env={"PYTHONPATH": str(library)})
+    code, out, err = await finish(process)
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("warn")] == [
+        "warn  desk: DESK_MODEL unset: the small model answers",
+        "warn  talkbridge.hooks.moderator: no MODERATION_KEY: moderation is off",
+        "warn  channel-message hook 'moderator': its on_turn_finished() (hooks/channel-message/"
+        "moderator/hook.py line 5) is never called: the hook is registered as channel-message, "
+        "and on_turn_finished() is what agent-turn-started or agent-turn-finished hooks call; "
+        "to have it called, register it as that kind too (a hook folder of its own)",
+    ]
+    assert "noise" not in out + err and "loaded" not in out + err
+    assert err == ""
+
+
 async def test_a_login_in_a_url_whose_requests_carry_a_token_header_is_a_config_error(
     tmp_path: Path,
 ) -> None:

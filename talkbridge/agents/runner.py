@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -135,7 +136,7 @@ class AgentRunner:
                     if aclose is not None:  # close now rather than in the GC's finalizer task
                         await aclose()
 
-            onion = self.hooks.compose_turn(innermost)
+            onion = self.hooks.compose_turn(_timed(innermost, agent_name, agent))
             self._onions[agent_name] = onion
         return onion
 
@@ -407,6 +408,45 @@ def not_a_stream(agent_name: str, agent: Any, returned: Any) -> str:
         f"{what}, not an async iterator: write it as `async def stream(self, ctx)` that "
         "yields TextDelta(...) and a final Result(...)"
     )
+
+
+_BUILT_IN = f"{__package__}."
+"""The built-in agents' modules (`talkbridge.agents.`)."""
+
+
+def _timed(
+    innermost: Callable[[TurnContext], Coroutine[Any, Any, None]], agent_name: str, agent: Agent
+) -> Callable[[TurnContext], Awaitable[None]]:
+    """`innermost` with each of its steps timed, as a hook's are: an agent whose `stream`
+    blocks the loop (`time.sleep`, `requests`) stalls every conversation just the same, and
+    the log names it. The steps are those of the whole call, not one per delta; the hooks it
+    runs (tool listeners, timed themselves) are not counted as the agent's. The built-in
+    agents (echo, sentinel, openai) await all they wait for: they are not timed, and their
+    turns cost nothing more."""
+    if type(agent).__module__.startswith(_BUILT_IN):
+        return innermost
+    from talkbridge.hooks import steps
+    from talkbridge.hooks.calls import message_ref
+
+    what = f"agent {agent_name!r}"
+
+    def held(ctx: TurnContext, seconds: float) -> None:
+        on = f"{message_ref(ctx.message)} (turn {ctx.session.turn_id})"
+        steps.say_held(log, what, on, agent.stream, seconds)
+
+    async def timed(ctx: TurnContext) -> None:
+        began = steps.begin()
+        coro = innermost(ctx)
+        try:
+            first = coro.send(None)
+        except StopIteration:
+            return
+        finally:
+            if (took := steps.end(began)) > steps.BLOCKING_WARNING:
+                held(ctx, took)
+        await steps.resume(coro, first, functools.partial(held, ctx))
+
+    return timed
 
 
 def _ignore(ctx: TurnContext, agent_name: str, event: Any) -> None:
