@@ -586,11 +586,13 @@ class Bridge:
         """Remember that `message` (or our replies `ids` in its thread) was screened: the
         sentinel answered it, a hook dropped or forwarded it, or it came from an untrusted
         sender. Its text stays in the thread's history, but agents never see it there
-        (`_agent_history`), except `visible_to`, the agent a hook routed it to.
+        (`_agent_history`), except `visible_to`, the agent a hook routed it to. An edit takes
+        the message it edits along: the history shows the edit's words in its place.
         Messages of one thread are handled one at a time, so this update cannot race itself."""
         key = _SCREENED_KEY + message.thread_key
         screened = _screened(await self.store.get_state(key))
-        new = [i for i in (ids or (message.id,)) if i not in screened]
+        edited = () if message.edit_of is None else (message.edit_of,)
+        new = [i for i in (ids or (message.id, *edited)) if i not in screened]
         if not new:
             return  # the same message again (run again after a restart)
         for message_id in new:
