@@ -586,11 +586,13 @@ class Bridge:
         """Remember that `message` (or our replies `ids` in its thread) was screened: the
         sentinel answered it, a hook dropped or forwarded it, or it came from an untrusted
         sender. Its text stays in the thread's history, but agents never see it there
-        (`_agent_history`), except `visible_to`, the agent a hook routed it to.
+        (`_agent_history`), except `visible_to`, the agent a hook routed it to. An edit takes
+        the message it edits along: the history shows the edit's words in its place.
         Messages of one thread are handled one at a time, so this update cannot race itself."""
         key = _SCREENED_KEY + message.thread_key
         screened = _screened(await self.store.get_state(key))
-        new = [i for i in (ids or (message.id,)) if i not in screened]
+        edited = () if message.edit_of is None else (message.edit_of,)
+        new = [i for i in (ids or (message.id, *edited)) if i not in screened]
         if not new:
             return  # the same message again (run again after a restart)
         for message_id in new:
@@ -702,15 +704,21 @@ class Bridge:
         """What follows the send of a reply (done again for one found sent before: each step
         keeps what is there already)."""
         cid = message.connection_id
+        await self._screen_reply(message, reply_ids)
+        if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
+            await self._remember_reply(message, message.id, reply_ids)
+
+    async def _screen_reply(self, message: NormalizedMessage, reply_ids: Sequence[str]) -> None:
+        """Our reply `reply_ids` to an untrusted sender's `message` a hook routed to an agent
+        (or to an edit of it, answered anew) answers words that agent alone saw: no other
+        agent reads it either. The sentinel's replies are hidden by their sender."""
         routing = message.routing
         if (
             routing is not None
             and routing.trust != "trusted"
             and routing.agent != self.config.agents.sentinel
-        ):  # it answers words that agent alone saw
+        ):
             await self._screen(message, visible_to=routing.agent, ids=reply_ids)
-        if self._edits_or_deletes(cid):  # the map is how an edit or delete finds our reply
-            await self._remember_reply(message, message.id, reply_ids)
 
     async def _remember_reply(
         self, message: NormalizedMessage, answered: str, reply_ids: Sequence[str]
@@ -801,6 +809,7 @@ class Bridge:
                 self.secrets.redact(str(exc)),
             )
         else:
+            await self._screen_reply(message, [earlier_reply])  # it answers the edit now
             await self._delete_replies(message, later)  # the old answer's later parts
             await self._answer_replaced(message, earlier_reply, outcome)
             await self._turn_completed(message, outcome)
@@ -817,6 +826,7 @@ class Bridge:
         except SendFailedError as exc:  # the old answer stays: better than none
             log.error("answer to edited %s/%s not delivered: %s", cid, message.id, exc.reason)
             return
+        await self._screen_reply(message, result.message_ids)  # as the reply it replaces
         await self._delete_replies(message, [earlier_reply, *later])  # replaced: it goes
         await self._answer_replaced(message, earlier_reply)
         await self._remember_reply(message, message.edit_of, result.message_ids)

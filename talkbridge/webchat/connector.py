@@ -660,9 +660,7 @@ class WebchatConnector(BaseConnector):
     # ---- Talk --------------------------------------------------------------------------------
 
     async def send(self, message: OutboundMessage) -> SendResult:
-        parts = split_thread(message.thread_id)
-        if parts is None:
-            raise NotFoundError(f"{message.thread_id!r} is not a webchat thread id")
+        parts = await self._existing_thread(message.thread_id)
         text = _with_attachments(message)
         key = message.idempotency_key
         # A reply with a key (the bridge's answer to a message) gets an id of its own key, kept
@@ -699,6 +697,26 @@ class WebchatConnector(BaseConnector):
         if isinstance(stream_id, str):  # the end of a streamed reply, and of any cut off before
             self._streams.ended(message.thread_id, stream_id)
         return SendResult(message_ids=(message_id,))
+
+    async def _existing_thread(self, thread_id: str) -> tuple[str, str]:
+        """`(session_id, conversation_id)` of a thread some session has, else `NotFoundError`:
+        what is sent to a thread nobody has would be kept where no page ever shows it (and
+        the sender told it went), for a session that may never exist."""
+        parts = split_thread(thread_id)
+        if parts is None:
+            raise NotFoundError(
+                f"{thread_id!r} is not a webchat thread id ('<session_id>.<conversation_id>')"
+            )
+        try:
+            held = await self._sessions.holds(*parts)
+        except StoreError as exc:
+            raise TransientError(f"could not look up webchat thread {thread_id!r}: {exc}") from exc
+        if not held:
+            raise NotFoundError(
+                f"no webchat session has the thread {thread_id!r} (no such session, or no such "
+                "conversation in it): nothing was sent"
+            )
+        return parts
 
     async def delta(self, thread_id: str, stream_id: str, text: str) -> None:
         """Streaming: `text` is the next piece of the reply, appended by the page (not stored).
@@ -746,9 +764,7 @@ class WebchatConnector(BaseConnector):
         """A note about `message_id`, stored in the thread so a reload and every tab show it.
         Kept once per message and code: the same message handled again (after a restart)
         records and sends nothing."""
-        parts = split_thread(thread_id)
-        if parts is None:
-            return ()
+        parts = await self._existing_thread(thread_id)
         note_id = f"{message_id}:{code}"
         try:
             _, entry = await self.context.store.append_history_once(

@@ -163,6 +163,18 @@ class Sessions:
                     return conv
         return None
 
+    async def holds(self, session_id: str, conversation_id: str) -> bool:
+        """Whether the session has that conversation: what a message sent to its thread needs.
+        Read from the store when not cached, without caching it: the session may have no
+        socket on this process, which is when its cached list is dropped (`forget`)."""
+        cached = self._conversations.get(session_id)
+        if cached is not None and any(c.id == conversation_id for c in cached):
+            return True
+        raw = await self._store.get_state(_conversations_key(session_id))
+        if not raw:
+            return False
+        return any(item.get("id") == conversation_id for item in json.loads(raw))
+
     async def new_conversation(self, session_id: str, title: str = "") -> Conversation:
         async with self.lock(session_id):
             current = await self.conversations(session_id, refresh=True)

@@ -20,10 +20,10 @@ from talkbridge.agents.base import Result, TurnContext
 from talkbridge.agents.runner import SORRY
 from talkbridge.bridge import Bridge
 from talkbridge.config import BridgeConfig, ConnectionConfig, parse_config
-from talkbridge.errors import PermanentError
+from talkbridge.errors import PermanentError, SendFailedError
 from talkbridge.hooks import Forward, HookRegistry
 from talkbridge.init_template import write_starter
-from talkbridge.message import NormalizedMessage
+from talkbridge.message import NormalizedMessage, OutboundMessage
 from talkbridge.talk import History
 from tests.support.agents import Storyteller
 from tests.support.talk_connector import TalkConnector, make_message
@@ -670,3 +670,70 @@ async def test_a_forward_to_the_webchat_without_a_thread_id_is_refused_naming_wh
     ]
     assert len(refusals) == 2, caplog.text
     assert all("channel-message hook 'to-the-console': to_console (" in r for r in refusals)
+
+
+async def test_a_send_to_a_webchat_thread_no_session_has_fails_and_nothing_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hook's `Forward("webchat", thread_id=…)`, or an app's send, to a well-formed thread
+    id of a session that does not exist, or of a conversation its session does not have, was
+    kept in that thread, where no page shows it, while the sender read "Passed on" (the
+    session's pages got a frame of a conversation they do not list). It fails now, naming the
+    thread: the sender reads "Not answered", and nothing is kept. A thread a session has still
+    gets what is forwarded to it."""
+    hooks = HookRegistry()
+
+    @hooks.channel_message(name="relay")
+    async def relay(msg: NormalizedMessage) -> Forward | None:
+        to = msg.text.removeprefix("relay to ")
+        return Forward("webchat", thread_id=to) if to != msg.text else None
+
+    config = BridgeConfig.model_validate(
+        {
+            "store": f"sqlite:///{tmp_path / 'talkbridge.db'}",
+            "webchat": {"host": "127.0.0.1", "port": 0, "tokens": [TOKEN], "trusted": ["*"]},
+        }
+    )
+    bridge = Bridge(config, hooks=hooks)
+    await bridge.start()
+    try:
+        async with _page(bridge) as (ws, ready), _page(bridge) as (other, other_ready):
+            thread = ready["conversations"][0]["thread_id"]
+            desk = other_ready["conversations"][0]["thread_id"]
+            nowhere = [
+                f"{'0' * 32}.abcdefabcdef",  # no such session
+                f"{ready['session_id']}.abcdefabcdef",  # no such conversation in it
+                f"{other_ready['session_id']}.abcdefabcdef",
+            ]
+            for n, to in enumerate([*nowhere, desk]):
+                send = {"type": "send", "thread_id": thread, "client_id": f"c{n}"}
+                await ws.send(json.dumps({**send, "text": f"relay to {to}"}))
+                frames = await _until(ws, lambda f: f.get("code") == "forwarded")
+                await bridge.router.join()
+            (passed,) = await _until(other, lambda f: f["type"] == "message")
+            assert (passed["thread_id"], passed["role"]) == (desk, "assistant")
+            assert passed["text"].endswith(f"(webchat): relay to {desk}")
+            with pytest.raises(SendFailedError) as failed:
+                await bridge.talk("webchat").send(OutboundMessage(thread_id=nowhere[0], text="hi"))
+            assert failed.value.reason.startswith(
+                f"no webchat session has the thread {nowhere[0]!r}"
+            )
+            for socket in (ws, other):  # nothing else came to either session
+                await socket.send(json.dumps({"type": "ping", "ref": "p"}))
+                frames += await _until(socket, lambda f: f["type"] == "pong")
+        history = await _history_after_a_reload(bridge, ready["session_id"], thread)
+        for to in nowhere:
+            assert await bridge.store.history(f"webchat\x1f{to}", limit=10) == []
+    finally:
+        await bridge.stop()
+    notes = [(m["role"], m.get("code")) for m in history if m["role"] == "system"]
+    assert notes == [("system", "forwarded"), ("system", "not_answered")] * 3 + [
+        ("system", "forwarded")
+    ]
+    assert not [f for f in frames if f.get("thread_id") in nowhere]
+    failures = [r.getMessage() for r in caplog.records if r.name == "talkbridge"]
+    for to in nowhere:
+        assert any(
+            "forward of webchat/" in m and f"no webchat session has the thread {to!r}" in m
+            for m in failures
+        ), failures
