@@ -26,7 +26,7 @@ from talkbridge.connectors.slack.mrkdwn import (
     render,
     render_chunks,
 )
-from talkbridge.connectors.slack.shown import shown_text, users_shown
+from talkbridge.connectors.slack.shown import channels_shown, shown_text, users_shown
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
@@ -459,7 +459,8 @@ def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
 
 def channels_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     """Channel ids whose names `decode` would like: the conversation's (for `thread_name`; a
-    DM has none) and those its text mentions without a label."""
+    DM has none) and those its text mentions without a label, or its blocks mention (a Block Kit
+    `channel` element carries only the id)."""
     if payload.get("type") == "block_actions":
         channel = payload.get("channel") or {}
         ident = channel.get("id") if isinstance(channel, Mapping) else None
@@ -468,7 +469,7 @@ def channels_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     inner = event.get("message") if event.get("subtype") == "message_changed" else event
     if not isinstance(inner, Mapping):
         return set()
-    found = set(mentioned_channels(str(inner.get("text") or "")))
+    found = set(mentioned_channels(str(inner.get("text") or ""))) | channels_shown(inner)
     channel = event.get("channel")
     if isinstance(channel, str) and _CHANNEL.fullmatch(channel) and not _is_private(event, channel):
         found.add(channel)

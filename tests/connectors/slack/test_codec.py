@@ -156,6 +156,29 @@ def test_the_channels_a_payload_would_like_named_and_how_a_conversation_is_named
     assert click.thread_name == "reviews"  # what conversations.info says now, not the payload
 
 
+def test_channel_mentions_in_rich_text_blocks_read_their_names() -> None:
+    """A Block Kit `channel` element carries only the id: the names are asked for and shown,
+    in the message's blocks and in the blocks of a message it shares."""
+    payload = load("docs_message_rich_text_channel")
+    assert channels_to_resolve(payload) == {"C123ABC456", "C0RANDOM01", "C0DOCS0001"}
+    names = {"C123ABC456": "general", "C0RANDOM01": "random", "C0DOCS0001": "docs"}
+    msg = message("docs_message_rich_text_channel", channels=names)
+    assert msg.text == "moving this to #random, see also:\n- #docs"
+    unnamed = message("docs_message_rich_text_channel", channels={"C0RANDOM01": "random"})
+    assert unnamed.text == "moving this to #random, see also:\n- #C0DOCS0001"  # unknown: the id
+    event = payload["event"]
+    shared = {"is_share": True, "author_name": "Grace", "text": "",
+              "message_blocks": [{"message": {"blocks": event.pop("blocks")}}]}  # fmt: skip
+    event["attachments"] = [shared]
+    assert channels_to_resolve(payload) == {"C123ABC456", "C0RANDOM01", "C0DOCS0001"}
+    forwarded = decode(payload, connection_id="team", me=ME, channels=names)
+    assert isinstance(forwarded, NormalizedMessage)
+    assert (
+        forwarded.text
+        == "Shared message from Grace:\n> moving this to #random, see also:\n> - #docs"
+    )
+
+
 def test_a_button_click_arrives_as_a_message_carrying_the_button_value() -> None:
     click = message("docs_block_actions")
     assert click.id == "action:CBR2V3XEX:1548426417.840180"
