@@ -41,6 +41,7 @@ __all__ = [
     "decode_message",
     "escape",
     "event_of",
+    "joined_channel",
     "mentions_bot",
     "native_id",
     "parse_native_id",
@@ -415,6 +416,27 @@ def renamed_channel(payload: Mapping[str, Any]) -> str | None:
         ident = channel.get("id")
         return ident if isinstance(ident, str) and ident else None
     if event.get("type") == "message" and event.get("subtype") == "channel_name":
+        return channel if isinstance(channel, str) and channel else None
+    return None
+
+
+_JOINS = frozenset({"channel_joined", "group_joined"})
+
+
+def joined_channel(payload: Mapping[str, Any], me: Identity) -> str | None:
+    """The id of the conversation the payload says the bot joined, else None: a
+    `member_joined_channel` event or `channel_join` message naming the bot (the bot is in the
+    channel from then on), or a `channel_joined` / `group_joined` event (whose `channel` is an
+    object)."""
+    event = event_of(payload) or {}
+    channel = event.get("channel")
+    if event.get("type") in _JOINS and isinstance(channel, Mapping):
+        ident = channel.get("id")
+        return ident if isinstance(ident, str) and ident else None
+    joining = event.get("type") == "member_joined_channel" or (
+        event.get("type") == "message" and event.get("subtype") == "channel_join"
+    )
+    if joining and me.bot_user_id is not None and event.get("user") == me.bot_user_id:
         return channel if isinstance(channel, str) and channel else None
     return None
 

@@ -64,6 +64,11 @@ class NameLookups:
                 names[key] = name
         return names
 
+    def forget(self, key: str) -> None:
+        """The next event asks afresh instead of joining the lookup under way (whose answer
+        may be out of date: the channel was renamed meanwhile)."""
+        self._under_way.pop(key, None)
+
     def cancel(self) -> None:
         """Stop the lookups under way (the connection closes)."""
         for lookup in list(self._under_way.values()):

@@ -16,6 +16,7 @@ from talkbridge.connectors.slack.codec import (
     channels_to_resolve,
     conversation_name,
     decode,
+    joined_channel,
     native_id,
     parse_native_id,
     parse_thread_id,
@@ -236,3 +237,27 @@ def test_a_rename_names_the_channel_renamed(name: str, channel: str | None) -> N
     assert renamed_channel(payload) == channel
     if channel is not None:  # a rename is no message for the agent
         assert decode(payload, connection_id="team", me=ME) is None
+
+
+@pytest.mark.parametrize(
+    ("event", "channel"),
+    [
+        ({"type": "member_joined_channel", "user": "U0LAN0Z89", "channel": "C123ABC456",
+          "channel_type": "C", "team": "T123ABC456", "inviter": "U123456789"}, "C123ABC456"),
+        ({"type": "member_joined_channel", "user": "U123ABC456", "channel": "C123ABC456",
+          "channel_type": "C", "team": "T123ABC456"}, None),  # someone else
+        ({"type": "message", "subtype": "channel_join", "user": "U0LAN0Z89",
+          "text": "<@U0LAN0Z89> has joined the channel", "channel": "C123ABC456",
+          "ts": "1358877458.000011", "channel_type": "channel"}, "C123ABC456"),
+        ({"type": "group_joined", "channel": {"id": "G024BE91L", "name": "secretplans"}},
+         "G024BE91L"),
+    ],
+)  # fmt: skip
+def test_the_bot_joining_names_the_channel_joined(
+    event: dict[str, Any], channel: str | None
+) -> None:
+    """Shapes from https://docs.slack.dev/reference/events/member_joined_channel/,
+    .../message/channel_join/ and .../group_joined/: the bot sees the channel from then on."""
+    payload = {"type": "event_callback", "team_id": "T123ABC456", "event": event}
+    assert joined_channel(payload, ME) == channel
+    assert decode(payload, connection_id="team", me=ME) is None  # no message for the agent
