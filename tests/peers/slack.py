@@ -126,6 +126,7 @@ class SlackPeer(Waitable):
         self._after_hello: list[str | None] = []
         """Socket Mode switched off in the app's settings: see `switch_socket_mode_off`."""
         self._held: dict[str, asyncio.Event] = {}
+        self._answered: set[str] = set()
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
         self._changed = asyncio.Event()
@@ -240,11 +241,15 @@ class SlackPeer(Waitable):
         failure = _Failure(status, code, retry_after, drop, not_json, needed)
         queue.extend((token, failure) for _ in range(times))
 
-    def hold(self, method: str) -> None:
-        """Calls of `method` get no answer until `release(method)` (a slow Slack)."""
+    def hold(self, method: str, *, answered: bool = False) -> None:
+        """Calls of `method` get no answer until `release(method)` (a slow Slack); `answered`:
+        the answer is made at once, as things are then, and is on its way until released."""
         self._held[method] = asyncio.Event()
+        if answered:
+            self._answered.add(method)
 
     def release(self, method: str) -> None:
+        self._answered.discard(method)
         self._held.pop(method).set()
 
     def new_ts(self) -> str:
@@ -521,13 +526,17 @@ class SlackPeer(Waitable):
                     return web.json_response({**body, "provided": "channels:history"})
                 headers = {"Retry-After": str(failure.retry_after)} if failure.retry_after else {}
                 return self._error(call, failure.error, status=failure.status, headers=headers)
-            if method in self._held:
+            held, answered = self._held.get(method), method in self._answered
+            if held is not None and not answered:
                 self._notify()  # the call is recorded: a test may wait for it
-                await self._held[method].wait()
+                await held.wait()
             handler = getattr(self, "_m_" + method.replace(".", "_"), None)
             if handler is None:
                 return self._error(call, "unknown_method")
             result = await handler(token, params)
+            if held is not None and answered:
+                self._notify()
+                await held.wait()
             if isinstance(result, str):
                 return self._error(call, result)
             if result.get("ok") is False:  # an error with fields of its own (`needed`)

@@ -26,7 +26,7 @@ from talkbridge.connectors.slack.mrkdwn import (
     render,
     render_chunks,
 )
-from talkbridge.connectors.slack.shown import shown_text, users_shown
+from talkbridge.connectors.slack.shown import channels_shown, shown_text, users_shown
 from talkbridge.message import Attachment, AttachmentKind, NormalizedMessage, ReplyTo
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "decode_message",
     "escape",
     "event_of",
+    "joined_channel",
     "mentions_bot",
     "native_id",
     "parse_native_id",
@@ -419,6 +420,27 @@ def renamed_channel(payload: Mapping[str, Any]) -> str | None:
     return None
 
 
+_JOINS = frozenset({"channel_joined", "group_joined"})
+
+
+def joined_channel(payload: Mapping[str, Any], me: Identity) -> str | None:
+    """The id of the conversation the payload says the bot joined, else None: a
+    `member_joined_channel` event or `channel_join` message naming the bot (the bot is in the
+    channel from then on), or a `channel_joined` / `group_joined` event (whose `channel` is an
+    object)."""
+    event = event_of(payload) or {}
+    channel = event.get("channel")
+    if event.get("type") in _JOINS and isinstance(channel, Mapping):
+        ident = channel.get("id")
+        return ident if isinstance(ident, str) and ident else None
+    joining = event.get("type") == "member_joined_channel" or (
+        event.get("type") == "message" and event.get("subtype") == "channel_join"
+    )
+    if joining and me.bot_user_id is not None and event.get("user") == me.bot_user_id:
+        return channel if isinstance(channel, str) and channel else None
+    return None
+
+
 def mentions_bot(payload: Mapping[str, Any], me: Identity) -> bool:
     """Whether the event (an edit: its new text) names the bot: an `app_mention`, `<@BOT>` in
     the text, or a mention of it in the blocks. Not one in a message it shares (forwarded
@@ -459,7 +481,8 @@ def users_to_resolve(payload: Mapping[str, Any]) -> set[str]:
 
 def channels_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     """Channel ids whose names `decode` would like: the conversation's (for `thread_name`; a
-    DM has none) and those its text mentions without a label."""
+    DM has none) and those its text mentions without a label, or its blocks mention (a Block Kit
+    `channel` element carries only the id)."""
     if payload.get("type") == "block_actions":
         channel = payload.get("channel") or {}
         ident = channel.get("id") if isinstance(channel, Mapping) else None
@@ -468,7 +491,7 @@ def channels_to_resolve(payload: Mapping[str, Any]) -> set[str]:
     inner = event.get("message") if event.get("subtype") == "message_changed" else event
     if not isinstance(inner, Mapping):
         return set()
-    found = set(mentioned_channels(str(inner.get("text") or "")))
+    found = set(mentioned_channels(str(inner.get("text") or ""))) | channels_shown(inner)
     channel = event.get("channel")
     if isinstance(channel, str) and _CHANNEL.fullmatch(channel) and not _is_private(event, channel):
         found.add(channel)

@@ -33,6 +33,8 @@ class NameLookups:
         self._fetch = fetch
         self._log = log
         self._under_way: dict[str, asyncio.Future[str | None]] = {}
+        self._forgotten: set[asyncio.Future[str | None]] = set()
+        """Lookups no event waits for any more (`forget`), still stopped on close."""
 
     async def names(self, ids: Iterable[str], *, wait: float | None = None) -> dict[str, str]:
         """The names of `ids` that are known or found: looked up together; after `wait`
@@ -64,9 +66,17 @@ class NameLookups:
                 names[key] = name
         return names
 
+    def forget(self, key: str) -> None:
+        """The next event asks afresh instead of joining the lookup under way (whose answer
+        may be out of date: the channel was renamed meanwhile)."""
+        lookup = self._under_way.pop(key, None)
+        if lookup is not None and not lookup.done():
+            self._forgotten.add(lookup)
+            lookup.add_done_callback(self._forgotten.discard)
+
     def cancel(self) -> None:
         """Stop the lookups under way (the connection closes)."""
-        for lookup in list(self._under_way.values()):
+        for lookup in [*self._under_way.values(), *self._forgotten]:
             lookup.cancel()
 
     def _done(self, key: str, lookup: asyncio.Future[str | None]) -> None:

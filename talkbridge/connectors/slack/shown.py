@@ -8,12 +8,21 @@ only `attachments` or only `blocks`. Read as plain text, so an agent sees what a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from talkbridge.connectors.slack.mrkdwn import mentioned_users, plain_text
+from talkbridge.connectors.slack.mrkdwn import mentioned_channels, mentioned_users, plain_text
 
 Readable = Callable[[str], str]
 """Slack markup (`<@U1>`, `<url|label>`, `*bold*`) -> plain text, names resolved."""
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """The names known for the ids a message shows: a Block Kit mention carries only the id."""
+
+    users: Mapping[str, str]
+    channels: Mapping[str, str]
 
 
 def _mappings(value: Any) -> Iterable[Mapping[str, Any]]:
@@ -29,18 +38,18 @@ def is_shared(attachment: Mapping[str, Any]) -> bool:
     return bool(attachment.get("is_share") or attachment.get("is_msg_unfurl"))
 
 
-def _shared(attachment: Mapping[str, Any], readable: Readable, users: Mapping[str, str]) -> str:
+def _shared(attachment: Mapping[str, Any], readable: Readable, names: Names) -> str:
     author_id = str(attachment.get("author_id") or "")
     author = (
         attachment.get("author_name")
         or attachment.get("author_subname")
-        or users.get(author_id)
+        or names.users.get(author_id)
         or author_id
     )
     body = readable(str(attachment.get("text") or "")) or blocks_text(
         [b.get("message", {}).get("blocks") for b in _mappings(attachment.get("message_blocks"))],
         readable,
-        users,
+        names,
     )
     body = body or readable(str(attachment.get("fallback") or ""))
     if not body:
@@ -60,19 +69,19 @@ def _card(attachment: Mapping[str, Any], readable: Readable) -> str:
 
 
 def attachments_text(
-    message: Mapping[str, Any], readable: Readable, users: Mapping[str, str], *, cards: bool
+    message: Mapping[str, Any], readable: Readable, names: Names, *, cards: bool
 ) -> str:
     """The shared messages among the attachments; with `cards`, the other attachments too."""
     found = []
     for attachment in _mappings(message.get("attachments")):
         if is_shared(attachment):
-            found.append(_shared(attachment, readable, users))
+            found.append(_shared(attachment, readable, names))
         elif cards:
             found.append(_card(attachment, readable))
     return "\n\n".join(part for part in found if part)
 
 
-def _inline(element: Mapping[str, Any], users: Mapping[str, str]) -> str:
+def _inline(element: Mapping[str, Any], names: Names) -> str:
     kind = element.get("type")
     if kind == "text":
         return str(element.get("text") or "")
@@ -81,9 +90,10 @@ def _inline(element: Mapping[str, Any], users: Mapping[str, str]) -> str:
         return f"{label} ({url})" if label and label != url else url
     if kind == "user":
         uid = str(element.get("user_id") or "")
-        return "@" + (users.get(uid) or uid)
+        return "@" + (names.users.get(uid) or uid)
     if kind == "channel":
-        return "#" + str(element.get("channel_id") or "")
+        cid = str(element.get("channel_id") or "")
+        return "#" + (names.channels.get(cid) or cid)
     if kind == "emoji":
         return _unicode(str(element.get("unicode") or "")) or f":{element.get('name')}:"
     if kind == "broadcast":
@@ -101,30 +111,30 @@ def _unicode(code: str) -> str:
         return ""
 
 
-def _rich(element: Mapping[str, Any], users: Mapping[str, str]) -> str:
+def _rich(element: Mapping[str, Any], names: Names) -> str:
     kind = element.get("type")
     inner = _mappings(element.get("elements"))
     if kind == "rich_text_list":
-        return "\n".join(f"- {_rich(item, users)}" for item in inner)
+        return "\n".join(f"- {_rich(item, names)}" for item in inner)
     text = "".join(
-        _rich(e, users) if str(e.get("type", "")).startswith("rich_text_") else _inline(e, users)
+        _rich(e, names) if str(e.get("type", "")).startswith("rich_text_") else _inline(e, names)
         for e in inner
     )
     return _quoted(text) if kind == "rich_text_quote" else text
 
 
-def blocks_text(blocks: Iterable[Any], readable: Readable, users: Mapping[str, str]) -> str:
+def blocks_text(blocks: Iterable[Any], readable: Readable, names: Names) -> str:
     """The text of Block Kit blocks (`blocks` may nest lists of them), in order."""
     found: list[str] = []
     for block in blocks:
         if isinstance(block, list):
-            found.append(blocks_text(block, readable, users))
+            found.append(blocks_text(block, readable, names))
             continue
         if not isinstance(block, Mapping):
             continue
         kind = block.get("type")
         if kind == "rich_text":
-            found.append("\n".join(_rich(e, users) for e in _mappings(block.get("elements"))))
+            found.append("\n".join(_rich(e, names) for e in _mappings(block.get("elements"))))
         elif kind == "markdown":  # standard Markdown as the app wrote it
             found.append(str(block.get("text") or ""))
         elif kind in ("section", "header"):
@@ -138,8 +148,10 @@ def blocks_text(blocks: Iterable[Any], readable: Readable, users: Mapping[str, s
     return "\n".join(part for part in found if part.strip())
 
 
-def users_shown(message: Mapping[str, Any]) -> set[str]:
-    """User ids the blocks and attachments name, whose display names `shown_text` would like."""
+def _shown(
+    message: Mapping[str, Any], kind: str, key: str, in_text: Callable[[str], list[str]]
+) -> set[str]:
+    """The ids of `kind` mentions (`user`, `channel`) the blocks and attachments name."""
     found: set[str] = set()
 
     def walk(value: Any) -> None:
@@ -147,15 +159,31 @@ def users_shown(message: Mapping[str, Any]) -> set[str]:
             for item in value:
                 walk(item)
         elif isinstance(value, Mapping):
-            if value.get("type") == "user" and isinstance(value.get("user_id"), str):
-                found.add(value["user_id"])
+            if value.get("type") == kind and isinstance(value.get(key), str):
+                found.add(value[key])
             walk(value.get("elements"))
 
     walk(message.get("blocks"))
     for attachment in _mappings(message.get("attachments")):
-        found.update(mentioned_users(str(attachment.get("text") or "")))
+        found.update(in_text(str(attachment.get("text") or "")))
+        for shared in _mappings(attachment.get("message_blocks")):
+            walk((shared.get("message") or {}).get("blocks"))
+    return found
+
+
+def users_shown(message: Mapping[str, Any]) -> set[str]:
+    """User ids the blocks and attachments name, whose display names `shown_text` would like."""
+    found = _shown(message, "user", "user_id", mentioned_users)
+    for attachment in _mappings(message.get("attachments")):
         if is_shared(attachment) and not attachment.get("author_name"):
             found.add(str(attachment.get("author_id") or ""))
+    found.discard("")
+    return found
+
+
+def channels_shown(message: Mapping[str, Any]) -> set[str]:
+    """Channel ids the blocks and attachments mention, whose names `shown_text` would like."""
+    found = _shown(message, "channel", "channel_id", mentioned_channels)
     found.discard("")
     return found
 
@@ -171,8 +199,9 @@ def shown_text(
     def readable(value: str) -> str:
         return plain_text(value, users, channels).strip()
 
+    names = Names(users, channels)
     text = plain_text(str(message.get("text") or ""), users, channels)
     if not text.strip():
-        text = blocks_text(message.get("blocks") or (), readable, users)
-    shared = attachments_text(message, readable, users, cards=not text.strip())
+        text = blocks_text(message.get("blocks") or (), readable, names)
+    shared = attachments_text(message, readable, names, cards=not text.strip())
     return "\n\n".join(part for part in (text, shared) if part.strip())

@@ -20,7 +20,6 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -43,6 +42,7 @@ from talkbridge.connectors.slack.codec import (
     conversation_name,
     decode,
     decode_message,
+    joined_channel,
     mentions_bot,
     native_id,
     parse_native_id,
@@ -55,6 +55,7 @@ from talkbridge.connectors.slack.codec import (
     users_to_resolve,
 )
 from talkbridge.connectors.slack.config import SlackConfig
+from talkbridge.connectors.slack.conversations import Conversations, Known
 from talkbridge.connectors.slack.errors import HANDLED, translate
 from talkbridge.connectors.slack.events_api import EventsServer, RequestCheck
 from talkbridge.connectors.slack.names import NameLookups
@@ -108,15 +109,6 @@ _MPIM_SIZE = 9
 """A group DM holds at most 9 people (Slack's limit): one `conversations.members` page."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
-    """A `conversations.info` answer, when it came and, for a group DM, its members' names."""
-
-    at: float
-    info: Mapping[str, Any]
-    members: tuple[str, ...] = ()
-
-
 class SlackConnector(BaseConnector):
     """Features: history, directory, activity (assistant threads), edit, delete, reactions,
     interactions, inbound_media."""
@@ -141,8 +133,7 @@ class SlackConnector(BaseConnector):
         self.me = Identity()
         self.team: str | None = None
         self._users: dict[str, tuple[float, DirectoryEntry | None]] = {}
-        self._conversations: dict[str, _Known] = {}
-        """`conversations.info` answers by channel id, with when they came (`_conversation`)."""
+        self._conversations = Conversations(config.channel_cache_seconds)
         self._user_names = NameLookups("users.info", self._cached_user_name, self._name, self._log)
         self._channel_names = NameLookups(
             "conversations.info", self._cached_channel_name, self._channel_name, self._log
@@ -335,8 +326,10 @@ class SlackConnector(BaseConnector):
         """Decode and deliver one payload; returns once subscribers accepted it."""
         if payload.get("type") == "event_callback" and payload.get("team_id") and not self.team:
             self.team = str(payload["team_id"])
-        if (renamed := renamed_channel(payload)) is not None:
-            self._conversations.pop(renamed, None)  # its name is asked for afresh
+        for changed in (renamed_channel(payload), joined_channel(payload, self.me)):
+            if changed is not None:  # asked for afresh, not from a lookup already under way
+                self._conversations.changed(changed)
+                self._channel_names.forget(changed)
         names, channels = await asyncio.gather(
             self._user_names.names(users_to_resolve(payload), wait=NAME_WAIT),
             self._channel_names.names(channels_to_resolve(payload), wait=NAME_WAIT),
@@ -567,15 +560,12 @@ class SlackConnector(BaseConnector):
         cached = self._cached_user(user_id)
         return None if cached is None else (cached[0].name if cached[0] else None,)
 
-    def _cached_conversation(self, channel: str) -> _Known | None:
-        known = self._conversations.get(channel)
-        if known is not None and time.monotonic() - known.at < self.config.channel_cache_seconds:
-            return known
-        return None
-
     def _cached_channel_name(self, channel: str) -> tuple[str | None] | None:
-        known = self._cached_conversation(channel)
-        return None if known is None else (conversation_name(known.info, known.members),)
+        cached = self._conversations.cached(channel)
+        if cached is None:
+            return None
+        known = cached[0]
+        return (None if known is None else conversation_name(known.info, known.members),)
 
     async def user(self, user_id: str) -> DirectoryEntry | None:
         cached = self._cached_user(user_id)
@@ -609,26 +599,23 @@ class SlackConnector(BaseConnector):
         self._users[user_id] = (now, entry)
         return entry
 
-    async def _conversation(self, channel: str) -> _Known | None:
+    async def _conversation(self, channel: str) -> Known | None:
         """What `conversations.info` says of `channel` (None: not found, or not visible to the
-        bot), reused for `channel_cache_seconds` or until Slack says it was renamed: the
-        method is tier 3 (about 50 calls a minute), shared with history and edits. Not-found
-        is not kept: the bot invited there sees the channel at once. A group DM's members'
-        names are kept with it, its only name people know."""
-        known = self._cached_conversation(channel)
-        if known is not None:
-            return known
-        now = time.monotonic()
+        bot), kept as `conversations.py` says. A group DM's members' names are kept with it,
+        its only name people know."""
+        cached = self._conversations.cached(channel)
+        if cached is not None:
+            return cached[0]
+        asking = self._conversations.asking()
         try:
             info = await self.call("conversations.info", channel=channel)
         except NotFoundError:
-            self._conversations.pop(channel, None)
+            self._conversations.not_found(channel, asking)
             return None
         conversation = info.get("channel")
         conversation = dict(conversation) if isinstance(conversation, Mapping) else {}
         members = await self._group_members(channel) if conversation.get("is_mpim") else ()
-        known = self._conversations[channel] = _Known(now, conversation, members)
-        return known
+        return self._conversations.found(channel, asking, conversation, members)
 
     async def _group_members(self, channel: str) -> tuple[str, ...]:
         """The names of a group DM's members but the bot (none when Slack will not say: the

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -107,3 +108,89 @@ async def test_a_slow_lookup_holds_no_message_back_and_is_not_asked_again(
         await peer.send_event(_in("C0GENERAL1", "again"))
         names.append((await run.inbox.wait_count(len(run.inbox.messages) + 1))[-1].thread_name)
     assert len(peer.calls_of("conversations.info", ok=None)) == 1  # not asked again meanwhile
+
+
+def _joined(channel: str, user: str = "U0BOT0001") -> dict[str, Any]:
+    """Slack's `member_joined_channel` event (the bot, by default, invited to `channel`)."""
+    return {"type": "member_joined_channel", "user": user, "channel": channel,
+            "channel_type": "C", "team": "T0ACME001", "inviter": "U0ADA0001"}  # fmt: skip
+
+
+async def test_a_channel_the_bot_cannot_see_is_not_asked_for_on_every_mention(
+    peer: SlackPeer, start: Callable[..., Any], make_connector: Callable[..., Any]
+) -> None:
+    """Anyone can mention a channel the bot cannot see: asking on each mention would spend the
+    tier-3 budget. "Not found" is kept a while, until the bot is invited there."""
+    peer.add_conversation("C0GENERAL1", "general")
+    run = await start()
+    for index in range(3):
+        await peer.send_event(_in("C0GENERAL1", f"look at <#C0SECRET01|> {index}"))
+    messages = await run.inbox.wait_count(3)
+    assert [m.text for m in messages][-1] == "look at #C0SECRET01 2"
+    assert await run.connector.thread("C0SECRET01") is None  # the directory: not asked either
+    asked = [c.params["channel"] for c in peer.calls_of("conversations.info", ok=None)]
+    assert sorted(asked) == ["C0GENERAL1", "C0SECRET01"]
+
+    # Someone else joining changes nothing; the bot invited sees the channel at once.
+    peer.add_conversation("C0SECRET01", "secret")
+    await peer.wait_ack(await peer.send_event(_joined("C0SECRET01", user="U0GRACE01")))
+    await peer.send_event(_in("C0GENERAL1", "still <#C0SECRET01|>"))
+    assert (await run.inbox.wait_count(4))[-1].text == "still #C0SECRET01"
+    await peer.wait_ack(await peer.send_event(_joined("C0SECRET01")))
+    await peer.send_event(_in("C0GENERAL1", "now <#C0SECRET01|>"))
+    assert (await run.inbox.wait_count(5))[-1].text == "now #secret"
+    assert len(peer.calls_of("conversations.info", ok=None)) == 3
+
+    # Kept `channel_cache_seconds` at most: 0 keeps nothing, not-found included.
+    uncached = make_connector(channel_cache_seconds=0)
+    assert await uncached.thread("C0NOWHERE1") is None
+    assert await uncached.thread("C0NOWHERE1") is None
+    assert len(peer.calls_of("conversations.info", ok=None)) == 5
+    await uncached.close()
+
+
+def _renamed(channel: str, name: str) -> dict[str, Any]:
+    """Slack's `channel_rename` event."""
+    return {
+        "type": "channel_rename",
+        "channel": {"id": channel, "name": name, "created": 1360782804},
+    }
+
+
+async def test_a_rename_while_the_name_is_being_asked_for_wins(
+    peer: SlackPeer, start: Callable[..., Any]
+) -> None:
+    """An answer asked for before a rename names the channel as it was: it is not kept, and
+    no later event waits for it."""
+    peer.add_conversation("C0GENERAL1", "general")
+    run = await start()
+
+    async def rename(name: str) -> None:
+        peer.add_conversation("C0GENERAL1", name)
+        await peer.send_event(_renamed("C0GENERAL1", name))
+        await peer.send_event(message_event("U0ADA0001", f"renamed to {name}"))  # events go in
+        await run.inbox.wait_for(lambda: f"renamed to {name}" in run.inbox.texts)  # in order
+
+    # A message's lookup: Slack answered "general"; the answer is on its way.
+    peer.hold("conversations.info", answered=True)
+    await peer.send_event(_in("C0GENERAL1", "first"))
+    await peer.wait_for(lambda: len(peer.calls_of("conversations.info", ok=None)) == 1)
+    await rename("town-square")
+    peer.release("conversations.info")
+    await peer.send_event(_in("C0GENERAL1", "second"))
+    await run.inbox.wait_for(lambda: "second" in run.inbox.texts)
+    named = [(m.text, m.thread_name) for m in run.inbox.messages if m.thread_type == "group"]
+    assert named == [("first", None), ("second", "town-square")]
+
+    # The directory's lookup.
+    await rename("plaza")
+    peer.hold("conversations.info", answered=True)
+    asked = asyncio.create_task(run.connector.thread("C0GENERAL1"))
+    await peer.wait_for(lambda: len(peer.calls_of("conversations.info", ok=None)) == 3)
+    await rename("lobby")
+    peer.release("conversations.info")
+    before = await asked
+    assert before is not None and before.name == "#plaza"  # as it was when asked
+    after = await run.connector.thread("C0GENERAL1")
+    assert after is not None and after.name == "#lobby"
+    assert len(peer.calls_of("conversations.info", ok=None)) == 4

@@ -16,6 +16,7 @@ from talkbridge.connectors.slack.codec import (
     channels_to_resolve,
     conversation_name,
     decode,
+    joined_channel,
     native_id,
     parse_native_id,
     parse_thread_id,
@@ -156,6 +157,29 @@ def test_the_channels_a_payload_would_like_named_and_how_a_conversation_is_named
     assert click.thread_name == "reviews"  # what conversations.info says now, not the payload
 
 
+def test_channel_mentions_in_rich_text_blocks_read_their_names() -> None:
+    """A Block Kit `channel` element carries only the id: the names are asked for and shown,
+    in the message's blocks and in the blocks of a message it shares."""
+    payload = load("docs_message_rich_text_channel")
+    assert channels_to_resolve(payload) == {"C123ABC456", "C0RANDOM01", "C0DOCS0001"}
+    names = {"C123ABC456": "general", "C0RANDOM01": "random", "C0DOCS0001": "docs"}
+    msg = message("docs_message_rich_text_channel", channels=names)
+    assert msg.text == "moving this to #random, see also:\n- #docs"
+    unnamed = message("docs_message_rich_text_channel", channels={"C0RANDOM01": "random"})
+    assert unnamed.text == "moving this to #random, see also:\n- #C0DOCS0001"  # unknown: the id
+    event = payload["event"]
+    shared = {"is_share": True, "author_name": "Grace", "text": "",
+              "message_blocks": [{"message": {"blocks": event.pop("blocks")}}]}  # fmt: skip
+    event["attachments"] = [shared]
+    assert channels_to_resolve(payload) == {"C123ABC456", "C0RANDOM01", "C0DOCS0001"}
+    forwarded = decode(payload, connection_id="team", me=ME, channels=names)
+    assert isinstance(forwarded, NormalizedMessage)
+    assert (
+        forwarded.text
+        == "Shared message from Grace:\n> moving this to #random, see also:\n> - #docs"
+    )
+
+
 def test_a_button_click_arrives_as_a_message_carrying_the_button_value() -> None:
     click = message("docs_block_actions")
     assert click.id == "action:CBR2V3XEX:1548426417.840180"
@@ -213,3 +237,27 @@ def test_a_rename_names_the_channel_renamed(name: str, channel: str | None) -> N
     assert renamed_channel(payload) == channel
     if channel is not None:  # a rename is no message for the agent
         assert decode(payload, connection_id="team", me=ME) is None
+
+
+@pytest.mark.parametrize(
+    ("event", "channel"),
+    [
+        ({"type": "member_joined_channel", "user": "U0LAN0Z89", "channel": "C123ABC456",
+          "channel_type": "C", "team": "T123ABC456", "inviter": "U123456789"}, "C123ABC456"),
+        ({"type": "member_joined_channel", "user": "U123ABC456", "channel": "C123ABC456",
+          "channel_type": "C", "team": "T123ABC456"}, None),  # someone else
+        ({"type": "message", "subtype": "channel_join", "user": "U0LAN0Z89",
+          "text": "<@U0LAN0Z89> has joined the channel", "channel": "C123ABC456",
+          "ts": "1358877458.000011", "channel_type": "channel"}, "C123ABC456"),
+        ({"type": "group_joined", "channel": {"id": "G024BE91L", "name": "secretplans"}},
+         "G024BE91L"),
+    ],
+)  # fmt: skip
+def test_the_bot_joining_names_the_channel_joined(
+    event: dict[str, Any], channel: str | None
+) -> None:
+    """Shapes from https://docs.slack.dev/reference/events/member_joined_channel/,
+    .../message/channel_join/ and .../group_joined/: the bot sees the channel from then on."""
+    payload = {"type": "event_callback", "team_id": "T123ABC456", "event": event}
+    assert joined_channel(payload, ME) == channel
+    assert decode(payload, connection_id="team", me=ME) is None  # no message for the agent
