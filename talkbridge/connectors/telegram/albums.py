@@ -258,15 +258,17 @@ def _record(
     value = _loaded(raw, key, log)
     if not isinstance(value, dict):
         return _updates(value, key, log), None
+    keys = value.get("closing")
     closing = {
         AlbumKey(str(k[0]), str(k[1]))
-        for k in value.get("closing") or []
+        for k in (keys if isinstance(keys, list) else [])
         if isinstance(k, list) and len(k) == 2
     }
     return _updates(value.get("updates"), key, log), closing
 
 
 def _loaded(raw: str | None, key: str, log: logging.Logger) -> Any:
+    """A kept record's JSON; None when there is none or it cannot be read (said in the log)."""
     if not raw:
         return None
     try:
