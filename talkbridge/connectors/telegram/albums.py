@@ -12,17 +12,22 @@ At-least-once. Telegram forgets an update once a later offset is confirmed (a we
 its POST is answered), and an album's next item may not have come by then. Holding the offset
 back cannot wait for it: `getUpdates` from the old offset answers at once with the same items (a
 busy loop), and a webhook would never send the next item. So `add` writes each item to the store
-(connector state) before its update is confirmed. A closed group is delivered (the router's inbox
-has it durably once `deliver` returns), then each item's native id is mapped to the album's id
-in the store's id map, then the group leaves the record of open ones. Its updates are kept
-(`kept_key`) for `keep_for` after it went out or was last edited (the router's dedupe window,
-`retention.dedupe_days`), so that an edit of an item can decode the album again; a later edit
-is one of that item alone. A crash between these
-steps delivers the album again under the same id, which the router drops as a duplicate; this
-is also why the groups an earlier run left open are delivered at once at start, not held for
-more items (a late item added to an album delivered already would be dropped with it). An item
-Telegram offers again after its album went out is found in the id map and skipped, so a restart
-never makes a second turn; nor does an edit of an item, which `edit` makes an edit of the album.
+(connector state) before its update is confirmed. A closed group is first marked closing in that
+record, then delivered (the router's inbox has it durably once `deliver` returns), then each
+item's native id is mapped to the album's id in the store's id map, then the group leaves the
+record of open ones. Its updates are kept (`kept_key`) for `keep_for` after it went out or was
+last edited (the router's dedupe window, `retention.dedupe_days`), so that an edit of an item can
+decode the album again; a later edit is one of that item alone.
+
+A stop or crash may come between any two of these steps. At start (`resume`), a group an earlier
+run left open and never began to deliver waits again for its other items, `wait` seconds or
+until an update after it, as if the bridge had not stopped: Telegram offers the items it has not
+forgotten and those sent meanwhile, and the album goes on once, whole. A group marked closing
+goes at once instead, not held for more items: it may have gone out already, and then goes again
+under the same id, which the router drops as a duplicate (a late item added to it would be
+dropped with it). An item Telegram offers again after its album went out is found in the id map
+and skipped, so a restart never makes a second turn; nor does an edit of an item, which `edit`
+makes an edit of the album.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class _Group:
     items: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     """update_id -> (the item's native id, its update)."""
     timer: asyncio.TimerHandle | None = None
+    closing: bool = False
+    """Its delivery began (and is so marked in the store): it may have gone out already."""
 
     def updates(self) -> list[dict[str, Any]]:
         return [update for _, (_, update) in sorted(self.items.items())]
@@ -104,11 +111,15 @@ class Albums:
         self._retry = Backoff(base=wait, cap=30.0)
 
     async def resume(self) -> None:
-        """Read back the groups an earlier run left open, and deliver them at once."""
+        """Read back the groups an earlier run left open: those it began to deliver go at once,
+        the others wait again for their other items (see the module's docstring)."""
         async with self._lock:
             self._open = self._read(await self._store.get_state(self._open_key))
             for group in sorted(self._open.values(), key=_Group.first):
-                await self._close(group)
+                if group.closing:
+                    await self._close(group)
+                else:
+                    self._arm(group, self._wait)
 
     async def pause(self) -> None:
         """Stop waiting (the transport stops); open groups stay in the store for `resume`."""
@@ -156,7 +167,9 @@ class Albums:
             key = kept_key(self._cid, album_id)
             updates = [
                 item if _native(u) == edit.edit_of else u
-                for u in _updates(await self._store.get_state(key), key, self._log)
+                for u in _updates(
+                    _loaded(await self._store.get_state(key), key, self._log), key, self._log
+                )
             ]
             if updates:  # kept on from this edit, which a later one may follow
                 await self._store.set_state(key, json.dumps(updates), keep_for=self._keep_for)
@@ -171,6 +184,9 @@ class Albums:
         updates = group.updates()
         album = self._decode(updates)
         if album is not None:
+            if not group.closing:  # before it may go out: a restart must not wait for more
+                group.closing = True
+                await self._save()
             try:
                 await self._deliver(album)
             except Exception:
@@ -187,18 +203,23 @@ class Albums:
         await self._save()
 
     async def _save(self) -> None:
+        """The open groups' updates, and which of them are closing (`_read` reads it back)."""
         updates = [u for group in self._open.values() for u in group.updates()]
-        await self._store.set_state(self._open_key, json.dumps(updates) if updates else "")
+        closing = [list(group.key) for group in self._open.values() if group.closing]
+        record = {"updates": updates, "closing": closing}
+        await self._store.set_state(self._open_key, json.dumps(record) if updates else "")
 
     def _read(self, raw: str | None) -> dict[AlbumKey, _Group]:
         groups: dict[AlbumKey, _Group] = {}
-        for update in _updates(raw, self._open_key, self._log):
+        updates, closing = _record(raw, self._open_key, self._log)
+        for update in updates:
             uid, item = update.get("update_id"), album_item(update)
             if item is None or not isinstance(uid, int):
                 self._log.error("%s: skipping a kept update that is no album item", self._open_key)
                 continue
             key, native = item
-            groups.setdefault(key, _Group(key)).items[uid] = (native, update)
+            group = groups.setdefault(key, _Group(key, closing=closing is None or key in closing))
+            group.items[uid] = (native, update)
         return groups
 
     def _arm(self, group: _Group, delay: float) -> None:
@@ -228,15 +249,39 @@ def _native(update: dict[str, Any]) -> str | None:
     return None if item is None else item[1]
 
 
-def _updates(raw: str | None, key: str, log: logging.Logger) -> list[dict[str, Any]]:
-    """The updates kept under a state key; what cannot be read is said, not raised: an album
-    that cannot be read back must not stop the connection at every start."""
+def _record(
+    raw: str | None, key: str, log: logging.Logger
+) -> tuple[list[dict[str, Any]], set[AlbumKey] | None]:
+    """The open groups' record (`Albums._save`): their updates and the closing ones' keys;
+    None for those of a record written before groups were marked closing (a list of updates),
+    whose groups all go at once, as they did then."""
+    value = _loaded(raw, key, log)
+    if not isinstance(value, dict):
+        return _updates(value, key, log), None
+    keys = value.get("closing")
+    closing = {
+        AlbumKey(str(k[0]), str(k[1]))
+        for k in (keys if isinstance(keys, list) else [])
+        if isinstance(k, list) and len(k) == 2
+    }
+    return _updates(value.get("updates"), key, log), closing
+
+
+def _loaded(raw: str | None, key: str, log: logging.Logger) -> Any:
+    """A kept record's JSON; None when there is none or it cannot be read (said in the log)."""
     if not raw:
-        return []
+        return None
     try:
-        value = json.loads(raw)
+        return json.loads(raw)
     except json.JSONDecodeError as exc:
         log.error("%s: the kept album updates are not JSON (%s): dropped", key, exc)
+        return None
+
+
+def _updates(value: Any, key: str, log: logging.Logger) -> list[dict[str, Any]]:
+    """The updates in a kept record (`_loaded`); what cannot be read is said, not raised: an
+    album that cannot be read back must not stop the connection at every start."""
+    if value is None:
         return []
     if not isinstance(value, list):
         log.error("%s: the kept album updates are not a list: dropped", key)

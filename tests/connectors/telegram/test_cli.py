@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 from tests.connectors.telegram.conftest import TOKEN
-from tests.peers.telegram import TelegramBotAPIPeer, private_text
+from tests.peers.telegram import TelegramBotAPIPeer, album, private_text
 from tests.support.cli import talkbridge
 
 ENV = {"TELEGRAM_TOKEN": TOKEN}
@@ -146,3 +146,50 @@ async def test_a_long_reply_cut_off_by_a_crash_is_finished_after_the_restart_not
     first, *rest = peer.calls_of("sendMessage")
     assert first.params["reply_parameters"]["message_id"] == 5  # only the first part replies
     assert all("reply_parameters" not in call.params for call in rest)
+
+
+async def test_an_album_cut_by_a_crash_is_answered_once_whole_after_the_restart(
+    peer: TelegramBotAPIPeer, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, peer)
+    with config.open("a", encoding="utf-8") as file:
+        file.write("    album_wait: 60\n")
+
+    async def run() -> asyncio.subprocess.Process:
+        process = await talkbridge("run", "--config", str(config), "--port", "0", env=ENV)
+        assert process.stdout is not None
+        while b"Press Ctrl-C" not in await asyncio.wait_for(process.stdout.readline(), 60):
+            pass
+        return process
+
+    photos = [peer.add_file(b"jpeg", file_path=f"photos/{i}.jpg") for i in range(3)]
+    first, second, third = album(777, photos, first_message_id=20, caption="Holiday")
+    process = await run()
+    try:
+        peer.push_update(first)
+        last = peer.push_update(second)
+        # Telegram was told both are done (an offset past them): it will not offer them again.
+        await peer.wait_for(
+            lambda: any(
+                (c.params.get("offset") or 0) > last
+                for c in peer.calls_of("getUpdates", answered=None)
+            ),
+            30,
+        )
+        process.kill()  # kill -9 before the album's last item came
+        await process.wait()
+        assert peer.sent_messages == []
+        process = await run()
+        peer.push_update(third)  # sent while the bridge was down
+        peer.push_update(private_text(777, "and on", message_id=23))
+        await peer.wait_for(lambda: len(peer.sent_messages) >= 2, 30)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    assert [m["text"] for m in peer.sent_messages] == [
+        "Holiday\n\n(received: image, image, image)",  # the echo agent: one answer, all three
+        "and on",
+    ]
+    assert peer.sent_messages[0]["reply_parameters"]["message_id"] == 20
